@@ -1,0 +1,172 @@
+"""`mlx-spec convert`: an HF/GGUF/recipe source into an MLX folder, optionally shrunk into a draft model."""
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence
+
+from . import __version__
+from .errors import ConvertError, MlxSpecError, SourceError, UnsupportedError
+from .paths import atomic_dir, ensure_free_space
+
+SUPPORTED_BITS = (2, 3, 4, 6, 8)  # what MLX affine quantization implements
+SUPPORTED_GROUP_SIZES = (32, 64, 128)
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+DEFAULT_GROUP_SIZE = 64  # mlx-lm's default: the usual accuracy/size balance for affine int4
+HEAD_KEYS = ("embed_tokens", "lm_head")  # modules --head-bits applies to
+
+
+def keep_layer_indices(n_layers: int, k: int) -> List[int]:
+    """K evenly spaced blocks of n, first and last included.
+
+    The seed (draft-model-generation-compression §3.2) takes blocks [0, n/(k-1), 2n/(k-1), ...];
+    literally that indexes block n, one past the end, so we space over n-1 instead, which keeps
+    its example (12 blocks, k=3 -> 0, 6, 11 here vs 0, 6, 12 there) and keeps the last block.
+    """
+    if not 1 <= k <= n_layers:
+        raise ConvertError(f"--keep-layers must be between 1 and the layer count {n_layers}, got {k}")
+    if k == 1:
+        return [0]
+    return sorted({round(i * (n_layers - 1) / (k - 1)) for i in range(k)})
+
+
+def parse_layers(text: str) -> List[int]:
+    """'0,4,8' -> [0, 4, 8]."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConvertError(f"--layers must be comma-separated integers, got '{text}'") from None
+
+
+def auto_dtype() -> str:
+    """float16 where MLX runs on a GPU (Metal); float32 on the CPU backend, where half types are slow."""
+    import mlx.core as mx
+
+    return "float32" if mx.default_device() == mx.cpu else "float16"
+
+
+def validate(dtype: str, quantize: Optional[int], group_size: int, head_bits: Optional[int]) -> None:
+    """Reject bad options before anything is read or written."""
+    if dtype not in DTYPES:
+        raise ConvertError(f"--dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
+    for flag, bits in (("--quantize", quantize), ("--head-bits", head_bits)):
+        if bits is not None and bits not in SUPPORTED_BITS and not (flag == "--head-bits" and bits == 16):
+            raise ConvertError(f"{flag} bits must be one of {SUPPORTED_BITS}, got {bits}")
+    if group_size not in SUPPORTED_GROUP_SIZES:
+        raise ConvertError(f"--group-size must be one of {SUPPORTED_GROUP_SIZES}, got {group_size}")
+    if head_bits is not None and quantize is None:
+        raise ConvertError("--head-bits needs --quantize")
+
+
+def _weights_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
+
+
+def convert(
+    source,
+    out,
+    *,
+    dtype: str = "auto",
+    quantize: Optional[int] = None,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    head_bits: Optional[int] = None,
+    keep_layers: Optional[int] = None,
+    layers: Optional[Sequence[int]] = None,
+    force: bool = False,
+    recipe: Optional[str] = None,
+    log: Callable[[str], None] = lambda _m: None,
+) -> Path:
+    """Convert `source` (any model spec) into an MLX folder at `out`, written atomically.
+
+    quantize: bits for MLX affine quantization; head_bits: bits for the embedding and lm_head
+    (16 keeps them unquantized). keep_layers / layers: layer-drop (mutually exclusive).
+    Returns `out`. Provenance goes into config.json under "mlx_spec".
+    """
+    import mlx.core as mx
+    from mlx.utils import tree_map_with_path
+    from mlx_lm.utils import dequantize_model, load_model, load_tokenizer, quantize_model, save_config, save_model
+
+    from .sources import resolve, source_digest
+
+    validate(dtype, quantize, group_size, head_bits)
+    if keep_layers is not None and layers is not None:
+        raise ConvertError("pass either --keep-layers or --layers, not both")
+    out = Path(out)
+    if out.exists() and not force:
+        raise ConvertError(f"output folder {out} already exists (pass --force to replace it)")
+
+    started = time.perf_counter()
+    src = resolve(str(source), log)
+    if not _weights_bytes(src):
+        raise SourceError(f"{src}: no .safetensors weights found")
+    src_cfg = json.loads((src / "config.json").read_text())
+    prior = src_cfg.pop("mlx_spec", None)
+    ensure_free_space(out.parent, int(_weights_bytes(src) * (2 if dtype == "float32" else 1.1)), f"converting into {out}")
+
+    try:
+        model, config = load_model(src, lazy=True)
+        tokenizer = load_tokenizer(src, eos_token_ids=config.get("eos_token_id"))
+    except MlxSpecError:
+        raise
+    except ValueError as e:
+        if "not supported" in str(e):
+            raise UnsupportedError(f"{src}: unsupported architecture '{src_cfg.get('model_type')}'") from None
+        raise SourceError(f"{src}: cannot load the model: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # a bad safetensors header or a missing file surfaces here
+        raise SourceError(f"{src}: cannot load the model: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+
+    ops = list(prior["operations"]) if prior else []
+    n_layers = len(model.layers)
+    if keep_layers is not None:
+        layers = keep_layer_indices(n_layers, keep_layers)
+    if layers is not None:
+        bad = [i for i in layers if not 0 <= i < n_layers]
+        if bad or not layers or len(set(layers)) != len(layers):
+            raise ConvertError(f"--layers must be distinct indices in [0, {n_layers}), got {list(layers)}")
+        layers = sorted(layers)
+        model.model.layers = [model.model.layers[i] for i in layers]  # saving renumbers them 0..K-1
+        for key in ("num_hidden_layers", "n_layer", "num_layers"):
+            if key in config:
+                config[key] = len(layers)
+        ops.append({"op": "layer_drop", "kept": layers, "of": n_layers})
+
+    if any(getattr(m, "bits", None) for _, m in model.named_modules()):
+        model = dequantize_model(model)  # requantize/cast from float, never stack quantizations
+        config.pop("quantization", None)
+        config.pop("quantization_config", None)
+        ops.append({"op": "dequantize"})
+
+    target = auto_dtype() if dtype == "auto" else dtype
+    mx_dtype = getattr(mx, target)
+    model.update(tree_map_with_path(
+        lambda _k, v: v.astype(mx_dtype) if mx.issubdtype(v.dtype, mx.floating) else v, model.parameters()))
+    config["torch_dtype"] = target
+    ops.append({"op": "dtype", "dtype": target})
+
+    if quantize is not None:
+        def predicate(path, _module):
+            if head_bits is not None and any(k in path for k in HEAD_KEYS):
+                return False if head_bits == 16 else {"group_size": group_size, "bits": head_bits, "mode": "affine"}
+            return True
+
+        model, config = quantize_model(model, config, group_size, quantize, quant_predicate=predicate)
+        ops.append({"op": "quantize", "bits": quantize, "group_size": group_size, "mode": "affine",
+                    **({"head_bits": head_bits} if head_bits is not None else {})})
+
+    config["mlx_spec"] = {
+        "source": prior["source"] if prior else str(source),
+        "source_sha256": prior["source_sha256"] if prior else source_digest(src),
+        "operations": ops,
+        "version": __version__,
+        **({"recipe": recipe} if recipe else {}),
+    }
+    with atomic_dir(out, force=force) as tmp:
+        save_model(tmp, model, donate_model=True)
+        save_config(config, tmp / "config.json")
+        tokenizer.save_pretrained(str(tmp))
+        for extra in ("generation_config.json",):
+            if (src / extra).is_file():
+                shutil.copy(src / extra, tmp / extra)
+    log(f"wrote {out} in {time.perf_counter() - started:.1f} s")
+    return out

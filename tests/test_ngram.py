@@ -1,0 +1,159 @@
+"""The ANPD n-gram drafter: table building, multi-level fallback, incremental indexing, limits."""
+
+import random
+
+import pytest
+
+from mlx_spec.drafters.ngram import DEFAULT_K, DEFAULT_N, NGramDrafter
+from mlx_spec.errors import GenerationError
+
+
+def test_defaults_follow_paper():
+    d = NGramDrafter()
+    assert (d.n, d.k, d.min_n) == (DEFAULT_N, DEFAULT_K, 2) == (5, 7, 2)
+
+
+def test_table_built_from_prompt():
+    d = NGramDrafter(n=3, k=4)
+    d.reset([1, 2, 3, 1, 2])
+    assert d._counts[(1, 2)] == 2 and d._counts[(1, 2, 3)] == 1
+    assert d._best[(1, 2)] == (3, 1) and d._best[(1,)] == (2, 2)
+    # Context == prompt: nothing new to index, and the draft continues the repeated motif.
+    assert d.propose([1, 2, 3, 1, 2], 4).tokens == [3, 1, 2, 3]
+    assert d.propose([1, 2, 3, 1, 2], 4).probs is None
+
+
+def test_multilevel_fallback_to_bigram():
+    # The 4-gram key (7, 8, 9) never occurred, nor (8, 9); only the bigram key (9,) did.
+    d = NGramDrafter(n=4, k=1)
+    d.reset([9, 42, 5, 6])
+    assert d.propose([9, 42, 5, 6, 7, 8, 9], 1).tokens == [42]
+
+
+def test_longest_match_preferred():
+    # Bigram (3,) -> 50 is the most frequent, but the 4-gram key (1, 2, 3) -> 40 is more specific.
+    prompt = [3, 50, 3, 50, 3, 50, 1, 2, 3, 40, 0]
+    d = NGramDrafter(n=4, k=1)
+    d.reset(prompt)
+    assert d.propose(prompt + [1, 2, 3], 1).tokens == [40]
+    d2 = NGramDrafter(n=2, k=1)  # bigram only: frequency decides
+    d2.reset(prompt)
+    assert d2.propose(prompt + [1, 2, 3], 1).tokens == [50]
+
+
+def test_most_frequent_wins_ties_go_to_most_recent():
+    d = NGramDrafter(n=2, k=1)
+    d.reset([5, 1, 5, 1, 5, 2])
+    assert d.propose([5, 1, 5, 1, 5, 2, 5], 1).tokens == [1]  # 5->1 twice beats 5->2 once
+    d.reset([5, 1, 5, 2])
+    assert d.propose([5, 1, 5, 2, 5], 1).tokens == [2]  # 1:1 tie, most recent wins
+
+
+def test_incremental_equals_from_scratch():
+    rng = random.Random(0)
+    motifs = [[rng.randrange(30) for _ in range(rng.randrange(3, 9))] for _ in range(6)]
+    seq = [t for _ in range(60) for t in rng.choice(motifs) + [rng.randrange(30)]]
+    inc = NGramDrafter()
+    inc.reset(seq[:20])
+    drafts = []
+    pos = 20
+    while pos < len(seq):  # grow by 1..8 tokens per step, like accepted runs
+        pos = min(len(seq), pos + rng.randrange(1, 9))
+        drafts.append(inc.propose(seq[:pos], 7).tokens)
+    scratch = NGramDrafter()
+    scratch.reset(seq)
+    assert inc._counts == scratch._counts and inc._best == scratch._best
+    assert inc._tokens == seq
+    assert drafts[-1] == scratch.propose(seq, 7).tokens
+
+
+def test_drafts_do_not_enter_the_table():
+    d = NGramDrafter(n=3, k=5)
+    d.reset([1, 2, 3, 4, 1, 2])
+    before = dict(d._counts)
+    assert d.propose([1, 2, 3, 4, 1, 2], 5).tokens == [3, 4, 1, 2, 3]
+    assert d._counts == before
+
+
+def test_reindex_when_context_rewritten():
+    d = NGramDrafter(n=3, k=3)
+    d.reset([1, 2, 3, 4, 1, 2])
+    assert d.propose([1, 2, 3, 4, 1, 2], 3).tokens == [3, 4, 1]
+    rewritten = [7, 8, 9, 7, 8]  # a new turn replaced the context: old n-grams must be gone
+    assert d.propose(rewritten, 3).tokens == [9, 7, 8]
+    fresh = NGramDrafter(n=3, k=3)
+    fresh.reset(rewritten)
+    assert d._counts == fresh._counts and d._tokens == rewritten
+    # Shorter than what was indexed (e.g. truncated) also re-indexes.
+    assert d.propose([7, 8], 3).tokens == []
+    assert d._tokens == [7, 8]
+
+
+def test_no_match_returns_empty():
+    d = NGramDrafter()
+    d.reset([1, 2, 3, 4])
+    assert d.propose([1, 2, 3, 4, 99], 7).tokens == []
+    assert NGramDrafter().propose([], 7).tokens == []
+
+
+def test_k_caps_the_draft():
+    prompt = [1, 2] * 20
+    d = NGramDrafter(n=3, k=7)
+    d.reset(prompt)
+    assert len(d.propose(prompt, 100).tokens) == 7  # the drafter's own K
+    assert d.propose(prompt, 3).tokens == [1, 2, 1]  # the caller's k
+    assert d.propose(prompt, 0).tokens == []
+
+
+def test_chains_through_its_own_draft():
+    # Each drafted token is queried from context+draft (paper Alg 1 lines 12-16).
+    d = NGramDrafter(n=2, k=6)
+    d.reset([10, 11, 12, 13, 10])
+    assert d.propose([10, 11, 12, 13, 10], 6).tokens == [11, 12, 13, 10, 11, 12]
+
+
+def test_feedback_records_stats_only():
+    d = NGramDrafter()
+    d.reset([1, 2, 1, 2])
+    before = d.propose([1, 2, 1, 2], 7).tokens
+    d.feedback(7, 3)
+    assert (d.proposed_total, d.accepted_total) == (7, 3)
+    assert d.propose([1, 2, 1, 2], 7).tokens == before
+
+
+def _reference_draft(seq, n, k, min_n=2):
+    """The paper's algorithm by brute-force scans: most frequent continuation, ties to most recent."""
+    out = []
+    for _ in range(k):
+        window = seq + out
+        tok = None
+        for m in range(min(n, len(window) + 1), min_n - 1, -1):
+            key = window[len(window) - m + 1 :]
+            counts, last = {}, {}
+            for i in range(m - 1, len(seq)):  # only real context is indexed, never the draft
+                if seq[i - m + 1 : i] == key:
+                    counts[seq[i]] = counts.get(seq[i], 0) + 1
+                    last[seq[i]] = i
+            if counts:
+                tok = max(counts, key=lambda t: (counts[t], last[t]))
+                break
+        if tok is None:
+            break
+        out.append(tok)
+    return out
+
+
+def test_matches_brute_force_reference():
+    rng = random.Random(1)
+    for _ in range(400):
+        n, k = rng.randrange(2, 9), rng.randrange(1, 9)
+        seq = [rng.randrange(4) for _ in range(rng.randrange(0, 30))]
+        d = NGramDrafter(n=n, k=k)
+        d.reset(seq[: len(seq) // 2])
+        assert d.propose(seq, k).tokens == _reference_draft(seq, n, k), (seq, n, k)
+
+
+@pytest.mark.parametrize("kwargs", [dict(n=1), dict(n=0), dict(k=0), dict(k=-1), dict(n=3, min_n=4), dict(min_n=1)])
+def test_bad_args_raise(kwargs):
+    with pytest.raises(GenerationError):
+        NGramDrafter(**kwargs)
