@@ -1,0 +1,145 @@
+"""Speculative sampling keeps the target's distribution: a chi-square test that a broken rule fails."""
+
+import itertools
+import math
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+from mlx_lm.models import qwen2
+from mlx_lm.sample_utils import make_sampler
+from mlx.utils import tree_flatten, tree_map
+
+from mlx_spec import verify
+from mlx_spec.drafters.base import Draft, Drafter
+from mlx_spec.drafters.model import ModelDrafter
+from mlx_spec.generate import speculative_generate_step
+from mlx_spec.sampling import make_probs_fn
+
+V = 5  # tiny vocabulary: V^2 = 25 cells for the joint law of the first two tokens
+SAMPLES = 1500
+PROMPT = [1, 3, 2]
+
+
+def tiny(seed, scale):
+    args = qwen2.ModelArgs(model_type="qwen2", hidden_size=32, num_hidden_layers=1, intermediate_size=64,
+                           num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-6, vocab_size=V,
+                           rope_theta=10000.0, max_position_embeddings=64, tie_word_embeddings=True)
+    mx.random.seed(seed)
+    model = qwen2.Model(args)
+    model.update(tree_map(lambda w: w * scale, model.parameters()))
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny(1, 3.0), tiny(0, 1.5)  # a spread target and a draft that disagrees with it
+
+
+def exact_joint(model, probs_fn):
+    """P(t1, t2 | PROMPT) computed from the target's own distributions."""
+    p1 = probs_fn(model(mx.array(PROMPT)[None])[0, -1]).tolist()
+    joint = {}
+    for a in range(V):
+        p2 = probs_fn(model(mx.array(PROMPT + [a])[None])[0, -1]).tolist()
+        for b in range(V):
+            joint[(a, b)] = p1[a] * p2[b]
+    return joint
+
+
+def chi_square_pvalue_ok(counts, joint, n, alpha=1e-3):
+    """Pearson chi-square against the exact law, cells with expectation < 5 pooled; True if not rejected."""
+    stat, df, pool_o, pool_e = 0.0, -1, 0, 0.0
+    for cell, p in joint.items():
+        e = p * n
+        if e < 5:
+            pool_o += counts.get(cell, 0)
+            pool_e += e
+            continue
+        stat += (counts.get(cell, 0) - e) ** 2 / e
+        df += 1
+    if pool_e > 0:
+        stat += (pool_o - pool_e) ** 2 / max(pool_e, 1e-9)
+        df += 1
+    # Wilson-Hilferty: chi2_df upper quantile at alpha; z(1e-3) = 3.09
+    z = 3.090232
+    crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+    return stat < crit, stat, crit
+
+
+def sample_pairs(fn, n):
+    counts = {}
+    for i in range(n):
+        mx.random.seed(1000 + i)
+        pair = tuple(fn())
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
+class ConstantDrafter(Drafter):
+    """Deterministic: always proposes token 0 (one-hot p), like the N-gram drafter."""
+
+    def propose(self, context, k, probs_fn=None):
+        return Draft([0] * k)
+
+
+def spec_pair(target, drafter, **kw):
+    return lambda: [t for t, _ in speculative_generate_step(PROMPT, target, drafter, max_tokens=2, num_draft=2,
+                                                            adaptive=False, **kw)]
+
+
+SETTINGS = [dict(temp=1.0), dict(temp=0.7, top_k=3), dict(temp=1.3, top_p=0.9)]
+
+
+@pytest.mark.parametrize("kw", SETTINGS)
+def test_model_drafter_sampling_matches_target(pair, kw):
+    target, draft = pair
+    joint = exact_joint(target, make_probs_fn(**kw))
+    counts = sample_pairs(spec_pair(target, ModelDrafter(draft, V), **kw), SAMPLES)
+    ok, stat, crit = chi_square_pvalue_ok(counts, joint, SAMPLES)
+    assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
+
+
+def test_deterministic_drafter_sampling_matches_target(pair):
+    target, _ = pair
+    joint = exact_joint(target, make_probs_fn(1.0))
+    counts = sample_pairs(spec_pair(target, ConstantDrafter(), temp=1.0), SAMPLES)
+    ok, stat, crit = chi_square_pvalue_ok(counts, joint, SAMPLES)
+    assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
+
+
+def test_plain_mlx_lm_sampler_matches_the_same_law(pair):
+    """Our probs_fn is the law mlx-lm's sampler draws from (so 'plain' means mlx-lm's plain)."""
+    target, _ = pair
+    kw = dict(temp=0.7, top_k=3)
+    joint = exact_joint(target, make_probs_fn(**kw))
+    sampler = make_sampler(**kw)
+    counts = sample_pairs(lambda: [int(t) for t, _ in generate_step(mx.array(PROMPT), target, max_tokens=2,
+                                                                    sampler=sampler)], SAMPLES)
+    ok, stat, crit = chi_square_pvalue_ok(counts, joint, SAMPLES)
+    assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
+
+
+@pytest.mark.parametrize("broken", ["resample_from_target", "always_accept"])
+def test_a_broken_acceptance_rule_fails_the_same_test(pair, monkeypatch, broken):
+    target, draft = pair
+    if broken == "resample_from_target":
+        monkeypatch.setattr(verify, "_residual", lambda q, p: q)  # forgets to subtract the draft
+    else:
+        real = verify.verify_sampling
+
+        def always(target_probs, tokens, draft_probs):
+            return real(target_probs, tokens, None if draft_probs is None else draft_probs * 0 + 1e-9)
+
+        monkeypatch.setattr("mlx_spec.generate.verify_sampling", always)  # q/p huge: accepts every draft
+    joint = exact_joint(target, make_probs_fn(1.0))
+    counts = sample_pairs(spec_pair(target, ModelDrafter(draft, V), temp=1.0), SAMPLES)
+    ok, stat, crit = chi_square_pvalue_ok(counts, joint, SAMPLES)
+    assert not ok, f"broken rule {broken} passed: chi2 {stat:.1f} < {crit:.1f}"
+
+
+def test_verify_sampling_all_accepted_and_rejected_paths():
+    q = mx.array([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    assert verify.verify_sampling(q, [1, 2], None) == (2, 0)  # all accepted, bonus from the last row
+    assert verify.verify_sampling(q, [0, 2], None) == (0, 1)  # q(0)=0 rejects; residual is q's mass

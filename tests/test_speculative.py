@@ -1,0 +1,258 @@
+"""The invariants of speculation on tiny random models: lossless greedy output, full self-acceptance, EOS/limits."""
+
+import time
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+from mlx_spec.drafters.base import Draft, Drafter
+from mlx_spec.drafters.hybrid import HybridDrafter
+from mlx_spec.drafters.model import ModelDrafter
+from mlx_spec.drafters.ngram import NGramDrafter
+from mlx_spec.drafters.self_draft import SelfDrafter
+from mlx_spec.errors import GenerationError, UnsupportedError
+from mlx_spec.generate import Stats, generate, speculative_generate_step
+from mlx_spec.load import check_tokenizers, load_model, make_drafter
+
+PROMPTS = [
+    "def add(a, b):\n    return a + b\ndef sub(a, b):\n    return a - b\ndef add(a, b):\n",  # n-gram bait
+    "The quick brown fox",
+    "class Point:\n    def __init__(self, x, y):\n",
+]
+
+
+def plain_greedy(model, prompt, max_tokens, eos=()):
+    """Reference greedy decoding with mlx-lm's own generate_step (independent of our engine)."""
+    out = []
+    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens):
+        out.append(int(tok))
+        if int(tok) in eos:
+            break
+    return out
+
+
+def spec(model, prompt, drafter, **kw):
+    stats = Stats()
+    toks = [t for t, _ in speculative_generate_step(prompt, model, drafter, stats=stats, **kw)]
+    return toks, stats
+
+
+class ScriptedDrafter(Drafter):
+    """Proposes a known continuation, optionally corrupted: a drafter we control exactly."""
+
+    def __init__(self, script, wrong=False, vocab=None):
+        self.script, self.wrong, self.vocab, self.start = script, wrong, vocab, None
+
+    def reset(self, prompt):
+        self.start = len(prompt) - 1
+
+    def propose(self, context, k, probs_fn=None):
+        pos = len(context) - 1 - self.start
+        toks = self.script[pos : pos + k]
+        if self.wrong:
+            toks = [(t + 1) % self.vocab for t in toks]
+        return Draft(toks)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_models):
+    model, tok, _ = load_model(str(tiny_models["qwen2"]))
+    return model, tok
+
+
+@pytest.fixture(scope="module")
+def draft_model(tiny_models):
+    model, tok, _ = load_model(str(tiny_models["qwen2_draft"]))
+    return model, tok
+
+
+def drafters(target, draft_model):
+    model, tok = target
+    v = model.args.vocab_size
+    return {
+        "ngram": lambda: NGramDrafter(),
+        "self-half": lambda: SelfDrafter(model, [0, 3], v),
+        "model": lambda: ModelDrafter(draft_model[0], v),
+        "hybrid-model": lambda: HybridDrafter(NGramDrafter(), ModelDrafter(draft_model[0], v)),
+        "hybrid-self": lambda: HybridDrafter(NGramDrafter(), SelfDrafter(model, [1], v)),
+    }
+
+
+@pytest.mark.parametrize("name", ["ngram", "self-half", "model", "hybrid-model", "hybrid-self"])
+@pytest.mark.parametrize("k", [1, 4, 16])
+def test_greedy_equals_plain(target, draft_model, name, k):
+    model, tok = target
+    for text in PROMPTS:
+        prompt = tok.encode(text)
+        ref = plain_greedy(model, prompt, 40)
+        out, stats = spec(model, prompt, drafters(target, draft_model)[name](), max_tokens=40, num_draft=k, adaptive=False)
+        assert out == ref, f"{name} k={k} diverged on {text!r}"
+        assert stats.generation_tokens == len(ref)
+
+
+def test_ngram_drafts_on_matching_prompt(target):
+    model, tok = target
+    prompt = tok.encode(PROMPTS[0]) * 3
+    out, stats = spec(model, prompt, NGramDrafter(), max_tokens=40, adaptive=False)
+    assert out == plain_greedy(model, prompt, 40)
+    assert stats.proposed > 0
+
+
+def test_self_draft_with_all_layers_accepts_everything(target):
+    model, tok = target
+    out, stats = spec(model, tok.encode(PROMPTS[1]), SelfDrafter(model, range(4), model.args.vocab_size),
+                      max_tokens=30, num_draft=4, adaptive=False)
+    assert stats.proposed > 0 and stats.accepted == stats.proposed
+    assert out == plain_greedy(model, tok.encode(PROMPTS[1]), 30)
+
+
+def test_same_model_as_draft_accepts_everything(target):
+    model, tok = target
+    out, stats = spec(model, tok.encode(PROMPTS[2]), ModelDrafter(model, model.args.vocab_size),
+                      max_tokens=30, num_draft=5, adaptive=False)
+    assert stats.acceptance_rate == 1.0 and stats.mean_accepted > 1
+    assert all(p == 1.0 for p in stats.acceptance_by_position())
+
+
+@pytest.mark.parametrize("stop_at", [1, 5, 6])
+def test_eos_inside_a_draft_stops_where_plain_does(target, stop_at):
+    model, tok = target
+    prompt = tok.encode(PROMPTS[1])
+    ref = plain_greedy(model, prompt, 30)
+    eos = ref[stop_at]
+    expected = ref[: ref.index(eos) + 1]
+    out, stats = spec(model, prompt, ModelDrafter(model, model.args.vocab_size), max_tokens=30,
+                      num_draft=8, eos_token_ids=[eos], adaptive=False)
+    assert out == expected
+    assert stats.proposed > len(expected) - 1  # the EOS really was inside a draft
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 6, 9])
+def test_max_tokens_inside_a_draft(target, max_tokens):
+    model, tok = target
+    prompt = tok.encode(PROMPTS[0])
+    out, _ = spec(model, prompt, ModelDrafter(model, model.args.vocab_size), max_tokens=max_tokens,
+                  num_draft=4, adaptive=False)
+    assert out == plain_greedy(model, prompt, max_tokens)
+
+
+def test_draft_rejected_at_every_position(target):
+    model, tok = target
+    prompt = tok.encode(PROMPTS[2])
+    ref = plain_greedy(model, prompt, 25)
+    out, stats = spec(model, prompt, ScriptedDrafter(ref, wrong=True, vocab=model.args.vocab_size),
+                      max_tokens=25, num_draft=4, adaptive=False)
+    assert out == ref
+    assert stats.proposed > 0 and stats.accepted == 0
+
+
+def test_scripted_correct_draft_is_fully_accepted(target):
+    model, tok = target
+    prompt = tok.encode(PROMPTS[2])
+    ref = plain_greedy(model, prompt, 25)
+    out, stats = spec(model, prompt, ScriptedDrafter(ref), max_tokens=25, num_draft=4, adaptive=False)
+    assert out == ref and stats.accepted == stats.proposed > 0
+
+
+def test_padded_draft_vocabulary(tiny_models, target):
+    """A draft whose embedding has 64 padding rows drafts for the unpadded target."""
+    model, tok = target
+    draft, dtok, _ = load_model(str(tiny_models["qwen2_padded"]))
+    assert draft.args.vocab_size == model.args.vocab_size + 64
+    real = check_tokenizers(tok, dtok)
+    prompt = tok.encode(PROMPTS[0])
+    out, stats = spec(model, prompt, ModelDrafter(draft, model.args.vocab_size, real), max_tokens=30, adaptive=False)
+    assert out == plain_greedy(model, prompt, 30) and stats.proposed > 0
+
+
+def test_other_architectures(tiny_models):
+    for arch in ("llama", "gemma3"):
+        model, tok, _ = load_model(str(tiny_models[arch]))
+        prompt = tok.encode(PROMPTS[0])
+        ref = plain_greedy(model, prompt, 30)
+        for drafter in (NGramDrafter(), ModelDrafter(model, model.args.vocab_size)):
+            out, _ = spec(model, prompt, drafter, max_tokens=30, adaptive=False)
+            assert out == ref, arch
+
+
+def test_self_draft_rejects_index_dependent_layers(tiny_models):
+    model, tok, _ = load_model(str(tiny_models["gemma3"]))
+    with pytest.raises(UnsupportedError, match="gemma3"):
+        SelfDrafter(model, [0], model.args.vocab_size)
+
+
+def test_trim_then_regenerate_gives_the_same_tokens(target):
+    model, tok = target
+    prompt = tok.encode(PROMPTS[1])
+    cache = make_prompt_cache(model)
+    first = model(mx.array(prompt)[None], cache=cache)
+    cont = plain_greedy(model, prompt, 8)
+    model(mx.array(cont)[None], cache=cache)
+    trim_prompt_cache(cache, len(cont))
+    assert cache[0].offset == len(prompt)
+    again = model(mx.array(cont)[None], cache=cache)
+    fresh = make_prompt_cache(model)
+    model(mx.array(prompt)[None], cache=fresh)
+    ref = model(mx.array(cont)[None], cache=fresh)
+    assert mx.allclose(again, ref, atol=1e-5).item()
+    assert mx.argmax(first[0, -1]).item() == cont[0]
+
+
+def test_adaptive_switches_speculation_off_for_a_useless_drafter(target):
+    model, tok = target
+    prompt = tok.encode(PROMPTS[1])
+    ref = plain_greedy(model, prompt, 120)
+
+    class Slow(ScriptedDrafter):
+        def propose(self, context, k, probs_fn=None):
+            time.sleep(0.002 * k)  # drafting costs time and never pays
+            return super().propose(context, k, probs_fn)
+
+    out, stats = spec(model, prompt, Slow(ref, wrong=True, vocab=model.args.vocab_size), max_tokens=120, num_draft=4)
+    assert out == ref
+    assert stats.spec_rounds < 0.2 * stats.rounds, (stats.spec_rounds, stats.rounds)
+    assert stats.spec_rounds >= 2  # it did try, and probed again later
+
+
+def test_adaptive_keeps_a_perfect_drafter(target):
+    model, tok = target
+    prompt = tok.encode(PROMPTS[1])
+    ref = plain_greedy(model, prompt, 60)
+    out, stats = spec(model, prompt, ScriptedDrafter(ref), max_tokens=60, num_draft=4)
+    assert out == ref
+    assert stats.from_draft > 0.6
+
+
+def test_bad_input(tiny_models, target):
+    model, tok = target
+    prompt = tok.encode(PROMPTS[0])
+    with pytest.raises(GenerationError, match="num-draft"):
+        spec(model, prompt, NGramDrafter(), num_draft=0)
+    with pytest.raises(GenerationError, match="temp"):
+        spec(model, prompt, NGramDrafter(), temp=-0.5)
+    with pytest.raises(GenerationError, match="context"):
+        spec(model, prompt * 100, None, max_tokens=4)  # > max_position_embeddings (512)
+    with pytest.raises(GenerationError, match="empty"):
+        spec(model, [], None)
+
+
+def test_tokenizer_mismatch_is_an_error(tmp_path, target):
+    import sys
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from conftest import make_model
+
+    model, tok = target
+    other = make_model(tmp_path / "other", "qwen2", seed=5, layers=1, tokenizer_size=300)
+    with pytest.raises(GenerationError, match="tokenizer differs"):
+        make_drafter(str(other), model, tok)
+
+
+def test_generate_text_api(target, draft_model):
+    model, tok = target
+    r = generate(model, tok, PROMPTS[0], HybridDrafter(NGramDrafter(), ModelDrafter(draft_model[0], model.args.vocab_size)),
+                 max_tokens=20)
+    assert len(r.tokens) == len(r.from_draft) <= 20
+    assert r.text == tok.decode([t for t in r.tokens if t not in tok.eos_token_ids])
+    assert r.finish_reason in ("stop", "length")
