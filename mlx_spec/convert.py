@@ -28,7 +28,8 @@ def keep_layer_indices(n_layers: int, k: int) -> List[int]:
         raise ConvertError(f"--keep-layers must be between 1 and the layer count {n_layers}, got {k}")
     if k == 1:
         return [0]
-    return sorted({round(i * (n_layers - 1) / (k - 1)) for i in range(k)})
+    # i * (n-1) / (k-1) rounded half up, in integers so no float tie goes the other way
+    return [(2 * i * (n_layers - 1) + (k - 1)) // (2 * (k - 1)) for i in range(k)]
 
 
 def parse_layers(text: str) -> List[int]:
