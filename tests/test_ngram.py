@@ -112,13 +112,41 @@ def test_chains_through_its_own_draft():
     assert d.propose([10, 11, 12, 13, 10], 6).tokens == [11, 12, 13, 10, 11, 12]
 
 
-def test_feedback_records_stats_only():
+def test_feedback_records_stats_and_leaves_trusted_levels_alone():
     d = NGramDrafter()
     d.reset([1, 2, 1, 2])
     before = d.propose([1, 2, 1, 2], 7).tokens
     d.feedback(7, 3)
     assert (d.proposed_total, d.accepted_total) == (7, 3)
     assert d.propose([1, 2, 1, 2], 7).tokens == before
+
+
+def test_untrusted_level_stops_drafting_and_recovers():
+    d = NGramDrafter()
+    ctx = [5, 9, 7, 1, 5, 9]  # only the bigram (9 -> 7) and trigram (5, 9 -> 7) match
+    d.reset(ctx)
+    first = d.propose(ctx, 1)
+    assert first.tokens == [7]
+    level = d._levels[0]
+    for _ in range(8):  # that level keeps getting rejected: 0.8^8 = 0.17 < 0.2
+        assert d.propose(ctx, 1).tokens == [7]
+        d.feedback(1, 0)
+    assert d.trust[level] < d.min_trust
+    skipped = 0
+    while not d.propose(ctx, 1).tokens:  # skipped, but retried once trust recovers
+        skipped += 1
+        assert skipped < 100
+    assert skipped > 0
+
+
+def test_min_trust_zero_is_the_papers_drafter():
+    d = NGramDrafter(min_trust=0.0)
+    ctx = [5, 9, 7, 1, 5, 9]
+    d.reset(ctx)
+    for _ in range(10):
+        d.propose(ctx, 1)
+        d.feedback(1, 0)
+    assert d.propose(ctx, 1).tokens == [7]
 
 
 def _reference_draft(seq, n, k, min_n=2):

@@ -9,6 +9,11 @@ DEFAULT_N = 5  # paper Figs 4-5: multi-level gains stop growing beyond N=5
 DEFAULT_K = 7  # paper Fig 3: speed-up plateaus for K in 6..8; 7 is the tuned pick
 DEFAULT_MIN_N = 2  # paper Alg 2 falls back down to bigrams (n >= 2)
 _SYNC_TAIL = 8  # indexed tail tokens re-checked per call to detect a rewritten context in O(1)
+# Our addition to ANPD: per-level trust. A drafted token costs a verify slot (~5-11 % of a step on
+# CPU, issue #3's measurements); one whose level is accepted less often than this does not pay.
+DEFAULT_MIN_TRUST = 0.2
+TRUST_EMA = 0.2  # weight of the newest outcome in a level's acceptance estimate
+TRUST_RECOVERY = 0.02  # a skipped level regains this much trust, so it is retried now and then
 
 Gram = Tuple[int, ...]
 
@@ -24,15 +29,20 @@ class NGramDrafter(Drafter):
 
     name = "ngram"
 
-    def __init__(self, n: int = DEFAULT_N, k: int = DEFAULT_K, min_n: int = DEFAULT_MIN_N):
-        """n: longest n-gram (key = last n-1 tokens); k: max draft length; min_n: shortest level."""
+    def __init__(self, n: int = DEFAULT_N, k: int = DEFAULT_K, min_n: int = DEFAULT_MIN_N,
+                 min_trust: float = DEFAULT_MIN_TRUST):
+        """n: longest n-gram (key = last n-1 tokens); k: max draft length; min_n: shortest level;
+        min_trust: stop drafting at a token whose match level is accepted less often than this
+        (0 disables it and gives the paper's drafter exactly)."""
         if n < 2:
             raise GenerationError(f"ngram: n must be >= 2, got {n}")
         if k <= 0:
             raise GenerationError(f"ngram: k must be >= 1, got {k}")
         if not 2 <= min_n <= n:
             raise GenerationError(f"ngram: min_n must be in [2, n={n}], got {min_n}")
-        self.n, self.k, self.min_n = n, k, min_n
+        self.n, self.k, self.min_n, self.min_trust = n, k, min_n, min_trust
+        self.trust = {m: 1.0 for m in range(min_n, n + 1)}  # level -> acceptance estimate (optimistic start)
+        self._levels: List[int] = []  # match level of each token of the last draft
         self.proposed_total = 0  # acceptance stats from feedback(); read-only diagnostics
         self.accepted_total = 0
         self.reset([])
@@ -80,14 +90,14 @@ class NGramDrafter(Drafter):
 
     # ---- QUERY: multi-level lookup (Alg 2) chained K times (Alg 1, lines 12-16) ----
 
-    def _query(self, window: List[int]) -> Optional[int]:
-        """Alg 2: next token after `window` from the longest matching level, or None if none match."""
+    def _query(self, window: List[int]) -> Tuple[Optional[int], int]:
+        """Alg 2: (next token, level) from the longest level matching `window`; (None, 0) if none match."""
         best = self._best
         for m in range(min(self.n, len(window) + 1), self.min_n - 1, -1):
             hit = best.get(tuple(window[len(window) - m + 1 :]))
             if hit is not None:
-                return hit[0]
-        return None
+                return hit[0], m
+        return None, 0
 
     def propose(self, context: List[int], k: int, probs_fn=None) -> Draft:
         """Draft up to min(k, self.k) tokens continuing `context`; empty when no level matches.
@@ -99,21 +109,30 @@ class NGramDrafter(Drafter):
         self._sync(context)
         window = self._tokens[-(self.n - 1) :]  # a copy: drafted tokens must not enter the tables
         out: List[int] = []
+        self._levels = []
         for _ in range(min(k, self.k)):
-            tok = self._query(window)
+            tok, level = self._query(window)
             if tok is None:
                 break
+            if self.trust[level] < self.min_trust:  # this level's drafts have not been paying
+                self.trust[level] += TRUST_RECOVERY
+                break
             out.append(tok)
+            self._levels.append(level)
             window.append(tok)
             del window[: max(0, len(window) - (self.n - 1))]  # keep the n-1 tokens the next key needs
         return Draft(tokens=out, probs=None)
 
     def feedback(self, proposed: int, accepted: int) -> None:
-        """Record acceptance stats only.
+        """Update each level's acceptance estimate from the tokens the verifier judged.
 
         The paper's adaptivity is the per-token UPDATE of the tables, which `_sync` already does
-        from the context (accepted tokens + the target's correction). It specifies no adaptation
-        on acceptance counts, so none is added here: rejected draft tokens never enter the tables.
+        from the context (accepted tokens + the target's correction); rejected draft tokens never
+        enter the tables. Per-level trust is our addition (see DEFAULT_MIN_TRUST). Tokens after
+        the first rejection were never judged, so they teach nothing.
         """
         self.proposed_total += proposed
         self.accepted_total += accepted
+        for i, level in enumerate(self._levels[: min(accepted + 1, proposed)]):
+            hit = 1.0 if i < accepted else 0.0
+            self.trust[level] = (1 - TRUST_EMA) * self.trust[level] + TRUST_EMA * hit
