@@ -1,0 +1,105 @@
+"""Real GGUF files vs. transformers' GGUF loader: tokenizer ids and greedy tokens (opt-in, `real` marker).
+
+The goldens in tests/golden/*.json come from tests/golden/make_golden.py (transformers + torch,
+float32); this test needs neither. A model is skipped unless its .gguf file is found in
+MLX_SPEC_REAL_GGUF_DIR (an os.pathsep-separated list of folders; default /tmp/models).
+"""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+_HOME = Path(os.environ.get("MLX_SPEC_HOME") or Path.home() / ".cache" / "mlx-spec")  # before test isolation
+SEARCH_DIRS = [Path(d).expanduser() for d in
+               os.environ.get("MLX_SPEC_REAL_GGUF_DIR", "/tmp/models").split(os.pathsep) if d]
+SEARCH_DIRS += sorted((_HOME / "sources").glob("*"))  # where `mlx-spec fetch` assembles recipe GGUFs
+MODELS = sorted(p.stem for p in GOLDEN.glob("*.json"))
+# A reference top-1/top-2 logit gap below this is a near-tie that numerics may flip, after which
+# every later token legitimately differs. Measured max |logit(ours) - logit(transformers)| on the
+# golden sequences: qwen2 1.4e-4 (float32 summation order), so 0.05 is ~350x that; gemma3 0.10,
+# because mlx-lm scales Gemma embeddings by sqrt(hidden) rounded to bfloat16 where transformers
+# uses float32 (with a float32 scale the gap drops to 1.4e-4) -- 0.25 exceeds twice that.
+NEAR_TIE = {"gemma": 0.25}
+NEAR_TIE_DEFAULT = 0.05
+
+pytestmark = pytest.mark.real
+
+
+def find_gguf(name: str) -> Path | None:
+    """The first folder in SEARCH_DIRS holding `name`."""
+    return next((d / name for d in SEARCH_DIRS if (d / name).is_file()), None)
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def converted(request, tmp_path_factory):
+    """(golden dict, mlx-lm model, tokenizer) for one model, converted once per module."""
+    import mlx_lm
+
+    from mlx_spec.gguf import gguf_to_hf
+
+    golden = json.loads((GOLDEN / f"{request.param}.json").read_text())
+    path = find_gguf(golden["gguf_file"])
+    if path is None:
+        pytest.skip(f"{golden['gguf_file']} not found in {', '.join(map(str, SEARCH_DIRS))}")
+    out = tmp_path_factory.mktemp(request.param)
+    t = time.time()
+    gguf_to_hf(path, out, dtype="float32")
+    print(f"\n{request.param}: converted in {time.time() - t:.1f}s")
+    model, tok = mlx_lm.load(str(out))
+    return golden, model, tok
+
+
+def greedy(model, ids: list[int], n: int) -> list[int]:
+    """Plain argmax loop over the mlx-lm model with a prompt cache, no EOS stop (as the golden)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    logits = model(mx.array([ids]), cache=cache)
+    out = []
+    for _ in range(n):
+        tok = int(mx.argmax(logits[0, -1]).item())
+        out.append(tok)
+        logits = model(mx.array([[tok]]), cache=cache)
+    return out
+
+
+def required_prefix(margins: list[float], gguf_file: str) -> int:
+    """How many leading tokens must match: all those before the first near-tie step."""
+    tie = next((v for k, v in NEAR_TIE.items() if gguf_file.startswith(k)), NEAR_TIE_DEFAULT)
+    return next((i for i, m in enumerate(margins) if m < tie), len(margins))
+
+
+def test_tokenizations_match_golden(converted):
+    golden, _, tok = converted
+    for case in golden["tokenizations"]:
+        assert tok.encode(case["text"]) == case["ids"], repr(case["text"])
+
+
+def test_prompt_ids_match_golden(converted):
+    golden, _, tok = converted
+    for p in golden["prompts"]:
+        if p["kind"] == "chat":
+            msgs = [{"role": "user", "content": p["message"]}]
+            text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+            assert text == p["text"]
+            assert tok.encode(text, add_special_tokens=False) == p["ids"]
+        else:
+            assert tok.encode(p["text"]) == p["ids"]
+
+
+def test_greedy_tokens_match_golden(converted):
+    golden, model, tok = converted
+    report = []
+    for p in golden["prompts"]:
+        got, want = greedy(model, p["ids"], len(p["golden_ids"])), p["golden_ids"]
+        same = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(want))
+        need = required_prefix(p["margins"], golden["gguf_file"])
+        report.append(f"{same}/{len(want)} match (need {need})")
+        assert same >= need, (f"{golden['gguf_file']}: first {same} of {len(want)} tokens match, need "
+                              f"{need}\n got  {tok.decode(got)!r}\n want {tok.decode(want)!r}")
+    print(f"\n{golden['gguf_file']}: " + "; ".join(report))
