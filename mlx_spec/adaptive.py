@@ -4,7 +4,9 @@ Expected tokens from a round with k drafts and per-token acceptance a (the geome
 Leviathan et al.): E(k) = (1 - a^(k+1)) / (1 - a). Its cost is verify(k) + k * draft_per_token,
 both measured online. We draft the k that maximizes E(k) / cost(k); k = 0 is plain decoding,
 so speculation switches itself off wherever it would make the user slower, and periodic
-probe rounds switch it back on when acceptance recovers.
+probe rounds switch it back on when acceptance recovers. Acceptance and draft cost are kept per
+draft source (a hybrid's free n-gram drafts and its costly model drafts differ); the verify cost
+belongs to the target and is shared.
 """
 
 from dataclasses import dataclass, field
@@ -18,16 +20,23 @@ PROBE_MAX = 64
 
 
 @dataclass
+class Source:
+    """What one draft source has shown so far."""
+
+    accept: float = PRIOR_ACCEPT
+    draft_per_token: float = 0.0  # seconds per drafted token (EMA)
+    off_steps: int = 0
+    probe_every: int = PROBE_EVERY
+
+
+@dataclass
 class AdaptiveK:
     """Chooses the draft length each round; `adaptive=False` always asks for k_max."""
 
     k_max: int
     adaptive: bool = True
-    accept: float = PRIOR_ACCEPT
     verify: Dict[int, float] = field(default_factory=dict)  # seconds per verify of k drafts (EMA)
-    draft_per_token: float = 0.0  # seconds per drafted token (EMA)
-    _off_steps: int = 0
-    _probe_every: int = PROBE_EVERY
+    sources: Dict[str, Source] = field(default_factory=dict)
 
     def _verify_cost(self, k: int) -> float:
         if k in self.verify:
@@ -43,38 +52,40 @@ class AdaptiveK:
         ref = lo if lo is not None else hi
         return self.verify[ref] * (1 + PRIOR_VERIFY_SLOPE * k) / (1 + PRIOR_VERIFY_SLOPE * ref)
 
-    def expected_rate(self, k: int) -> float:
-        """Expected tokens per second of a round drafting k tokens."""
-        a = min(self.accept, 0.999)
+    def expected_rate(self, k: int, source: str = "") -> float:
+        """Expected tokens per second of a round drafting k tokens from `source`."""
+        s = self.sources.setdefault(source, Source())
+        a = min(s.accept, 0.999)
         tokens = (1 - a ** (k + 1)) / (1 - a)
-        return tokens / (self._verify_cost(k) + k * self.draft_per_token)
+        return tokens / (self._verify_cost(k) + k * s.draft_per_token)
 
-    def next_k(self, limit: int) -> int:
-        """Draft length for the next round, at most `limit` (0 means a plain step)."""
+    def next_k(self, limit: int, source: str = "") -> int:
+        """Draft length for the next round from `source`, at most `limit` (0 means a plain step)."""
         limit = min(limit, self.k_max)
         if not self.adaptive or limit <= 0:
             return max(limit, 0)
-        best = max(range(limit + 1), key=self.expected_rate)
+        s = self.sources.setdefault(source, Source())
+        best = max(range(limit + 1), key=lambda k: self.expected_rate(k, source))
         if best > 0:
-            self._off_steps = 0
+            s.off_steps = 0
             return best
-        self._off_steps += 1
-        if self._off_steps >= self._probe_every:  # probe: is drafting paying again?
-            self._off_steps = 0
-            self._probe_every = min(self._probe_every * 2, PROBE_MAX)
+        s.off_steps += 1
+        if s.off_steps >= s.probe_every:  # probe: is drafting paying again?
+            s.off_steps = 0
+            s.probe_every = min(s.probe_every * 2, PROBE_MAX)
             return min(2, limit)
         return 0
 
-    def update(self, proposed: int, accepted: int, verify_s: float, draft_s: float) -> None:
+    def update(self, proposed: int, accepted: int, verify_s: float, draft_s: float, source: str = "") -> None:
         """Record one round: `accepted` of `proposed` drafts, and what verify and drafting cost."""
         old = self.verify.get(proposed)
         self.verify[proposed] = verify_s if old is None else (1 - EMA) * old + EMA * verify_s
         if proposed == 0:
             return
+        s = self.sources.setdefault(source, Source())
         trials = accepted + (1 if accepted < proposed else 0)  # geometric: stop at first rejection
-        rate = accepted / trials
-        self.accept = (1 - EMA) * self.accept + EMA * rate
+        s.accept = (1 - EMA) * s.accept + EMA * accepted / trials
         per_tok = draft_s / proposed
-        self.draft_per_token = per_tok if self.draft_per_token == 0 else (1 - EMA) * self.draft_per_token + EMA * per_tok
+        s.draft_per_token = per_tok if s.draft_per_token == 0 else (1 - EMA) * s.draft_per_token + EMA * per_tok
         if accepted > 0:
-            self._probe_every = PROBE_EVERY
+            s.probe_every = PROBE_EVERY

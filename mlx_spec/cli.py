@@ -139,6 +139,15 @@ def format_stats(s) -> str:
     return "\n".join(lines)
 
 
+def _mount_bench() -> None:
+    from .bench import app as bench_app
+
+    app.add_typer(bench_app, name="bench", help="Benchmarks: speeds as ratios against a baseline in the same run.")
+
+
+_mount_bench()
+
+
 def main() -> None:
     """Entry point: one-line errors, no tracebacks, for anything the user can fix."""
     try:

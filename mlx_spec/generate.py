@@ -138,15 +138,14 @@ def speculative_generate_step(
         max_tokens = min(max_tokens, limit - len(prompt))
     stats = stats if stats is not None else Stats()
     eos = set(eos_token_ids)
+    mx.reset_peak_memory()
+    start = time.perf_counter()  # prompt time includes the drafter's own prompt processing
     cache = make_prompt_cache(model)
     if drafter is not None:
         drafter.reset(prompt)
         if hasattr(drafter, "bind"):
             drafter.bind(cache)
     controller = AdaptiveK(num_draft, adaptive=adaptive)
-
-    mx.reset_peak_memory()
-    start = time.perf_counter()
     for i in range(0, len(prompt) - 1, PREFILL_STEP):
         model(mx.array(prompt[i : min(i + PREFILL_STEP, len(prompt) - 1)])[None], cache=cache)
         mx.eval([c.state for c in cache])
@@ -156,10 +155,11 @@ def speculative_generate_step(
     produced = 0
     first_at = None
     while produced < max_tokens:
-        k = 0
+        k, source = 0, ""
         if drafter is not None:
             if can_trim_prompt_cache(cache):
-                k = controller.next_k(max_tokens - produced - 1)
+                source = drafter.source(context)
+                k = controller.next_k(max_tokens - produced - 1, source)
             elif stats.fallback is None:
                 stats.fallback = "target cache not trimmable: plain decoding from here"
         t0 = time.perf_counter()
@@ -182,7 +182,7 @@ def speculative_generate_step(
         _record(stats, n, a)
         if drafter is not None:
             drafter.feedback(n, a)
-            controller.update(n, a, t2 - t1, t1 - t0)
+            controller.update(n, a, t2 - t1, t1 - t0, source)
 
         new = draft.tokens[:a] + [nxt]
         context = context + new

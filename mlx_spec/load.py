@@ -63,11 +63,13 @@ def make_drafter(
     *,
     num_draft: int = 7,
     min_confidence: float = 0.0,
+    loaded: Optional[dict] = None,
     log: Log = lambda _m: None,
 ) -> Optional[Drafter]:
     """A drafter from its spec: None/'none', 'ngram', 'self[:LAYERS]', 'hybrid[:D]', or a model spec.
 
     hybrid without ':D' falls back to the self drafter over half the target's layers.
+    loaded: {model spec: (model, tokenizer)} already in memory, so a draft is never loaded twice.
     """
     from .drafters.hybrid import HybridDrafter
     from .drafters.model import ModelDrafter
@@ -86,10 +88,10 @@ def make_drafter(
             raise GenerationError(f"hybrid needs a model or self drafter to fall back on, got '{inner}'")
         return HybridDrafter(NGramDrafter(k=max(num_draft, DEFAULT_K)),
                              make_drafter(inner, target, target_tok, num_draft=num_draft,
-                                          min_confidence=min_confidence, log=log))
+                                          min_confidence=min_confidence, loaded=loaded, log=log))
     if spec == "self" or spec.startswith("self:"):
         layers = parse_layers(spec.partition(":")[2] or str(max(1, len(target.layers) // 2)), len(target.layers))
         return SelfDrafter(target, layers, width, real, min_confidence=min_confidence)
-    draft, draft_tok, _ = load_model(spec, log)
+    draft, draft_tok = (loaded or {}).get(spec) or load_model(spec, log)[:2]
     real = check_tokenizers(target_tok, draft_tok)
     return ModelDrafter(draft, width, real, min_confidence=min_confidence)

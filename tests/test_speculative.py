@@ -256,3 +256,16 @@ def test_generate_text_api(target, draft_model):
     assert len(r.tokens) == len(r.from_draft) <= 20
     assert r.text == tok.decode([t for t in r.tokens if t not in tok.eos_token_ids])
     assert r.finish_reason in ("stop", "length")
+
+
+def test_untrimmable_sliding_window_cache_falls_back_to_plain(tiny_models):
+    """gemma3's sliding-window caches stop being trimmable past the window (32 here): the target
+    falls back to plain decoding (documented in Stats.fallback), the draft rebuilds its cache."""
+    model, tok, _ = load_model(str(tiny_models["gemma3"]))
+    prompt = tok.encode(PROMPTS[1])
+    assert len(prompt) < 32  # starts inside the window, so it speculates before the fallback
+    ref = plain_greedy(model, prompt, 60)
+    out, stats = spec(model, prompt, ModelDrafter(model, model.args.vocab_size), max_tokens=60, adaptive=False)
+    assert out == ref
+    assert stats.fallback and "not trimmable" in stats.fallback
+    assert stats.proposed > 0  # it speculated while it could

@@ -41,5 +41,10 @@ class Drafter:
         """
         raise NotImplementedError
 
+    def source(self, context: List[int]) -> str:
+        """Which of its sources the next draft would come from (a hybrid has two); the engine
+        keeps acceptance and cost statistics per source."""
+        return self.name
+
     def feedback(self, proposed: int, accepted: int) -> None:
         """The verifier accepted `accepted` of the `proposed` tokens of the last draft."""

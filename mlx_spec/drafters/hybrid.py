@@ -22,6 +22,10 @@ class HybridDrafter(Drafter):
         if hasattr(self.fallback, "bind"):
             self.fallback.bind(target_cache)
 
+    def source(self, context: List[int]) -> str:
+        """'ngram' when the n-gram table would draft here, else the fallback's name."""
+        return self.ngram.name if self.ngram.propose(context, 1).tokens else self.fallback.name
+
     def propose(self, context: List[int], k: int, probs_fn=None) -> Draft:
         draft = self.ngram.propose(context, k, probs_fn)
         self.last = self.ngram

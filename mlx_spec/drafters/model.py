@@ -45,7 +45,7 @@ class ModelDrafter(Drafter):
         cache = make_prompt_cache(self.model)
         if not can_trim_prompt_cache(cache):
             raise GenerationError(f"{self.name} drafter: its KV cache cannot be trimmed, so drafts cannot be rewound")
-        return cache
+        return cache  # a sliding-window cache may stop being trimmable later: _sync rebuilds it then
 
     def reset(self, prompt: List[int]) -> None:
         """New cache, prefilled with the prompt (all but its last token) during prompt processing."""
@@ -80,8 +80,11 @@ class ModelDrafter(Drafter):
         """Rewind the cache to what it shares with `context`; return the tokens still to feed."""
         keep = min(common_prefix(self._fed, context), len(context) - 1)
         if len(self._fed) > keep:
-            trim_prompt_cache(self.cache, len(self._fed) - keep)
-            del self._fed[keep:]
+            if can_trim_prompt_cache(self.cache):
+                trim_prompt_cache(self.cache, len(self._fed) - keep)
+                del self._fed[keep:]
+            else:  # e.g. a sliding-window cache past its window: start over (slow, but correct)
+                self.cache, self._fed, keep = self._new_cache(), [], 0
         return context[keep:]
 
     def propose(self, context: List[int], k: int, probs_fn=None) -> Draft:

