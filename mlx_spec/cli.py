@@ -81,14 +81,15 @@ def generate(
     model: str = typer.Option("qwen2.5-coder-1.5b", help="Target: recipe, folder, .gguf or HF repo"),
     prompt: str = typer.Option("Write a Python function that checks whether a number is prime.", help="Prompt text"),
     draft: Optional[str] = typer.Option(None, help="Drafter: a model spec, 'ngram', 'self[:LAYERS]', 'hybrid[:D]'"),
-    num_draft: int = typer.Option(None, help="Max draft tokens per round K (default 4; 7 for ngram)"),
+    num_draft: Optional[int] = typer.Option(None, help="Max draft tokens per round K (default 6; 7 for ngram/hybrid)"),
     max_tokens: int = typer.Option(256, help="Max new tokens"),
     temp: float = typer.Option(0.0, help="Sampling temperature (0: greedy)"),
     top_p: float = typer.Option(0.0, help="Nucleus sampling threshold (0: off)"),
     top_k: int = typer.Option(0, help="Top-k sampling (0: off)"),
     seed: Optional[int] = typer.Option(None, help="Random seed"),
     adaptive: bool = typer.Option(True, help="Adapt K and switch speculation off when it does not pay"),
-    min_confidence: float = typer.Option(0.0, help="Model drafters stop at a draft token below this probability"),
+    min_confidence: Optional[float] = typer.Option(None, help="Model/self drafters stop at a draft token the draft "
+                                                   "gives less than this probability (default 0.5)"),
     chat: bool = typer.Option(True, help="Wrap the prompt in the tokenizer's chat template, if it has one"),
     verbose: bool = typer.Option(False, help="Print the statistics"),
 ):
@@ -104,7 +105,7 @@ def generate(
         mx.random.seed(seed)
     target, tok, _ = load_model(model, _log)
     if num_draft is None:
-        num_draft = DEFAULT_K if draft in ("ngram",) or (draft or "").startswith("hybrid") else DEFAULT_NUM_DRAFT
+        num_draft = DEFAULT_K if draft == "ngram" or (draft or "").startswith("hybrid") else DEFAULT_NUM_DRAFT
     drafter = make_drafter(draft, target, tok, num_draft=num_draft, min_confidence=min_confidence, log=_log)
     ids = (tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
            if chat and getattr(tok, "chat_template", None) else tok.encode(prompt))

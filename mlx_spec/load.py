@@ -62,7 +62,7 @@ def make_drafter(
     target_tok,
     *,
     num_draft: int = 7,
-    min_confidence: float = 0.0,
+    min_confidence: Optional[float] = None,
     loaded: Optional[dict] = None,
     log: Log = lambda _m: None,
 ) -> Optional[Drafter]:
@@ -78,6 +78,9 @@ def make_drafter(
 
     if spec in (None, "", "none"):
         return None
+    from .drafters.model import DEFAULT_MIN_CONFIDENCE
+
+    min_confidence = DEFAULT_MIN_CONFIDENCE if min_confidence is None else min_confidence
     width = vocab_width(target)
     real = len(target_tok.get_vocab())
     if spec == "ngram":

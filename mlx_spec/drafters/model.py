@@ -8,7 +8,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 from ..errors import GenerationError
 from .base import Draft, Drafter
 
-DEFAULT_MIN_CONFIDENCE = 0.0  # 0 drafts all k; >0 stops at the first draft token less likely than this
+DEFAULT_MIN_CONFIDENCE = 0.5  # stop at a draft token the draft itself gives < 50 %: on the Qwen pair it beat 0 (BENCHMARKS.md)
 PREFILL_STEP = 512  # prompt tokens per forward pass: bounds the attention scratch memory
 
 
