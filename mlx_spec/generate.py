@@ -151,7 +151,7 @@ def speculative_generate_step(
         mx.eval([c.state for c in cache])
     stats.prompt_tokens = len(prompt)
 
-    context = prompt  # everything so far; context[-1] is fed to the target next
+    context = prompt  # (a copy) everything so far; context[-1] is fed to the target next
     produced = 0
     first_at = None
     while produced < max_tokens:
@@ -185,7 +185,7 @@ def speculative_generate_step(
             controller.update(n, a, t2 - t1, t1 - t0, source)
 
         new = draft.tokens[:a] + [nxt]
-        context = context + new
+        context.extend(new)  # our own copy of the prompt: drafters read it, never keep it
         for j, tok in enumerate(new):
             produced += 1
             stats.generation_tokens = produced
