@@ -7,6 +7,11 @@ import typer
 
 from . import blas
 from .errors import MlxSpecError
+from .gen.drafters.model import DEFAULT_MIN_CONFIDENCE
+from .gen.engine import DEFAULT_MAX_TOKENS
+from .gen.registry import DEFAULT_K, default_num_draft
+from .make.convert import DEFAULT_GROUP_SIZE
+from .named import DEFAULT_MODEL, DEFAULT_PROMPT
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Lossless speculative decoding on MLX: fetch, convert, generate, bench.")
@@ -32,10 +37,21 @@ def _bits(text: Optional[str]) -> Optional[int]:
         raise ConvertError(f"--quantize must be int2/int3/int4/int6/int8 or a bit count, got '{text}'") from None
 
 
+def _layer_list(text: Optional[str]):
+    from .errors import ConvertError
+
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConvertError(f"--layers must be comma-separated integers, got '{text}'") from None
+
+
 @app.command()
 def fetch(name: str = typer.Argument(..., help="Recipe name, HF repo id, local folder or .gguf file")):
     """Fetch (and convert, for recipes) a model into the cache; print its folder."""
-    from .sources import resolve
+    from .make.resolve import resolve
 
     typer.echo(str(resolve(name, _log)))
 
@@ -43,9 +59,9 @@ def fetch(name: str = typer.Argument(..., help="Recipe name, HF repo id, local f
 @app.command()
 def models():
     """List the named recipes, where each comes from, and whether it is on disk."""
-    from . import recipes
-    from .paths import home
-    from .sources import is_cached, recipe_path
+    from .make import recipes
+    from .make.paths import home
+    from .make.resolve import is_cached, recipe_path
 
     rows = [(r.name, "yes" if is_cached(r) else "no", r.origin, r.description) for r in recipes.all_recipes()]
     width = max((len(r[0]) for r in rows), default=4)
@@ -61,57 +77,55 @@ def convert(
     out: str = typer.Argument(..., help="Output MLX folder (must not exist unless --force)"),
     dtype: str = typer.Option("auto", help="auto|float32|float16|bfloat16 (auto: float16 on GPU, float32 on CPU)"),
     quantize: Optional[str] = typer.Option(None, "--quantize", "-q", help="int4|int8 (or 2/3/4/6/8 bits), MLX affine"),
-    group_size: int = typer.Option(64, help="Quantization group size: 32|64|128"),
+    group_size: int = typer.Option(DEFAULT_GROUP_SIZE, help="Quantization group size: 32|64|128"),
     head_bits: Optional[int] = typer.Option(None, help="Bits for embedding and lm_head (16 keeps them float)"),
     keep_layers: Optional[int] = typer.Option(None, help="Keep K evenly spaced blocks (first and last kept)"),
     layers: Optional[str] = typer.Option(None, help="Explicit blocks to keep, e.g. 0,4,8,11"),
     force: bool = typer.Option(False, help="Replace an existing output folder"),
 ):
     """Convert a model into an MLX folder, optionally quantized and layer-dropped into a draft."""
-    from .convert import convert as run, parse_layers
+    from .make.resolve import convert as run
 
     _hint()
     path = run(source, out, dtype=dtype, quantize=_bits(quantize), group_size=group_size, head_bits=head_bits,
-               keep_layers=keep_layers, layers=parse_layers(layers) if layers else None, force=force, log=_log)
+               keep_layers=keep_layers, layers=_layer_list(layers), force=force, log=_log)
     typer.echo(str(path))
 
 
 @app.command()
 def generate(
-    model: str = typer.Option("qwen2.5-coder-1.5b", help="Target: recipe, folder, .gguf or HF repo"),
-    prompt: str = typer.Option("Write a Python function that checks whether a number is prime.", help="Prompt text"),
-    draft: Optional[str] = typer.Option(None, help="Drafter: a model spec, 'ngram', 'self[:LAYERS]', 'hybrid[:D]'"),
-    num_draft: Optional[int] = typer.Option(None, help="Max draft tokens per round K (default 6; 7 for ngram/hybrid)"),
-    max_tokens: int = typer.Option(256, help="Max new tokens"),
+    model: str = typer.Option(DEFAULT_MODEL, help="Target: recipe, folder, .gguf or HF repo"),
+    prompt: str = typer.Option(DEFAULT_PROMPT, help="Prompt text"),
+    draft: Optional[str] = typer.Option(None, help="Drafter: a model spec, 'ngram', 'self[:LAYERS]', 'hybrid[:D]' or 'none'"),
+    num_draft: Optional[int] = typer.Option(None, help="Max draft tokens per round K (default: "
+                                            + ", ".join(f"{k} {v}" for k, v in DEFAULT_K.items()) + ")"),
+    max_tokens: int = typer.Option(DEFAULT_MAX_TOKENS, help="Max new tokens"),
     temp: float = typer.Option(0.0, help="Sampling temperature (0: greedy)"),
     top_p: float = typer.Option(0.0, help="Nucleus sampling threshold (0: off)"),
     top_k: int = typer.Option(0, help="Top-k sampling (0: off)"),
     seed: Optional[int] = typer.Option(None, help="Random seed"),
     adaptive: bool = typer.Option(True, help="Adapt K and switch speculation off when it does not pay"),
     min_confidence: Optional[float] = typer.Option(None, help="Model/self drafters stop at a draft token the draft "
-                                                   "gives less than this probability (default 0.5)"),
+                                                   f"gives less than this probability (default {DEFAULT_MIN_CONFIDENCE})"),
     chat: bool = typer.Option(True, help="Wrap the prompt in the tokenizer's chat template, if it has one"),
     verbose: bool = typer.Option(False, help="Print the statistics"),
 ):
     """Stream text from a model, plain or speculative (the output is the target's either way)."""
     import mlx.core as mx
 
-    from .drafters.ngram import DEFAULT_K
-    from .generate import DEFAULT_NUM_DRAFT, stream_generate
-    from .load import load_model, make_drafter
+    from .gen.stream import stream_generate
+    from .named import load_model, make_drafter
 
     _hint()
     if seed is not None:
         mx.random.seed(seed)
     target, tok, _ = load_model(model, _log)
-    if num_draft is None:
-        num_draft = DEFAULT_K if draft == "ngram" or (draft or "").startswith("hybrid") else DEFAULT_NUM_DRAFT
     drafter = make_drafter(draft, target, tok, num_draft=num_draft, min_confidence=min_confidence, log=_log)
     ids = (tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
            if chat and getattr(tok, "chat_template", None) else tok.encode(prompt))
     ev = None
     for ev in stream_generate(target, tok, ids, drafter, max_tokens=max_tokens, temp=temp, top_p=top_p,
-                              top_k=top_k, num_draft=num_draft, adaptive=adaptive):
+                              top_k=top_k, num_draft=num_draft or default_num_draft(draft), adaptive=adaptive):
         typer.echo(ev.text, nl=False)
     typer.echo("")
     if verbose and ev is not None:
@@ -122,7 +136,7 @@ def format_stats(s) -> str:
     """Human-readable statistics block."""
     lines = [
         "=" * 40,
-        f"prompt:     {s.prompt_tokens} tokens, {s.prompt_tps:.1f} tokens/s",
+        f"prompt:     {s.prompt_tokens} tokens ({s.prompt_cached} cached), {s.prompt_tps:.1f} tokens/s",
         f"generation: {s.generation_tokens} tokens, {s.generation_tps:.2f} tokens/s",
         f"peak memory: {s.peak_memory_gb:.2f} GB",
     ]
@@ -130,7 +144,7 @@ def format_stats(s) -> str:
         pos = " ".join(f"{a:.2f}" for a in s.acceptance_by_position())
         lines += [
             f"drafts:     {s.accepted}/{s.proposed} accepted ({100 * s.acceptance_rate:.1f}%), "
-            f"{100 * s.from_draft:.1f}% of tokens from drafts",
+            f"{100 * s.draft_share:.1f}% of tokens from drafts",
             f"rounds:     {s.rounds} ({s.spec_rounds} speculative), {s.mean_accepted:.2f} accepted per speculative round",
             f"by position: {pos}",
             f"time:       draft {s.draft_time:.2f} s, verify {s.verify_time:.2f} s",

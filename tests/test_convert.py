@@ -7,7 +7,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.utils import load
 
-from mlx_spec import convert as conv
+from mlx_spec.make import layers, resolve as conv
 from mlx_spec.errors import ConvertError, SourceError, UnsupportedError
 
 
@@ -52,13 +52,13 @@ def test_int8_is_close_and_head_bits_keep_float_head(tiny_models, tmp_path):
 
 
 def test_keep_layers_rule():
-    assert conv.keep_layer_indices(12, 3) == [0, 6, 11]  # the seed's example, last block kept
-    assert conv.keep_layer_indices(4, 2) == [0, 3]
-    assert conv.keep_layer_indices(24, 24) == list(range(24))
-    assert conv.keep_layer_indices(28, 7) == [0, 5, 9, 14, 18, 23, 27]  # 4.5 k, half up
+    assert layers.keep_layer_indices(12, 3) == [0, 6, 11]  # the seed's example, last block kept
+    assert layers.keep_layer_indices(4, 2) == [0, 3]
+    assert layers.keep_layer_indices(24, 24) == list(range(24))
+    assert layers.keep_layer_indices(28, 7) == [0, 5, 9, 14, 18, 23, 27]  # 4.5 k, half up
     for bad in (0, 13):
-        with pytest.raises(ConvertError, match="keep-layers"):
-            conv.keep_layer_indices(12, bad)
+        with pytest.raises(ConvertError, match="between 1 and"):
+            layers.keep_layer_indices(12, bad)
 
 
 def test_keep_layers_and_explicit_layers(tiny_models, tmp_path):

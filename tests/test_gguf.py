@@ -9,7 +9,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from mlx_spec.errors import ConvertError, SourceError, UnsupportedError
-from mlx_spec.gguf import _read_header, gguf_to_hf, read_gguf_info
+from mlx_spec.make.gguf import _read_header, gguf_to_hf, read_gguf_info
 
 HIDDEN, FFN, HEADS, KV_HEADS = 256, 512, 4, 2  # 256: K-quant blocks fit every weight row
 QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
@@ -328,7 +328,7 @@ def test_config_and_logits_match_original(cases, arch):
 
 def test_missing_unpermute_or_norm_shift_would_be_caught(cases, tmp_path, monkeypatch):
     """The logits check has teeth: skipping either llama.cpp fix-up changes the logits."""
-    import mlx_spec.gguf as g
+    import mlx_spec.make.gguf as g
 
     monkeypatch.setattr(g, "_unpermute", lambda w, n: w)
     monkeypatch.setattr(g, "_fix_tensor", lambda arch, name, w, cfg: w)

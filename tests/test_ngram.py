@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from mlx_spec.drafters.ngram import DEFAULT_K, DEFAULT_N, NGramDrafter
+from mlx_spec.gen.drafters.ngram import DEFAULT_K, DEFAULT_N, NGramDrafter
 from mlx_spec.errors import GenerationError
 
 

@@ -39,7 +39,7 @@ def converted(request, tmp_path_factory):
     """(golden dict, mlx-lm model, tokenizer) for one model, converted once per module."""
     import mlx_lm
 
-    from mlx_spec.gguf import gguf_to_hf
+    from mlx_spec.make.gguf import gguf_to_hf
 
     golden = json.loads((GOLDEN / f"{request.param}.json").read_text())
     path = find_gguf(golden["gguf_file"])

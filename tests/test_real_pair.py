@@ -35,7 +35,7 @@ def pair():
     else:
         mp.delenv("MLX_SPEC_HOME", raising=False)
     mp.delenv("HF_HUB_OFFLINE", raising=False)
-    from mlx_spec.load import load_model
+    from mlx_spec.named import load_model
 
     target, tok, _ = load_model("qwen2.5-coder-1.5b")
     draft, dtok, _ = load_model("qwen2.5-coder-0.5b")
@@ -47,12 +47,12 @@ def test_real_pair_greedy_is_lossless_for_every_drafter(pair):
     from mlx_lm.generate import generate_step
     import mlx.core as mx
 
-    from mlx_spec.drafters.hybrid import HybridDrafter
-    from mlx_spec.drafters.model import ModelDrafter
-    from mlx_spec.drafters.ngram import NGramDrafter
-    from mlx_spec.drafters.self_draft import SelfDrafter
-    from mlx_spec.generate import Stats, speculative_generate_step
-    from mlx_spec.load import check_tokenizers
+    from mlx_spec.gen.drafters.hybrid import HybridDrafter
+    from mlx_spec.gen.drafters.model import ModelDrafter
+    from mlx_spec.gen.drafters.ngram import NGramDrafter
+    from mlx_spec.gen.drafters.self_draft import SelfDrafter
+    from mlx_spec.gen.engine import Stats, speculative_generate_step
+    from mlx_spec.gen.load import check_tokenizers
 
     target, tok, draft, dtok = pair
     real = check_tokenizers(tok, dtok)

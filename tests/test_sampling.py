@@ -10,11 +10,11 @@ from mlx_lm.models import qwen2
 from mlx_lm.sample_utils import make_sampler
 from mlx.utils import tree_flatten, tree_map
 
-from mlx_spec import verify
-from mlx_spec.drafters.base import Draft, Drafter
-from mlx_spec.drafters.model import ModelDrafter
-from mlx_spec.generate import speculative_generate_step
-from mlx_spec.sampling import make_probs_fn
+from mlx_spec.gen import verify
+from mlx_spec.gen.drafters.base import Draft, Drafter
+from mlx_spec.gen.drafters.model import ModelDrafter
+from mlx_spec.gen.engine import speculative_generate_step
+from mlx_spec.gen.sampling import make_probs_fn
 
 V = 5  # tiny vocabulary: V^2 = 25 cells for the joint law of the first two tokens
 SAMPLES = 1500
@@ -132,7 +132,7 @@ def test_a_broken_acceptance_rule_fails_the_same_test(pair, monkeypatch, broken)
         def always(target_probs, tokens, draft_probs):
             return real(target_probs, tokens, None if draft_probs is None else draft_probs * 0 + 1e-9)
 
-        monkeypatch.setattr("mlx_spec.generate.verify_sampling", always)  # q/p huge: accepts every draft
+        monkeypatch.setattr("mlx_spec.gen.engine.verify_sampling", always)  # q/p huge: accepts every draft
     joint = exact_joint(target, make_probs_fn(1.0))
     counts = sample_pairs(spec_pair(target, ModelDrafter(draft, V), temp=1.0), SAMPLES)
     ok, stat, crit = chi_square_pvalue_ok(counts, joint, SAMPLES)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mlx_spec import blas, recipes, sources
+from mlx_spec import blas
+from mlx_spec.make import recipes, resolve as sources
 from mlx_spec.errors import SourceError
 
 

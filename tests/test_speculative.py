@@ -7,14 +7,16 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-from mlx_spec.drafters.base import Draft, Drafter
-from mlx_spec.drafters.hybrid import HybridDrafter
-from mlx_spec.drafters.model import ModelDrafter
-from mlx_spec.drafters.ngram import NGramDrafter
-from mlx_spec.drafters.self_draft import SelfDrafter
+from mlx_spec.gen.drafters.base import Draft, Drafter
+from mlx_spec.gen.drafters.hybrid import HybridDrafter
+from mlx_spec.gen.drafters.model import ModelDrafter
+from mlx_spec.gen.drafters.ngram import NGramDrafter
+from mlx_spec.gen.drafters.self_draft import SelfDrafter
 from mlx_spec.errors import GenerationError, UnsupportedError
-from mlx_spec.generate import Stats, generate, speculative_generate_step
-from mlx_spec.load import check_tokenizers, load_model, make_drafter
+from mlx_spec.gen.engine import Stats, speculative_generate_step
+from mlx_spec.gen.stream import generate
+from mlx_spec.gen.load import check_tokenizers
+from mlx_spec.named import load_model, make_drafter
 
 PROMPTS = [
     "def add(a, b):\n    return a + b\ndef sub(a, b):\n    return a - b\ndef add(a, b):\n",  # n-gram bait

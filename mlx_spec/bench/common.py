@@ -105,9 +105,10 @@ def time_stream(make: Callable[[], Iterable[Tuple[int, bool]]], max_tokens: int,
     tokens, flags, ttft, finish = [], [], 0.0, "length"
     start = time.perf_counter()
     gen = make()
-    for tok, from_draft in gen:
+    for step in gen:  # (token, from_draft, ...) tuples: our Step, or the mlx-lm adapters below
+        tok = step[0]
         tokens.append(int(tok))
-        flags.append(bool(from_draft))
+        flags.append(bool(step[1]))
         if len(tokens) == 1:
             ttft = time.perf_counter() - start
         if tok in eos:
@@ -123,7 +124,7 @@ def time_stream(make: Callable[[], Iterable[Tuple[int, bool]]], max_tokens: int,
 
 def ours_stream(prompt: List[int], model, drafter=None, stats=None, **kwargs) -> Iterator[Tuple[int, bool]]:
     """Our engine's (token, from_draft) stream."""
-    from ..generate import speculative_generate_step
+    from ..gen.engine import speculative_generate_step
 
     return speculative_generate_step(prompt, model, drafter, stats=stats, **kwargs)
 
@@ -176,7 +177,7 @@ def rounds_from_flags(flags: Sequence[bool], k: int, max_tokens: int) -> dict:
         "rounds": rounds, "proposed": proposed, "accepted": accepted,
         "acceptance_rate": accepted / proposed if proposed else 0.0,
         "mean_accepted": accepted / rounds if rounds else 0.0,
-        "from_draft": sum(flags) / len(flags) if flags else 0.0,
+        "draft_share": sum(flags) / len(flags) if flags else 0.0,
         "proposed_by_position": proposed_by_pos, "accepted_by_position": accepted_by_pos,
         "acceptance_by_position": [a / p if p else 0.0 for a, p in zip(accepted_by_pos, proposed_by_pos)],
         "reconstructed": True,

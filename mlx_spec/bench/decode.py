@@ -55,10 +55,9 @@ def _all_float32(folder: Path) -> bool:
 
 def variant_folder(spec: str, variant: str, log: Log) -> Path:
     """The float32 / int8 / int4 version of `spec`: the source itself if it already is it, else a cached conversion."""
-    from ..convert import convert
-    from ..paths import home
-    from ..recipes import find
-    from ..sources import resolve
+    from ..make.paths import home
+    from ..make.recipes import find
+    from ..make.resolve import convert, resolve
 
     src = resolve(spec, log)
     bits = VARIANTS[variant]
@@ -96,7 +95,7 @@ def measure_model(name: str, folder: Path, s: DecodeSettings, log: Log) -> dict:
     """Load times (alternating, repeated) and decode speed, ours vs mlx-lm, on one folder."""
     from mlx_lm.utils import load as mlx_load
 
-    from ..load import load_model
+    from ..named import load_model
 
     row = {"name": name, "folder": str(folder), "weights_gb": weights_gb(folder)}
     model, _tok = mlx_load(str(folder))  # untimed: brings the files into the page cache for both loaders
@@ -182,8 +181,8 @@ def compare_rows(mine: dict, child: dict) -> dict:
 
 def _convert_source(src: str):
     """(what to convert, whether to isolate the cache): a recipe with GGUF weights means its assembled .gguf."""
-    from ..recipes import find
-    from ..sources import recipe_source_path
+    from ..make.recipes import find
+    from ..make.resolve import recipe_source_path
 
     recipe = find(src)
     if recipe is not None and recipe.pypi:
@@ -196,7 +195,7 @@ def _convert_source(src: str):
 
 def convert_report(src: str, log: Log) -> dict:
     """Time `mlx-spec convert` of `src` to float32 and to int4, each in its own subprocess; wall time and peak RSS."""
-    from ..paths import home
+    from ..make.paths import home
 
     source, cold = _convert_source(src)
     runs = []

@@ -60,7 +60,7 @@ def summarize(records: List[dict], configs: Sequence[str], baseline: str) -> Dic
                     prefill_tps=sum(r["prompt_tokens"] for r in ok) / max(sum(r["ttft"] for r in ok), 1e-12),
                     speedup=(tok / t) / (btok / bt), speedup_min=min(per), speedup_max=max(per),
                     decode_speedup=dec / bdec,
-                    from_draft=sum(r["n_from_draft"] for r in ok) / tok if tok else 0.0,
+                    draft_share=sum(r["n_from_draft"] for r in ok) / tok if tok else 0.0,
                     identical=sum(bool(r.get("identical")) for r in ok),
                     mismatches=[{"prompt": r["prompt"], "position": r.get("first_mismatch")}
                                 for r in ok if r.get("identical") is False],
@@ -113,7 +113,7 @@ def spec_markdown(data: dict, baseline: str) -> str:
             rows.append((
                 c, f"{e['speedup']:.2f}×", f"{e['speedup_min']:.2f}–{e['speedup_max']:.2f}",
                 f"{e['decode_speedup']:.2f}×", f"{e['tps']:.2f}", f"{e['decode_tps']:.2f}", f"{e['prefill_tps']:.0f}",
-                _pct(e["from_draft"]),
+                _pct(e["draft_share"]),
                 _pct(e["acceptance_rate"]) + (f" / {e['mean_accepted']:.2f}" if e["mean_accepted"] is not None else ""),
                 f"{e['identical']}/{e['compared']}" + ("" if e["identical"] == e["compared"] else " **MISMATCH**"),
                 f"{e['peak_extra_gb']:.3f}" + (f", {e['errors']} errors" if e["errors"] else ""),

@@ -32,7 +32,7 @@ class SpecSettings:
     edit: int = 20
     humaneval_file: Optional[str] = None
     max_tokens: int = DEFAULT_MAX_TOKENS
-    num_draft: Optional[int] = None  # None: the CLI's defaults (6 for model/self drafters, 7 for ngram/hybrid)
+    num_draft: Optional[int] = None  # None: each drafter kind's default (gen.registry.DEFAULT_K)
     mlx_k: int = DEFAULT_MLX_K
     self_spec: Optional[str] = None  # None: 'self' (half the target's layers)
     hybrid_spec: Optional[str] = None  # None: 'hybrid:<f32 draft>'
@@ -52,9 +52,9 @@ class Config:
 
     def prepare(self) -> None:
         """Load what this config needs (drafter, draft model); raises if it cannot run."""
-        from ..drafters.ngram import DEFAULT_K
-        from ..generate import DEFAULT_NUM_DRAFT
-        from ..load import check_tokenizers, load_model, make_drafter
+        from ..gen.load import check_tokenizers
+        from ..gen.registry import default_num_draft
+        from ..named import load_model, make_drafter
 
         s, b = self.bench.settings, self.bench
         t0 = time.perf_counter()
@@ -80,8 +80,7 @@ class Config:
         elif self.name not in (BASELINE, "mlx-lm"):
             raise ValueError(f"unknown config '{self.name}' (known: {', '.join(CONFIGS)})")
         if spec is not None and self.name != "mlx-lm-spec":
-            # The same default K as `mlx-spec generate`: 7 for n-gram based drafters, else 6.
-            self.k = s.num_draft or (DEFAULT_K if spec == "ngram" or spec.startswith("hybrid") else DEFAULT_NUM_DRAFT)
+            self.k = s.num_draft or default_num_draft(spec)  # the same defaults as `mlx-spec generate`
             inner = spec.removeprefix("hybrid:")
             if spec != "ngram" and not inner.startswith(("self", "hybrid")) and inner not in b.loaded:
                 model, tok, _ = load_model(inner, b.log)
@@ -114,7 +113,8 @@ class Config:
 
 def _drafter_model(drafter):
     """The draft model a model or hybrid drafter runs, else None."""
-    return getattr(getattr(drafter, "fallback", drafter), "model", None)
+    inner = getattr(drafter, "fallback", drafter)
+    return None if getattr(inner, "name", "") == "self" else getattr(inner, "model", None)  # self: the target's own
 
 
 class SpecBench:
@@ -131,7 +131,7 @@ class SpecBench:
         self.loaded: Dict[str, tuple] = {}  # draft spec -> (model, tokenizer), shared across configs
 
     def load(self) -> None:
-        from ..load import load_model
+        from ..named import load_model
 
         t0 = time.perf_counter()
         self.target, self.tokenizer, folder = load_model(self.settings.target, self.log)
@@ -156,7 +156,7 @@ class SpecBench:
 
     def _warm(self, cfg: Config) -> None:
         """One short untimed generation, so first-call costs (allocation, kernels, page-in) are not timed."""
-        from ..generate import Stats
+        from ..gen.engine import Stats
 
         ids = chat_ids(self.tokenizer, WARMUP_PROMPT)
         time_stream(lambda: cfg.stream(ids, WARMUP_TOKENS, Stats()), WARMUP_TOKENS, self.eos)
@@ -169,7 +169,7 @@ class SpecBench:
 
     def run_prompt(self, i: int, n: int, p: Prompt) -> None:
         """Every ready config on one prompt (order rotated per prompt), then the lossless check against plain."""
-        from ..generate import Stats
+        from ..gen.engine import Stats
 
         names = [c for c in self.settings.configs if c in self.configs]
         order = names[i % len(names):] + names[: i % len(names)]

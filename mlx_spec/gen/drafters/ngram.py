@@ -2,7 +2,7 @@
 
 from typing import Dict, List, Optional, Tuple
 
-from ..errors import GenerationError
+from ...errors import GenerationError
 from .base import Draft, Drafter
 
 DEFAULT_N = 5  # paper Figs 4-5: multi-level gains stop growing beyond N=5
@@ -13,7 +13,7 @@ _SYNC_TAIL = 8  # indexed tail tokens re-checked per call to detect a rewritten 
 # CPU, issue #3's measurements); one whose level is accepted less often than this does not pay.
 DEFAULT_MIN_TRUST = 0.2
 TRUST_EMA = 0.2  # weight of the newest outcome in a level's acceptance estimate
-TRUST_RECOVERY = 0.02  # a skipped level regains this much trust, so it is retried now and then
+TRUST_RECOVERY = 0.02  # an untrusted level regains this much per sync that adds tokens, so it is retried now and then
 
 Gram = Tuple[int, ...]
 
@@ -45,12 +45,17 @@ class NGramDrafter(Drafter):
         self._levels: List[int] = []  # match level of each token of the last draft
         self.proposed_total = 0  # acceptance stats from feedback(); read-only diagnostics
         self.accepted_total = 0
-        self.reset([])
+        self._rebuild([])
 
     # ---- Memory: INITIALIZE / UPDATE (paper Sec 3.1) ----
 
-    def reset(self, prompt: List[int]) -> None:
-        """INITIALIZE: forget everything and index the prompt tokens."""
+    def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
+        """A generation starts at `prompt`: index what is new if it extends what is indexed (a session's
+        next turn), else INITIALIZE from it."""
+        self._sync(prompt)
+
+    def _rebuild(self, prompt: List[int]) -> None:
+        """INITIALIZE: forget the tables and index the prompt tokens."""
         self._counts: Dict[Gram, int] = {}
         self._best: Dict[Gram, Tuple[int, int]] = {}
         self._tokens: List[int] = []  # our own copy of what is indexed, so caller mutation can't desync us
@@ -84,9 +89,14 @@ class NGramDrafter(Drafter):
             or (context[0] == self._tokens[0] and context[seen - tail : seen] == self._tokens[seen - tail :])
         )
         if not extends:
-            self.reset(context)
+            self._rebuild(context)
         elif len(context) > seen:
             self._index(context[seen:])
+        else:
+            return
+        for level, t in self.trust.items():  # new tokens: untrusted levels earn a retry over time
+            if t < self.min_trust:
+                self.trust[level] = t + TRUST_RECOVERY
 
     # ---- QUERY: multi-level lookup (Alg 2) chained K times (Alg 1, lines 12-16) ----
 
@@ -99,31 +109,42 @@ class NGramDrafter(Drafter):
                 return hit[0], m
         return None, 0
 
-    def propose(self, context: List[int], k: int, probs_fn=None) -> Draft:
+    def _chain(self, context: List[int], k: int) -> Tuple[List[int], List[int]]:
+        """Alg 1 lines 12-16: up to k chained lookups on the last n-1 tokens of context+draft.
+
+        Returns (tokens, match level of each). Stops at the first miss, or at a level whose drafts
+        have not been paying (trust below min_trust). Reads the tables, never changes them.
+        """
+        self._sync(context)
+        window = self._tokens[-(self.n - 1) :]  # a copy: drafted tokens must not enter the tables
+        out: List[int] = []
+        levels: List[int] = []
+        for _ in range(min(k, self.k)):
+            tok, level = self._query(window)
+            if tok is None or self.trust[level] < self.min_trust:
+                break
+            out.append(tok)
+            levels.append(level)
+            window.append(tok)
+            del window[: max(0, len(window) - (self.n - 1))]  # keep the n-1 tokens the next key needs
+        return out, levels
+
+    def sources(self, context: List[int]) -> Dict[str, int]:
+        """{'ngram': the draft length available here} where a level matches, else {}."""
+        n = len(self._chain(context, self.k)[0])
+        return {self.name: n} if n else {}
+
+    def propose(self, context: List[int], k: int, probs_fn=None, source: Optional[str] = None) -> Draft:
         """Draft up to min(k, self.k) tokens continuing `context`; empty when no level matches.
 
         Follows the paper: each drafted token is one multi-level query on the last n-1 tokens of
         context+draft, so lookups chain through the draft. Drafting stops at the first miss.
         probs_fn is ignored: the drafter is deterministic (probs=None, one-hot to the verifier).
         """
-        self._sync(context)
-        window = self._tokens[-(self.n - 1) :]  # a copy: drafted tokens must not enter the tables
-        out: List[int] = []
-        self._levels = []
-        for _ in range(min(k, self.k)):
-            tok, level = self._query(window)
-            if tok is None:
-                break
-            if self.trust[level] < self.min_trust:  # this level's drafts have not been paying
-                self.trust[level] += TRUST_RECOVERY
-                break
-            out.append(tok)
-            self._levels.append(level)
-            window.append(tok)
-            del window[: max(0, len(window) - (self.n - 1))]  # keep the n-1 tokens the next key needs
+        out, self._levels = self._chain(context, k)
         return Draft(tokens=out, probs=None)
 
-    def feedback(self, proposed: int, accepted: int) -> None:
+    def feedback(self, source: str, proposed: int, accepted: int) -> None:
         """Update each level's acceptance estimate from the tokens the verifier judged.
 
         The paper's adaptivity is the per-token UPDATE of the tables, which `_sync` already does

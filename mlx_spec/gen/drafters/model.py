@@ -3,11 +3,13 @@
 from typing import List, Optional
 
 import mlx.core as mx
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
-from ..errors import GenerationError
+from ...errors import GenerationError
+from ..cache import rewind
 from .base import Draft, Drafter
 
+DEFAULT_K = 6  # most draft tokens per round for model and self drafters; the policy and the confidence stop draft fewer
 # Stop at a draft token the draft itself gives < 50 %. Picked from two 64-token tuning runs on the
 # Qwen pair (one HumanEval, one edit prompt): K=6 with 0.5 was 11-19 % faster than K=4 with no stop.
 DEFAULT_MIN_CONFIDENCE = 0.5
@@ -26,9 +28,10 @@ def common_prefix(a: List[int], b: List[int]) -> int:
 class ModelDrafter(Drafter):
     """Greedy or sampled drafts from a small model.
 
-    The cache holds exactly `self._fed` tokens. Each round it is trimmed back to the
-    longest prefix it shares with the new context (rejected drafts go), and the missing
-    context tokens are fed in one forward pass, so hybrid drafting can skip rounds freely.
+    The cache holds exactly `self._fed` tokens. Each round it is trimmed back to the longest
+    prefix it shares with the new context (rejected drafts go), and the missing context tokens
+    are fed in one forward pass, so rounds may be skipped freely and a session's next turn only
+    feeds what is new. `fed_total` counts every token fed through the model.
     """
 
     name = "model"
@@ -41,7 +44,9 @@ class ModelDrafter(Drafter):
         self.vocab_size = vocab_size
         self.real_vocab = real_vocab
         self.min_confidence = min_confidence
-        self.reset([])
+        self.fed_total = 0
+        self.cache = None
+        self._fed: List[int] = []
 
     def _new_cache(self):
         cache = make_prompt_cache(self.model)
@@ -49,21 +54,37 @@ class ModelDrafter(Drafter):
             raise GenerationError(f"{self.name} drafter: its KV cache cannot be trimmed, so drafts cannot be rewound")
         return cache  # a sliding-window cache may stop being trimmable later: _sync rebuilds it then
 
-    def reset(self, prompt: List[int]) -> None:
-        """New cache, prefilled with the prompt (all but its last token) during prompt processing."""
-        self.cache = self._new_cache()
-        self._fed: List[int] = []
-        if len(prompt) > 1 and self.cache is not None:
-            self._forward(prompt[:-1])
-            self._fed = list(prompt[:-1])
+    def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
+        """Bring the cache to `prompt[:-1]` during prompt processing, keeping the prefix it already holds."""
+        if self.cache is None:
+            self.cache, self._fed = self._new_cache(), []
+        if len(prompt) > 1:
+            self._guarded(lambda: self._feed(self._sync(prompt)[:-1]))
 
-    def _forward(self, tokens: List[int]) -> mx.array:
-        """Feed tokens (in PREFILL_STEP chunks), return the last position's logits (V,), target-aligned."""
-        for i in range(0, len(tokens) - 1, PREFILL_STEP):
-            chunk = tokens[i : min(i + PREFILL_STEP, len(tokens) - 1)]
+    def _guarded(self, fn):
+        """Run fn; if it is interrupted (Ctrl-C, a closed generator), rewind the cache to `_fed`."""
+        try:
+            return fn()
+        except BaseException:
+            if not rewind(self.cache, len(self._fed)):
+                self.cache, self._fed = self._new_cache(), []
+            raise
+
+    def _feed(self, tokens: List[int]) -> None:
+        """Feed tokens into the cache in PREFILL_STEP chunks (the logits are never computed: lazy)."""
+        for i in range(0, len(tokens), PREFILL_STEP):
+            chunk = tokens[i : i + PREFILL_STEP]
             self.model(mx.array(chunk)[None], cache=self.cache)
             mx.eval([c.state for c in self.cache])
+            self._fed.extend(chunk)
+            self.fed_total += len(chunk)
+
+    def _forward(self, tokens: List[int]) -> mx.array:
+        """Feed tokens, return the last position's logits (V,), target-aligned."""
+        self._feed(tokens[:-1])
         logits = self.model(mx.array(tokens[-1:])[None], cache=self.cache)[0, -1]
+        self._fed.append(tokens[-1])
+        self.fed_total += 1
         return self._align(logits)
 
     def _align(self, logits: mx.array) -> mx.array:
@@ -83,20 +104,24 @@ class ModelDrafter(Drafter):
         keep = min(common_prefix(self._fed, context), len(context) - 1)
         if len(self._fed) > keep:
             if can_trim_prompt_cache(self.cache):
-                trim_prompt_cache(self.cache, len(self._fed) - keep)
+                rewind(self.cache, keep)
                 del self._fed[keep:]
             else:  # e.g. a sliding-window cache past its window: start over (slow, but correct)
                 self.cache, self._fed, keep = self._new_cache(), [], 0
         return context[keep:]
 
-    def propose(self, context: List[int], k: int, probs_fn=None) -> Draft:
+    def propose(self, context: List[int], k: int, probs_fn=None, source: Optional[str] = None) -> Draft:
         if k <= 0 or not context:
             return Draft([])
+        if self.cache is None:
+            self.cache = self._new_cache()
+        return self._guarded(lambda: self._draft(context, k, probs_fn))
+
+    def _draft(self, context: List[int], k: int, probs_fn) -> Draft:
         todo = self._sync(context)
         tokens, rows = [], []
         for i in range(k):
             logits = self._forward(todo)
-            self._fed.extend(todo)
             if probs_fn is None:
                 probs = mx.softmax(logits.astype(mx.float32))
                 tok = mx.argmax(logits)

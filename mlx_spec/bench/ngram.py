@@ -1,11 +1,11 @@
-"""Microbenchmark: the N-gram drafter's lookup + indexing cost vs context length (python -m mlx_spec.bench_ngram)."""
+"""Microbenchmark: the N-gram drafter's lookup + indexing cost vs context length (`mlx-spec bench ngram-cost`)."""
 
 import random
 import time
 from dataclasses import dataclass
 from typing import List, Sequence
 
-from .drafters.ngram import DEFAULT_K, NGramDrafter
+from ..gen.drafters.ngram import DEFAULT_K, NGramDrafter
 
 CONTEXT_LENGTHS = (1_024, 8_192, 32_768, 131_072)  # 1k..128k tokens: prompt sizes up to long-context use
 CALLS = 2_000  # timed propose calls per length; each adds one token, like a step accepting nothing
@@ -60,18 +60,12 @@ def run(lengths: Sequence[int] = CONTEXT_LENGTHS, calls: int = CALLS) -> List[Ro
     return rows
 
 
-def main() -> None:
-    """Print the cost table and its share of a target decode step."""
-    rows = run()
-    print(f"N-gram drafter (N=5, K={DEFAULT_K}), {CALLS} timed propose calls per length, target step {TARGET_STEP_MS:.0f} ms")
-    print(f"{'context':>8} {'us/propose':>11} {'us/indexed tok':>15} {'% of step':>10} {'mean draft':>11} {'table keys':>11}")
+def report(rows: List[Row]) -> str:
+    """The cost table and its share of a target decode step."""
+    lines = [f"N-gram drafter (N=5, K={DEFAULT_K}), {CALLS} timed propose calls per length, target step {TARGET_STEP_MS:.0f} ms",
+             f"{'context':>8} {'us/propose':>11} {'us/indexed tok':>15} {'% of step':>10} {'mean draft':>11} {'table keys':>11}"]
     for r in rows:
         share = r.us_per_propose / (TARGET_STEP_MS * 1e3) * 100
-        print(
-            f"{r.context:>8} {r.us_per_propose:>11.1f} {r.us_per_indexed_token:>15.2f} "
-            f"{share:>9.4f}% {r.mean_draft:>11.2f} {r.table_keys:>11}"
-        )
-
-
-if __name__ == "__main__":
-    main()
+        lines.append(f"{r.context:>8} {r.us_per_propose:>11.1f} {r.us_per_indexed_token:>15.2f} "
+                     f"{share:>9.4f}% {r.mean_draft:>11.2f} {r.table_keys:>11}")
+    return "\n".join(lines)

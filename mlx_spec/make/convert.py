@@ -6,8 +6,9 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
-from . import __version__
-from .errors import ConvertError, MlxSpecError, SourceError, UnsupportedError
+from .. import __version__
+from ..errors import ConvertError, MlxSpecError, SourceError, UnsupportedError
+from .layers import INDEX_DEPENDENT, check_layers, keep_layer_indices
 from .paths import atomic_dir, ensure_free_space
 
 SUPPORTED_BITS = (2, 3, 4, 6, 8)  # what MLX affine quantization implements
@@ -15,29 +16,6 @@ SUPPORTED_GROUP_SIZES = (32, 64, 128)
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEFAULT_GROUP_SIZE = 64  # mlx-lm's default: the usual accuracy/size balance for affine int4
 HEAD_KEYS = ("embed_tokens", "lm_head")  # modules --head-bits applies to
-
-
-def keep_layer_indices(n_layers: int, k: int) -> List[int]:
-    """K evenly spaced blocks of n, first and last included.
-
-    The seed (draft-model-generation-compression §3.2) takes blocks [0, n/(k-1), 2n/(k-1), ...];
-    literally that indexes block n, one past the end, so we space over n-1 instead, which keeps
-    its example (12 blocks, k=3 -> 0, 6, 11 here vs 0, 6, 12 there) and keeps the last block.
-    """
-    if not 1 <= k <= n_layers:
-        raise ConvertError(f"--keep-layers must be between 1 and the layer count {n_layers}, got {k}")
-    if k == 1:
-        return [0]
-    # i * (n-1) / (k-1) rounded half up, in integers so no float tie goes the other way
-    return [(2 * i * (n_layers - 1) + (k - 1)) // (2 * (k - 1)) for i in range(k)]
-
-
-def parse_layers(text: str) -> List[int]:
-    """'0,4,8' -> [0, 4, 8]."""
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConvertError(f"--layers must be comma-separated integers, got '{text}'") from None
 
 
 def auto_dtype() -> str:
@@ -60,14 +38,27 @@ def validate(dtype: str, quantize: Optional[int], group_size: int, head_bits: Op
         raise ConvertError("--head-bits needs --quantize")
 
 
+def check_options(out, *, dtype: str = "auto", quantize: Optional[int] = None, group_size: int = DEFAULT_GROUP_SIZE,
+                  head_bits: Optional[int] = None, keep_layers: Optional[int] = None,
+                  layers: Optional[Sequence[int]] = None, force: bool = False, **_ignored) -> None:
+    """Every check that needs no model: options, and an existing output folder."""
+    validate(dtype, quantize, group_size, head_bits)
+    if keep_layers is not None and layers is not None:
+        raise ConvertError("pass either --keep-layers or --layers, not both")
+    if Path(out).exists() and not force:
+        raise ConvertError(f"output folder {out} already exists (pass --force to replace it)")
+
+
 def _weights_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
 
 
-def convert(
-    source,
+def convert_folder(
+    src: Path,
     out,
     *,
+    source: str,
+    source_sha256: str,
     dtype: str = "auto",
     quantize: Optional[int] = None,
     group_size: int = DEFAULT_GROUP_SIZE,
@@ -78,8 +69,10 @@ def convert(
     recipe: Optional[str] = None,
     log: Callable[[str], None] = lambda _m: None,
 ) -> Path:
-    """Convert `source` (any model spec) into an MLX folder at `out`, written atomically.
+    """Convert the model folder `src` into an MLX folder at `out`, written atomically.
 
+    source / source_sha256: where `src` came from, for the provenance block (`make.resolve.convert`
+    resolves any model spec and passes them).
     quantize: bits for MLX affine quantization; head_bits: bits for the embedding and lm_head
     (16 keeps them unquantized). keep_layers / layers: layer-drop (mutually exclusive).
     Returns `out`. Provenance goes into config.json under "mlx_spec".
@@ -88,17 +81,12 @@ def convert(
     from mlx.utils import tree_map_with_path
     from mlx_lm.utils import dequantize_model, load_model, load_tokenizer, quantize_model, save_config, save_model
 
-    from .sources import resolve, source_digest
-
-    validate(dtype, quantize, group_size, head_bits)
-    if keep_layers is not None and layers is not None:
-        raise ConvertError("pass either --keep-layers or --layers, not both")
+    check_options(out, dtype=dtype, quantize=quantize, group_size=group_size, head_bits=head_bits,
+                  keep_layers=keep_layers, layers=layers, force=force)
     out = Path(out)
-    if out.exists() and not force:
-        raise ConvertError(f"output folder {out} already exists (pass --force to replace it)")
 
     started = time.perf_counter()
-    src = resolve(str(source), log)
+    src = Path(src)
     if not _weights_bytes(src):
         raise SourceError(f"{src}: no .safetensors weights found")
     src_cfg = json.loads((src / "config.json").read_text())
@@ -119,12 +107,14 @@ def convert(
 
     ops = list(prior["operations"]) if prior else []
     n_layers = len(model.layers)
-    if keep_layers is not None:
-        layers = keep_layer_indices(n_layers, keep_layers)
+    try:
+        if keep_layers is not None:
+            layers = keep_layer_indices(n_layers, keep_layers)
+        elif layers is not None:
+            check_layers(layers, n_layers)
+    except ConvertError as e:
+        raise ConvertError(f"--{'keep-layers' if keep_layers is not None else 'layers'}: {e}") from None
     if layers is not None:
-        bad = [i for i in layers if not 0 <= i < n_layers]
-        if bad or not layers or len(set(layers)) != len(layers):
-            raise ConvertError(f"--layers must be distinct indices in [0, {n_layers}), got {list(layers)}")
         layers = sorted(layers)
         model.model.layers = [model.model.layers[i] for i in layers]  # saving renumbers them 0..K-1
         for key in ("num_hidden_layers", "n_layer", "num_layers"):
@@ -157,7 +147,7 @@ def convert(
 
     config["mlx_spec"] = {
         "source": prior["source"] if prior else str(source),
-        "source_sha256": prior["source_sha256"] if prior else source_digest(src),
+        "source_sha256": prior["source_sha256"] if prior else source_sha256,
         "operations": ops,
         "version": __version__,
         **({"recipe": recipe} if recipe else {}),

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from .errors import SourceError
+from ..errors import SourceError
 
 RECIPES_ENV = "MLX_SPEC_RECIPES"  # override the recipe folder (e.g. for an installed wheel)
-_REPO_RECIPES = Path(__file__).resolve().parent.parent / "convert"
+_REPO_RECIPES = Path(__file__).resolve().parents[2] / "convert"
 
 
 @dataclass

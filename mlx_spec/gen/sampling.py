@@ -5,7 +5,7 @@ from typing import Callable, Optional
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
-from .errors import GenerationError
+from ..errors import GenerationError
 
 ProbsFn = Callable[[mx.array], mx.array]
 

@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import ConvertError, SourceError
+from ..errors import ConvertError, SourceError
 
 HOME_ENV = "MLX_SPEC_HOME"
 DEFAULT_HOME = Path.home() / ".cache" / "mlx-spec"  # one documented place for everything we fetch or make

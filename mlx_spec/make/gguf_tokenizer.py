@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlx_spec.errors import SourceError, UnsupportedError
+from ..errors import SourceError, UnsupportedError
 
 if TYPE_CHECKING:
-    from mlx_spec.gguf import GGUFFile
+    from .gguf import GGUFFile
 
 # llama.cpp token types
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6

@@ -14,7 +14,7 @@ import numpy as np
 from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from mlx_spec.errors import ConvertError, SourceError, UnsupportedError
+from ..errors import ConvertError, SourceError, UnsupportedError
 
 _ALIGNMENT = 32  # GGUF's default when general.alignment is absent
 _SHARD_BYTES = 2 << 30  # bounds the peak memory of one shard held before writing
@@ -502,7 +502,7 @@ def gguf_to_hf(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> dict:
     Raises SourceError (missing/corrupt/truncated file), UnsupportedError (architecture or
     tensor type) or ConvertError (bad dtype).
     """
-    from mlx_spec.gguf_tokenizer import write_tokenizer
+    from .gguf_tokenizer import write_tokenizer
 
     if dtype not in _DTYPES:
         raise ConvertError(f"dtype {dtype!r} is not one of {', '.join(_DTYPES)}")

@@ -1,0 +1,61 @@
+"""The one interface every drafter implements; the verifier never knows which drafter it has."""
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import mlx.core as mx
+
+NO_LIMIT = 1 << 30  # a source with no length limit of its own offers this many tokens
+
+
+@dataclass
+class Draft:
+    """Up to k proposed tokens.
+
+    probs: (n, V) the draft distribution each token was sampled from, after the same
+    temperature/top-p/top-k transform the target uses. None means deterministic: the
+    verifier treats each token as drawn from a one-hot distribution.
+    """
+
+    tokens: List[int]
+    probs: Optional[mx.array] = None
+
+
+class Drafter:
+    """Proposes tokens that continue `context`; learns from how many were accepted.
+
+    `context` is always the full token list so far (prompt + accepted output, including the
+    token the target produced last and has not yet consumed). A drafter keeps whatever state
+    it needs (a KV cache, an n-gram table) and brings it up to date from `context` itself, so
+    callers never replay tokens into it. A drafter may have several *sources* (a hybrid has an
+    n-gram source and a model source); the engine's policy picks one each round.
+    """
+
+    name = "drafter"
+
+    def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
+        """A generation starts whose context begins with `prompt`.
+
+        target_cache: the target's per-layer cache, holding `prompt[:-1]` once the engine has
+        prefilled it (drafters that share it, like the self drafter, keep a reference). State that
+        still agrees with `prompt` (a session's earlier turns) is kept; the rest is rebuilt.
+        """
+
+    def sources(self, context: List[int]) -> Dict[str, int]:
+        """Each source that could draft at `context`, with the most tokens it could draft there.
+
+        Free of side effects on what the drafter would propose: asking twice, or asking and then
+        proposing, gives the same answer. An empty dict means nothing to draft this round.
+        """
+        return {self.name: NO_LIMIT}
+
+    def propose(self, context: List[int], k: int, probs_fn=None, source: Optional[str] = None) -> Draft:
+        """At most k tokens continuing `context` from `source` (default: the drafter's first).
+
+        probs_fn: None for greedy decoding; otherwise a function mapping logits (..., V)
+        to the sampling distribution, which model drafters sample from and return.
+        """
+        raise NotImplementedError
+
+    def feedback(self, source: str, proposed: int, accepted: int) -> None:
+        """The verifier accepted `accepted` of the `proposed` tokens `source` drafted last."""

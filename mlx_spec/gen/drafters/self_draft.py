@@ -1,0 +1,81 @@
+"""The target drafts for itself through a subset of its own layers: no extra weights, no extra KV cache."""
+
+import copy
+from typing import List, Optional, Sequence
+
+import mlx.core as mx
+
+from ...errors import ConvertError, GenerationError, UnsupportedError
+from ...make.layers import INDEX_DEPENDENT, parse_layers as _parse
+from ..cache import rewind
+from .base import Draft
+from .model import DEFAULT_MIN_CONFIDENCE, ModelDrafter
+
+
+def parse_layers(spec: str, n_layers: int) -> List[int]:
+    """'K' (K evenly spaced layers, first and last included), 'a-b', 'i,j,..' (the making layer's rule)."""
+    try:
+        return _parse(spec, n_layers)
+    except ConvertError as e:
+        raise GenerationError(f"self:{spec}: {e}") from None
+
+
+def layer_view(model, layers: Sequence[int]):
+    """A model object that runs embed -> `layers` -> norm -> head of `model`, sharing its weights.
+
+    mlx-lm has no "run these layers" entry point, so we make shallow copies of the outer and inner
+    modules once and give the inner copy its own layer list; the shared target is never changed,
+    so a request running the full model at the same time is unaffected.
+    """
+    inner = copy.copy(model.model)
+    inner.layers = [model.model.layers[i] for i in layers]
+    view = copy.copy(model)
+    view.model = inner
+    return view
+
+
+class SelfDrafter(ModelDrafter):
+    """Drafts with a subset of the target's own layers.
+
+    KV overwrite (QSpec §3.1): the chosen layers read and write the *target's* caches. After
+    drafting, their draft entries are trimmed away and the verify pass writes the target's
+    exact entries for the same positions, so the draft always continues from verified KV.
+    """
+
+    name = "self"
+
+    def __init__(self, model, layers: Sequence[int], vocab_size: int, real_vocab: Optional[int] = None,
+                 min_confidence: float = DEFAULT_MIN_CONFIDENCE):
+        model_type = getattr(getattr(model, "args", None), "model_type", "")
+        if model_type in INDEX_DEPENDENT:
+            raise UnsupportedError(f"self drafting is not supported for {model_type}: its layers depend on their index")
+        if not hasattr(model, "model") or not hasattr(model.model, "layers"):
+            raise UnsupportedError("self drafting needs an mlx-lm model with model.model.layers")
+        self.layers = list(layers)
+        self.target_cache = None
+        super().__init__(layer_view(model, self.layers), vocab_size, real_vocab, min_confidence)
+
+    def _new_cache(self):
+        raise GenerationError("self drafter used before reset(prompt, target_cache)")
+
+    def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
+        """Share the target's per-layer caches; nothing to prefill (the target's prefill is ours)."""
+        if target_cache is None:
+            raise GenerationError("the self drafter needs the target's cache: reset(prompt, target_cache)")
+        self.target_cache = target_cache
+        self.cache = [target_cache[i] for i in self.layers]
+
+    def propose(self, context: List[int], k: int, probs_fn=None, source: Optional[str] = None) -> Draft:
+        if self.target_cache is None:
+            raise GenerationError("self drafter used before reset(prompt, target_cache)")
+        if k <= 0 or not context:
+            return Draft([])
+        offset = self.target_cache[0].offset
+        self._fed = list(context[:offset])  # the target cache holds exactly the context minus its last token
+        try:
+            draft = super().propose(context, k, probs_fn)
+        finally:  # drop draft KV, even if interrupted: verification rewrites these positions
+            rewind(self.cache, offset)
+            del self._fed[offset:]
+        mx.eval([c.state for c in self.cache])
+        return draft

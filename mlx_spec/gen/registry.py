@@ -1,0 +1,87 @@
+"""Drafter specs: parse `ngram`, `self[:LAYERS]`, `hybrid[:D]` or a model, build the drafter, and each kind's default K."""
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Tuple
+
+from ..errors import GenerationError
+from .drafters import model as _model, ngram as _ngram
+from .drafters.base import Drafter
+
+# Most draft tokens per round, by kind: the one place these defaults live.
+DEFAULT_K = {"model": _model.DEFAULT_K, "self": _model.DEFAULT_K, "ngram": _ngram.DEFAULT_K, "hybrid": _ngram.DEFAULT_K}
+KINDS = ("none", "ngram", "self", "hybrid", "model")
+
+Loader = Callable[[str], Tuple[object, object]]  # model spec -> (model, tokenizer)
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """A parsed drafter spec: kind in KINDS, and its argument (layers, the hybrid's inner spec, a model spec)."""
+
+    kind: str
+    arg: str = ""
+
+    def __str__(self) -> str:
+        if self.kind == "model":
+            return self.arg
+        return f"{self.kind}:{self.arg}" if self.arg else self.kind
+
+
+def parse(spec: Optional[str]) -> DrafterSpec:
+    """'none'/None/'', 'ngram', 'self', 'self:LAYERS', 'hybrid', 'hybrid:D', or anything else as a model spec."""
+    spec = (spec or "").strip()
+    if spec in ("", "none", "off"):
+        return DrafterSpec("none")
+    if spec == "ngram":
+        return DrafterSpec("ngram")
+    head, sep, arg = spec.partition(":")
+    if head in ("self", "hybrid"):
+        if sep and not arg:
+            raise GenerationError(f"'{spec}': nothing after ':' (try '{head}' alone)")
+        if head == "hybrid" and parse(arg or "self").kind in ("hybrid", "ngram", "none"):
+            raise GenerationError(f"hybrid needs a model or self drafter to fall back on, got '{arg}'")
+        return DrafterSpec(head, arg)
+    return DrafterSpec("model", spec)
+
+
+def default_num_draft(drafter) -> int:
+    """Default K for a drafter, a spec string or None (plain decoding drafts nothing; 1 keeps K valid)."""
+    if drafter is None:
+        return 1
+    kind = parse(drafter).kind if isinstance(drafter, str) else getattr(drafter, "name", "model")
+    return DEFAULT_K.get(kind, _model.DEFAULT_K)
+
+
+def build(spec: Optional[str], target, tokenizer, *, load: Optional[Loader] = None, num_draft: Optional[int] = None,
+          min_confidence: Optional[float] = None) -> Optional[Drafter]:
+    """The drafter for `spec` over `target`, or None for plain decoding.
+
+    load: turns a draft model spec into (model, tokenizer); the faces pass one that resolves
+    recipe names and hub ids (the generating layer itself loads folders only).
+    """
+    from .drafters.hybrid import HybridDrafter
+    from .drafters.model import ModelDrafter
+    from .drafters.ngram import NGramDrafter
+    from .drafters.self_draft import SelfDrafter, parse_layers
+    from .load import check_tokenizers, load_folder, vocab_width
+
+    s = parse(spec)
+    if s.kind == "none":
+        return None
+    if num_draft is not None and num_draft <= 0:
+        raise GenerationError(f"--num-draft must be >= 1, got {num_draft}")
+    conf = _model.DEFAULT_MIN_CONFIDENCE if min_confidence is None else min_confidence
+    if not 0.0 <= conf <= 1.0:
+        raise GenerationError(f"--min-confidence must be in [0, 1], got {conf}")
+    width, real = vocab_width(target), len(tokenizer.get_vocab())
+    if s.kind == "ngram":
+        return NGramDrafter(k=num_draft or DEFAULT_K["ngram"])
+    if s.kind == "hybrid":
+        inner = build(s.arg or "self", target, tokenizer, load=load, num_draft=num_draft, min_confidence=conf)
+        return HybridDrafter(NGramDrafter(k=num_draft or DEFAULT_K["ngram"]), inner)
+    if s.kind == "self":
+        n = len(target.layers)
+        return SelfDrafter(target, parse_layers(s.arg or str(max(1, n // 2)), n), width, real, min_confidence=conf)
+    draft, draft_tok = (load or (lambda p: load_folder(p)[:2]))(s.arg)
+    real = check_tokenizers(tokenizer, draft_tok)
+    return ModelDrafter(draft, width, real, min_confidence=conf)

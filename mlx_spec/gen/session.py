@@ -1,0 +1,79 @@
+"""A conversation: the target cache, the drafter with its state, the policy and the token history, kept across turns."""
+
+from typing import Iterator, List, Optional
+
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+from .cache import cache_tokens
+from .drafters.base import Drafter
+from .drafters.model import common_prefix
+from .policy import Policy
+from .registry import default_num_draft
+from .stream import Event, stream_generate
+
+
+class Session:
+    """Generates turn after turn over one growing conversation without prefilling it again.
+
+    Each `generate` call takes the *whole* conversation's ids. The longest common prefix with what
+    the caches already hold is kept, whatever differs is trimmed, and only the rest is prefilled,
+    for the target and (through `Drafter.reset`) the drafter alike. The policy's measurements carry
+    over, so a later turn starts warm. Closing a turn's generator early (a client disconnects,
+    Ctrl-C) leaves everything consistent for the next turn.
+    """
+
+    def __init__(self, model, tokenizer, drafter: Optional[Drafter] = None, *,
+                 num_draft: Optional[int] = None, adaptive: bool = True):
+        self.model, self.tokenizer = model, tokenizer
+        self.cache = make_prompt_cache(model)
+        self.tokens: List[int] = []  # what the target cache holds, token by token
+        self.drafter: Optional[Drafter] = None
+        self.policy = Policy(1)
+        self.set_drafter(drafter, num_draft, adaptive)
+
+    def set_drafter(self, drafter: Optional[Drafter], num_draft: Optional[int] = None,
+                    adaptive: Optional[bool] = None) -> None:
+        """Switch drafters (or None for plain decoding); the conversation and its cache stay.
+
+        The policy's target measurements stay too; a new drafter's sources start unmeasured.
+        """
+        self.drafter = drafter
+        self.policy.k_max = num_draft or default_num_draft(drafter)
+        if adaptive is not None:
+            self.policy.adaptive = adaptive
+
+    def reset(self) -> None:
+        """Forget the conversation (the drafter's own state is rebuilt on its next reset)."""
+        self.cache = make_prompt_cache(self.model)
+        self.tokens = []
+
+    def _reuse(self, ids: List[int]) -> None:
+        """Trim the target cache to the longest prefix it shares with `ids` (keeping >= 1 token to feed)."""
+        held = cache_tokens(self.cache)
+        if held is None or held != len(self.tokens):  # an interrupted update we could not rewind
+            self.reset()
+        keep = min(common_prefix(self.tokens, ids), len(ids) - 1)
+        extra = len(self.tokens) - keep
+        if extra > 0:
+            if can_trim_prompt_cache(self.cache):
+                trim_prompt_cache(self.cache, extra)
+                self.tokens = self.tokens[:keep]
+            else:  # e.g. a sliding-window cache past its window
+                self.reset()
+
+    def generate(self, prompt_ids: List[int], **kwargs) -> Iterator[Event]:
+        """Events for the next reply to the whole conversation `prompt_ids` (kwargs: `stream_generate`'s)."""
+        ids = list(prompt_ids)
+        self._reuse(ids)
+        out: List[int] = []
+        try:
+            for ev in stream_generate(self.model, self.tokenizer, ids, self.drafter, prompt_cache=self.cache,
+                                      policy=self.policy, **kwargs):
+                out.append(ev.token)
+                yield ev
+        finally:
+            held = cache_tokens(self.cache)
+            full = ids + out
+            self.tokens = full[:held] if held is not None and held <= len(full) else []
+            if held is None or held > len(full):
+                self.reset()

@@ -1,0 +1,79 @@
+"""Token steps to text events and a finished response (mlx-lm's generator chain: ids -> events -> text)."""
+
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Union
+
+from ..errors import GenerationError
+from .drafters.base import Drafter
+from .engine import Stats, speculative_generate_step
+
+
+@dataclass
+class Event:
+    """One generated token and the text it completed."""
+
+    token: int
+    text: str  # the text this token completed (may be "" mid-character)
+    from_draft: bool
+    stats: Stats
+    finish_reason: Optional[str] = None  # on the last event: "stop", "length" or "context"
+
+
+def stream_generate(
+    model,
+    tokenizer,
+    prompt: Union[str, List[int]],
+    drafter: Optional[Drafter] = None,
+    **kwargs,
+) -> Iterator[Event]:
+    """Text events for `prompt` (a string is tokenized as is; apply a chat template first if needed).
+
+    kwargs go to `speculative_generate_step`, which alone decides when to stop; every finish
+    finalizes the detokenizer, so no trailing text is lost.
+    """
+    if isinstance(prompt, str):
+        prompt = tokenizer.encode(prompt)
+    stats = kwargs.pop("stats", None) or Stats()
+    eos = kwargs.pop("eos_token_ids", None)
+    eos = set(tokenizer.eos_token_ids if eos is None else eos)
+    detok = tokenizer.detokenizer
+    detok.reset()
+    steps = speculative_generate_step(prompt, model, drafter, eos_token_ids=eos, stats=stats, **kwargs)
+    try:
+        for step in steps:
+            if step.token not in eos:
+                detok.add_token(step.token)
+            if step.finish_reason:
+                detok.finalize()
+            yield Event(step.token, detok.last_segment, step.from_draft, stats, step.finish_reason)
+    finally:
+        steps.close()  # at once, so the caches are consistent before the caller goes on
+
+
+@dataclass
+class Response:
+    """A finished generation."""
+
+    text: str
+    tokens: List[int]
+    from_draft: List[bool]
+    stats: Stats
+    finish_reason: Optional[str]
+
+
+def collect(events: Iterator[Event]) -> Response:
+    """Run an event stream to its end and gather text, tokens, flags and stats."""
+    text, tokens, flags, finish, stats = [], [], [], None, None
+    for ev in events:
+        text.append(ev.text)
+        tokens.append(ev.token)
+        flags.append(ev.from_draft)
+        finish, stats = ev.finish_reason, ev.stats
+    if stats is None:
+        raise GenerationError("nothing was generated (max_tokens is 0?)")
+    return Response("".join(text), tokens, flags, stats, finish)
+
+
+def generate(model, tokenizer, prompt, drafter: Optional[Drafter] = None, **kwargs) -> Response:
+    """`stream_generate` to the end, collected into a Response."""
+    return collect(stream_generate(model, tokenizer, prompt, drafter, **kwargs))

@@ -1,0 +1,1 @@
+"""Making models: sources, recipes, GGUF reading, conversion, the layer-index rules. Knows nothing of generation."""

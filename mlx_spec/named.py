@@ -1,0 +1,41 @@
+"""What every face shares: models and drafters by name, and the faces' defaults.
+
+Names (recipes, hub ids, .gguf files) are resolved through the making layer, which may download
+and convert; the folders are loaded and the drafters built through the generating layer.
+"""
+
+from typing import Callable, Dict, Optional, Tuple
+
+from .gen import registry
+from .gen.load import load_folder
+from .make.resolve import resolve
+
+DEFAULT_MODEL = "qwen2.5-coder-1.5b"
+DEFAULT_DRAFT = "hybrid:qwen2.5-coder-0.5b"  # the README's main job
+DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime."
+
+Log = Callable[[str], None]
+
+
+def _quiet(_msg: str) -> None:
+    pass
+
+
+def load_model(spec: str, log: Log = _quiet):
+    """(model, tokenizer, folder) for any model spec: folder, .gguf, recipe or HF repo."""
+    return load_folder(resolve(spec, log))
+
+
+def make_drafter(spec: Optional[str], target, tokenizer, *, num_draft: Optional[int] = None,
+                 min_confidence: Optional[float] = None, loaded: Optional[Dict[str, Tuple]] = None,
+                 log: Log = _quiet):
+    """A drafter from any spec (see `gen.registry`), loading draft models by name.
+
+    loaded: {model spec: (model, tokenizer)} already in memory, so a draft is never loaded twice.
+    """
+    def load(name: str):
+        if loaded is not None and name in loaded:
+            return loaded[name]
+        return load_model(name, log)[:2]
+
+    return registry.build(spec, target, tokenizer, load=load, num_draft=num_draft, min_confidence=min_confidence)
