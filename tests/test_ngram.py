@@ -116,9 +116,18 @@ def test_feedback_records_stats_and_leaves_trusted_levels_alone():
     d = NGramDrafter()
     d.reset([1, 2, 1, 2])
     before = d.propose([1, 2, 1, 2], 7).tokens
-    d.feedback(7, 3)
+    d.feedback("ngram", 7, 3)
     assert (d.proposed_total, d.accepted_total) == (7, 3)
     assert d.propose([1, 2, 1, 2], 7).tokens == before
+
+
+def test_sources_is_free_of_side_effects_and_agrees_with_propose():
+    d = NGramDrafter()
+    ctx = [1, 2, 3, 1, 2, 3, 1, 2]
+    d.reset(ctx)
+    offers = [d.sources(ctx) for _ in range(5)]
+    assert offers[0] == offers[-1] == {"ngram": len(d.propose(ctx, DEFAULT_K).tokens)}
+    assert d.sources([9, 8]) == {} and d.propose([9, 8], 3).tokens == []
 
 
 def test_untrusted_level_stops_drafting_and_recovers():
@@ -130,13 +139,20 @@ def test_untrusted_level_stops_drafting_and_recovers():
     level = d._levels[0]
     for _ in range(8):  # that level keeps getting rejected: 0.8^8 = 0.17 < 0.2
         assert d.propose(ctx, 1).tokens == [7]
-        d.feedback(1, 0)
+        d.feedback("ngram", 1, 0)
     assert d.trust[level] < d.min_trust
-    skipped = 0
-    while not d.propose(ctx, 1).tokens:  # skipped, but retried once trust recovers
-        skipped += 1
-        assert skipped < 100
-    assert skipped > 0
+    for _ in range(20):  # asking again and again changes nothing: only new context earns a retry
+        assert d.propose(ctx, 1).tokens == [] and d.sources(ctx) == {}
+    grown = list(ctx)
+    steps = 0
+    while d.trust[level] < d.min_trust:  # each sync that adds tokens gives the level back a little trust
+        grown.append(100 + steps)
+        d.reset(grown)
+        steps += 1
+        assert steps < 100
+    assert steps > 1
+    d.reset(ctx)  # not an extension: tables rebuilt, trust kept
+    assert d.propose(ctx, 1).tokens == [7]
 
 
 def test_min_trust_zero_is_the_papers_drafter():
@@ -145,7 +161,7 @@ def test_min_trust_zero_is_the_papers_drafter():
     d.reset(ctx)
     for _ in range(10):
         d.propose(ctx, 1)
-        d.feedback(1, 0)
+        d.feedback("ngram", 1, 0)
     assert d.propose(ctx, 1).tokens == [7]
 
 

@@ -13,11 +13,12 @@ from mlx.utils import tree_flatten, tree_map
 from mlx_spec.gen import verify
 from mlx_spec.gen.drafters.base import Draft, Drafter
 from mlx_spec.gen.drafters.model import ModelDrafter
-from mlx_spec.gen.engine import speculative_generate_step
+from mlx_spec.gen.engine import Stats, speculative_generate_step
 from mlx_spec.gen.sampling import make_probs_fn
 
-V = 5  # tiny vocabulary: V^2 = 25 cells for the joint law of the first two tokens
-SAMPLES = 1500
+V = 4  # tiny vocabulary: V^3 = 64 cells for the joint law of the first three tokens
+SAMPLES = 2000
+N_TOKENS = 3  # max_tokens=3 lets the first round draft K=2: draft positions 1 and 2, then the bonus token
 PROMPT = [1, 3, 2]
 
 
@@ -38,13 +39,18 @@ def pair():
 
 
 def exact_joint(model, probs_fn):
-    """P(t1, t2 | PROMPT) computed from the target's own distributions."""
-    p1 = probs_fn(model(mx.array(PROMPT)[None])[0, -1]).tolist()
+    """P(t1, t2, t3 | PROMPT) computed from the target's own distributions."""
+    def dist(ctx):
+        return probs_fn(model(mx.array(PROMPT + list(ctx))[None])[0, -1]).tolist()
+
     joint = {}
+    p1 = dist(())
     for a in range(V):
-        p2 = probs_fn(model(mx.array(PROMPT + [a])[None])[0, -1]).tolist()
+        p2 = dist((a,))
         for b in range(V):
-            joint[(a, b)] = p1[a] * p2[b]
+            p3 = dist((a, b))
+            for c in range(V):
+                joint[(a, b, c)] = p1[a] * p2[b] * p3[c]
     return joint
 
 
@@ -80,13 +86,28 @@ def sample_pairs(fn, n):
 class ConstantDrafter(Drafter):
     """Deterministic: always proposes token 0 (one-hot p), like the N-gram drafter."""
 
-    def propose(self, context, k, probs_fn=None):
+    def propose(self, context, k, probs_fn=None, source=None):
         return Draft([0] * k)
 
 
-def spec_pair(target, drafter, **kw):
-    return lambda: [t for t, _ in speculative_generate_step(PROMPT, target, drafter, max_tokens=2, num_draft=2,
-                                                            adaptive=False, **kw)]
+def spec_run(target, drafter, stats_seen, **kw):
+    """One speculative sample of N_TOKENS tokens with K=2; records how many draft positions were verified."""
+    def run():
+        stats = Stats()
+        toks = [s.token for s in speculative_generate_step(PROMPT, target, drafter, max_tokens=N_TOKENS, num_draft=2,
+                                                           adaptive=False, stats=stats, **kw)]
+        stats_seen.append(len(stats.proposed_by_position))
+        return toks
+    return run
+
+
+def check(target, drafter, kw):
+    """(chi-square ok, stat, crit) of the engine's samples against the exact law; asserts K=2 really ran."""
+    joint = exact_joint(target, make_probs_fn(**kw))
+    seen = []
+    counts = sample_pairs(spec_run(target, drafter, seen, **kw), SAMPLES)
+    assert min(seen) == 2, "every sample must verify two draft positions (K > 1)"
+    return chi_square_pvalue_ok(counts, joint, SAMPLES)
 
 
 SETTINGS = [dict(temp=1.0), dict(temp=0.7, top_k=3), dict(temp=1.3, top_p=0.9)]
@@ -95,17 +116,13 @@ SETTINGS = [dict(temp=1.0), dict(temp=0.7, top_k=3), dict(temp=1.3, top_p=0.9)]
 @pytest.mark.parametrize("kw", SETTINGS)
 def test_model_drafter_sampling_matches_target(pair, kw):
     target, draft = pair
-    joint = exact_joint(target, make_probs_fn(**kw))
-    counts = sample_pairs(spec_pair(target, ModelDrafter(draft, V), **kw), SAMPLES)
-    ok, stat, crit = chi_square_pvalue_ok(counts, joint, SAMPLES)
+    ok, stat, crit = check(target, ModelDrafter(draft, V, min_confidence=0.0), kw)
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 
 def test_deterministic_drafter_sampling_matches_target(pair):
     target, _ = pair
-    joint = exact_joint(target, make_probs_fn(1.0))
-    counts = sample_pairs(spec_pair(target, ConstantDrafter(), temp=1.0), SAMPLES)
-    ok, stat, crit = chi_square_pvalue_ok(counts, joint, SAMPLES)
+    ok, stat, crit = check(target, ConstantDrafter(), dict(temp=1.0))
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 
@@ -115,27 +132,43 @@ def test_plain_mlx_lm_sampler_matches_the_same_law(pair):
     kw = dict(temp=0.7, top_k=3)
     joint = exact_joint(target, make_probs_fn(**kw))
     sampler = make_sampler(**kw)
-    counts = sample_pairs(lambda: [int(t) for t, _ in generate_step(mx.array(PROMPT), target, max_tokens=2,
+    counts = sample_pairs(lambda: [int(t) for t, _ in generate_step(mx.array(PROMPT), target, max_tokens=N_TOKENS,
                                                                     sampler=sampler)], SAMPLES)
     ok, stat, crit = chi_square_pvalue_ok(counts, joint, SAMPLES)
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 
-@pytest.mark.parametrize("broken", ["resample_from_target", "always_accept"])
+def _wrong_row(target_probs, draft, draft_probs):
+    """verify_sampling with one bug: on a rejection at position a it resamples from row a+1's residual."""
+    n = len(draft)
+    if n == 0:
+        return 0, verify.sample(target_probs[0]).item()
+    p = draft_probs
+    idx = mx.array(draft)[:, None]
+    q_x = mx.take_along_axis(target_probs[:n], idx, axis=-1)[:, 0]
+    p_x = mx.take_along_axis(p, idx, axis=-1)[:, 0]
+    accept = (mx.random.uniform(shape=(n,)) * p_x < q_x).tolist()
+    a = next((i for i, ok in enumerate(accept) if not ok), n)
+    if a == n:
+        return n, verify.sample(target_probs[n]).item()
+    return a, verify.sample(verify._residual(target_probs[a + 1], p[a])).item()
+
+
+@pytest.mark.parametrize("broken", ["resample_from_target", "always_accept", "residual_from_wrong_row"])
 def test_a_broken_acceptance_rule_fails_the_same_test(pair, monkeypatch, broken):
     target, draft = pair
     if broken == "resample_from_target":
         monkeypatch.setattr(verify, "_residual", lambda q, p: q)  # forgets to subtract the draft
-    else:
+    elif broken == "always_accept":
         real = verify.verify_sampling
 
         def always(target_probs, tokens, draft_probs):
             return real(target_probs, tokens, None if draft_probs is None else draft_probs * 0 + 1e-9)
 
         monkeypatch.setattr("mlx_spec.gen.engine.verify_sampling", always)  # q/p huge: accepts every draft
-    joint = exact_joint(target, make_probs_fn(1.0))
-    counts = sample_pairs(spec_pair(target, ModelDrafter(draft, V), temp=1.0), SAMPLES)
-    ok, stat, crit = chi_square_pvalue_ok(counts, joint, SAMPLES)
+    else:
+        monkeypatch.setattr("mlx_spec.gen.engine.verify_sampling", _wrong_row)
+    ok, stat, crit = check(target, ModelDrafter(draft, V, min_confidence=0.0), dict(temp=1.0))
     assert not ok, f"broken rule {broken} passed: chi2 {stat:.1f} < {crit:.1f}"
 
 

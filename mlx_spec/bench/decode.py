@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from .common import RunFile, first_mismatch, free, machine_info, median, mlx_lm_stream, ours_stream, time_stream
-from .prompts import DECODE_PROMPT, chat_ids
+from ..named import DEFAULT_PROMPT
+from .prompts import chat_ids
 from .report import decode_markdown
 
 DEFAULT_MODELS = ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
@@ -35,7 +36,7 @@ class DecodeSettings:
     variants: List[str] = field(default_factory=lambda: list(VARIANTS))
     max_tokens: int = DEFAULT_MAX_TOKENS
     repeats: int = DEFAULT_REPEATS
-    prompt: str = DECODE_PROMPT
+    prompt: str = DEFAULT_PROMPT
 
 
 # --------------------------------------------------------------------------- model variants

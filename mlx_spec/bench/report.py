@@ -4,7 +4,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .common import WITHIN, machine_line, md_table
 
-SETS = ("humaneval", "edit", "all")
+SETS = ("humaneval", "edit", "prose", "all")
 
 
 def _acceptance(rows: List[dict]) -> dict:

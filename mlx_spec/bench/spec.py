@@ -30,6 +30,7 @@ class SpecSettings:
     configs: List[str] = field(default_factory=lambda: list(CONFIGS))
     humaneval: int = 20
     edit: int = 20
+    prose: int = 6
     humaneval_file: Optional[str] = None
     max_tokens: int = DEFAULT_MAX_TOKENS
     num_draft: Optional[int] = None  # None: each drafter kind's default (gen.registry.DEFAULT_K)
@@ -245,7 +246,7 @@ def run_spec(settings: SpecSettings, out: str, log: Log = lambda _m: None) -> Ru
     bench = SpecBench(settings, out, log)
     try:
         bench.load()
-        prompts = build(bench.tokenizer, settings.humaneval, settings.edit, settings.humaneval_file)
+        prompts = build(bench.tokenizer, settings.humaneval, settings.edit, settings.humaneval_file, settings.prose)
         log(f"{len(prompts)} prompts x {len(bench.configs)} configs, max {settings.max_tokens} tokens; "
             f"writing {bench.run.json_path}")
         bench.execute(prompts)
