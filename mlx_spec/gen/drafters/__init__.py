@@ -1,0 +1,1 @@
+"""Drafters: one interface (base.py); model, n-gram, self and hybrid drafters."""

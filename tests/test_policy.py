@@ -1,0 +1,77 @@
+"""The draft policy: it picks the source and length that pay, switches drafting off when nothing pays, and probes back."""
+
+import pytest
+
+from mlx_spec.gen.policy import PROBE_EVERY, PROBE_K, Policy
+
+STEP = 0.5  # seconds per plain target step
+
+
+def feed(policy, source, k, accepted, draft_per_token, verify=STEP, rounds=10):
+    for _ in range(rounds):
+        policy.update(source, k, accepted, verify * (1 + 0.05 * k), draft_per_token * k)
+    policy.update("", 0, 0, verify, 0.0)
+
+
+def test_first_use_of_a_source_is_a_short_probe():
+    p = Policy(7)
+    assert p.choose({"model": 1 << 30}, 100) == ("model", PROBE_K)
+    assert p.choose({"ngram": 1}, 100) == ("ngram", 1)  # never more than the source can draft
+
+
+def test_a_good_cheap_source_drafts_long():
+    p = Policy(7)
+    feed(p, "ngram", 7, 7, 0.0001)
+    src, k = p.choose({"ngram": 7}, 100)
+    assert src == "ngram" and k == 7
+    assert p.choose({"ngram": 3}, 100) == ("ngram", 3)  # capped by what the table can chain
+    assert p.choose({"ngram": 7}, 2) == ("ngram", 2)  # and by the tokens left
+
+
+def test_drafting_switches_off_when_it_does_not_pay_and_probes_back():
+    p = Policy(6)
+    feed(p, "self", 4, 0, STEP * 0.5)  # half a step per draft token, nothing accepted
+    choices = [p.choose({"self": 1 << 30}, 1000) for _ in range(PROBE_EVERY * 3)]
+    plain = sum(k == 0 for _, k in choices)
+    probes = [c for c in choices if c[1] > 0]
+    assert plain >= len(choices) - 2 and probes  # off, with a rare probe
+    assert all(k == PROBE_K for _, k in probes)
+    assert choices.index(probes[0]) == PROBE_EVERY - 1  # the first probe after PROBE_EVERY plain steps
+    for _ in range(10):  # acceptance recovers: drafting comes back on
+        p.update("self", 2, 2, STEP * 1.1, STEP * 0.1 * 2)
+    assert p.choose({"self": 1 << 30}, 1000)[1] > 0
+
+
+def test_the_policy_picks_the_source_that_pays_more():
+    p = Policy(7)
+    feed(p, "ngram", 7, 1, 0.0001)  # free but mostly wrong
+    feed(p, "model", 6, 6, STEP * 0.1)  # costs a tenth of a step, almost always right
+    assert p.choose({"ngram": 7, "model": 1 << 30}, 100)[0] == "model"
+    q = Policy(7)
+    feed(q, "ngram", 7, 7, 0.0001)
+    feed(q, "model", 6, 6, STEP * 0.4)
+    assert q.choose({"ngram": 7, "model": 1 << 30}, 100)[0] == "ngram"
+
+
+def test_each_source_is_judged_by_its_own_statistics():
+    p = Policy(7)
+    feed(p, "ngram", 7, 0, 0.0001)
+    feed(p, "model", 6, 6, STEP * 0.1)
+    assert p.sources["ngram"].accept < 0.1 < 0.9 < p.sources["model"].accept
+    assert p.sources["ngram"].draft_per_token < p.sources["model"].draft_per_token
+
+
+def test_not_adaptive_always_drafts_the_most_from_the_first_source():
+    p = Policy(5, adaptive=False)
+    feed(p, "ngram", 5, 0, 1.0)
+    assert p.choose({"ngram": 3, "model": 1 << 30}, 100) == ("ngram", 3)
+    assert p.choose({}, 100) == ("", 0)
+    assert p.choose({"model": 1 << 30}, 0) == ("", 0)
+
+
+@pytest.mark.parametrize("accept", [0.3, 0.6, 0.9])
+def test_expected_rate_matches_the_geometric_model(accept):
+    p = Policy(8)
+    p.verify = {0: 1.0, 4: 1.0}
+    p.stats("m").accept, p.stats("m").draft_per_token = accept, 0.0
+    assert p.expected_rate(4, "m") == pytest.approx(sum(accept ** i for i in range(5)))
