@@ -11,7 +11,7 @@ from .gen.drafters.model import DEFAULT_MIN_CONFIDENCE
 from .gen.engine import DEFAULT_MAX_TOKENS
 from .gen.registry import DEFAULT_K, default_num_draft
 from .make.convert import DEFAULT_GROUP_SIZE
-from .named import DEFAULT_MODEL, DEFAULT_PROMPT
+from .named import DEFAULT_DRAFT, DEFAULT_MODEL, DEFAULT_PROMPT
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Lossless speculative decoding on MLX: fetch, convert, generate, bench.")
@@ -114,13 +114,12 @@ def generate(
     import mlx.core as mx
 
     from .gen.stream import stream_generate
-    from .named import load_model, make_drafter
+    from .named import load_pair
 
     _hint()
     if seed is not None:
         mx.random.seed(seed)
-    target, tok, _ = load_model(model, _log)
-    drafter = make_drafter(draft, target, tok, num_draft=num_draft, min_confidence=min_confidence, log=_log)
+    target, tok, drafter = load_pair(model, draft, num_draft=num_draft, min_confidence=min_confidence, log=_log)
     ids = (tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
            if chat and getattr(tok, "chat_template", None) else tok.encode(prompt))
     ev = None
@@ -130,6 +129,52 @@ def generate(
     typer.echo("")
     if verbose and ev is not None:
         typer.echo(format_stats(ev.stats), err=True)
+
+
+@app.command()
+def chat(
+    model: str = typer.Option(DEFAULT_MODEL, help="Target: recipe, folder, .gguf or HF repo"),
+    draft: str = typer.Option(DEFAULT_DRAFT, help="Drafter: a model spec, 'ngram', 'self[:LAYERS]', 'hybrid[:D]' or 'none'"),
+    system: Optional[str] = typer.Option(None, help="System message"),
+    num_draft: Optional[int] = typer.Option(None, help="Max draft tokens per round K (default: "
+                                            + ", ".join(f"{k} {v}" for k, v in DEFAULT_K.items()) + ")"),
+    max_tokens: int = typer.Option(DEFAULT_MAX_TOKENS, help="Max new tokens per reply"),
+    temp: float = typer.Option(0.0, help="Sampling temperature (0: greedy)"),
+    top_p: float = typer.Option(0.0, help="Nucleus sampling threshold (0: off)"),
+    top_k: int = typer.Option(0, help="Top-k sampling (0: off)"),
+    seed: Optional[int] = typer.Option(None, help="Random seed"),
+    adaptive: bool = typer.Option(True, help="Adapt K and switch speculation off when it does not pay"),
+    min_confidence: Optional[float] = typer.Option(None, help="Model/self drafters stop at a draft token the draft "
+                                                   f"gives less than this probability (default {DEFAULT_MIN_CONFIDENCE})"),
+):
+    """Chat in the terminal; after each reply: tokens/s, drafts and acceptance, speed-up estimate. /help lists commands."""
+    from mlx_spec_apps.chat.repl import run
+
+    _hint()
+    run(model=model, draft=draft, system=system, num_draft=num_draft, max_tokens=max_tokens, temp=temp, top_p=top_p,
+        top_k=top_k, seed=seed, adaptive=adaptive, min_confidence=min_confidence, log=_log)
+
+
+@app.command()
+def serve(
+    model: str = typer.Option(DEFAULT_MODEL, help="Target: recipe, folder, .gguf or HF repo"),
+    draft: str = typer.Option(DEFAULT_DRAFT, help="Drafter: a model spec, 'ngram', 'self[:LAYERS]', 'hybrid[:D]' or 'none'"),
+    host: str = typer.Option("127.0.0.1", help="Address to bind (127.0.0.1: this machine only)"),
+    port: int = typer.Option(8080, help="Port to bind (0: any free port)"),
+    api_key: Optional[str] = typer.Option(None, help="Require this bearer key on /v1 requests"),
+    max_concurrency: int = typer.Option(4, help="Requests generating at once; more wait in a FIFO queue"),
+    num_draft: Optional[int] = typer.Option(None, help="Max draft tokens per round K (default: "
+                                            + ", ".join(f"{k} {v}" for k, v in DEFAULT_K.items()) + ")"),
+    max_tokens: int = typer.Option(DEFAULT_MAX_TOKENS, help="Max new tokens when a request sets none"),
+    min_confidence: Optional[float] = typer.Option(None, help="Model/self drafters stop at a draft token the draft "
+                                                   f"gives less than this probability (default {DEFAULT_MIN_CONFIDENCE})"),
+):
+    """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models) and a web chat at /."""
+    from mlx_spec_apps.server.main import serve as run
+
+    _hint()
+    run(model=model, draft=draft, host=host, port=port, api_key=api_key, max_concurrency=max_concurrency,
+        num_draft=num_draft, max_tokens=max_tokens, min_confidence=min_confidence, log=_log)
 
 
 def format_stats(s) -> str:

@@ -39,3 +39,28 @@ def make_drafter(spec: Optional[str], target, tokenizer, *, num_draft: Optional[
         return load_model(name, log)[:2]
 
     return registry.build(spec, target, tokenizer, load=load, num_draft=num_draft, min_confidence=min_confidence)
+
+
+def draft_model_spec(draft: Optional[str]) -> Optional[str]:
+    """The model a drafter spec loads (a model spec, or a hybrid's inner one), else None."""
+    s = registry.parse(draft)
+    inner = registry.parse(s.arg) if s.kind == "hybrid" and s.arg else s
+    return inner.arg if inner.kind == "model" else None
+
+
+def load_pair(model: str, draft: Optional[str], *, num_draft: Optional[int] = None,
+              min_confidence: Optional[float] = None, log: Log = _quiet):
+    """(target, tokenizer, drafter) for a target spec and a drafter spec.
+
+    Both names are resolved (fetched, converted) before anything is loaded, so an unavailable draft
+    fails in seconds, not after the target has been loaded.
+    """
+    registry.parse(draft)  # a malformed spec fails first
+    target_folder = resolve(model, log)
+    draft_name = draft_model_spec(draft)
+    draft_folder = resolve(draft_name, log) if draft_name else None
+    target, tokenizer, _ = load_folder(target_folder)
+    loaded = {draft_name: load_folder(draft_folder)[:2]} if draft_name else None
+    drafter = make_drafter(draft, target, tokenizer, num_draft=num_draft, min_confidence=min_confidence,
+                           loaded=loaded, log=log)
+    return target, tokenizer, drafter

@@ -68,7 +68,29 @@ def test_real_pair_greedy_is_lossless_for_every_drafter(pair):
             "hybrid": HybridDrafter(NGramDrafter(), ModelDrafter(draft, v, real)),
         }.items():
             stats = Stats()
-            out = [t for t, _ in speculative_generate_step(prompt, target, d, max_tokens=NEW_TOKENS, stats=stats)]
+            out = [s.token for s in speculative_generate_step(prompt, target, d, max_tokens=NEW_TOKENS, stats=stats)]
             assert out == ref, f"{name} diverged from plain greedy on {text[:30]!r}"
             if name == "model":
                 assert stats.accepted > 0  # the 0.5B really agrees with the 1.5B on code
+
+
+def test_real_pair_session_second_turn_is_exact_and_prefills_only_new_tokens(pair):
+    from mlx_lm.generate import generate_step
+    import mlx.core as mx
+
+    from mlx_spec.gen.drafters.hybrid import HybridDrafter
+    from mlx_spec.gen.drafters.model import ModelDrafter
+    from mlx_spec.gen.drafters.ngram import NGramDrafter
+    from mlx_spec.gen.session import Session
+
+    target, tok, draft, _ = pair
+    v = target.args.vocab_size
+    session = Session(target, tok, HybridDrafter(NGramDrafter(), ModelDrafter(draft, v, len(tok.get_vocab()))))
+    msgs = [{"role": "user", "content": PROMPTS[0]}]
+    first = list(session.generate(tok.apply_chat_template(msgs, add_generation_prompt=True), max_tokens=NEW_TOKENS))
+    msgs += [{"role": "assistant", "content": "".join(e.text for e in first)}, {"role": "user", "content": PROMPTS[1]}]
+    ids = tok.apply_chat_template(msgs, add_generation_prompt=True)
+    second = list(session.generate(ids, max_tokens=NEW_TOKENS))
+    ref = [int(t) for t, _ in generate_step(mx.array(ids), target, max_tokens=NEW_TOKENS)]
+    assert [e.token for e in second] == ref[: len(second)]
+    assert second[-1].stats.prompt_cached > len(ids) // 2  # turn 1 came from the cache

@@ -1,0 +1,1 @@
+"""`mlx-spec chat`: a terminal chat over a speculative Session."""

@@ -1,0 +1,1 @@
+"""`mlx-spec serve`: an OpenAI-compatible server and a web chat page that shows speculation at work."""
