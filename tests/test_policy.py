@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlx_spec.gen.policy import PROBE_EVERY, PROBE_K, Policy
+from mlx_spec.gen.policy import MARGIN, PROBE_EVERY, PROBE_K, Policy
 
 STEP = 0.5  # seconds per plain target step
 
@@ -73,5 +73,42 @@ def test_not_adaptive_always_drafts_the_most_from_the_first_source():
 def test_expected_rate_matches_the_geometric_model(accept):
     p = Policy(8)
     p.verify = {0: 1.0, 4: 1.0}
-    p.stats("m").accept, p.stats("m").draft_per_token = accept, 0.0
+    m = p.stats("m")
+    m.accepted_w, m.judged_w, m.draft_per_token = accept * 10, 10.0, 0.0
     assert p.expected_rate(4, "m") == pytest.approx(sum(accept ** i for i in range(5)))
+
+
+def test_acceptance_is_estimated_per_token_not_per_round():
+    """Rounds of 7/7 and 0/7 alternate: 7 of 8 judged tokens were accepted. A per-round average says 0.5."""
+    p = Policy(7)
+    for _ in range(10):
+        p.update("ngram", 7, 7, STEP, 0.0)
+        p.update("ngram", 7, 0, STEP, 0.0)
+    assert p.sources["ngram"].accept > 0.8
+
+
+def test_a_source_passed_over_drifts_back_to_its_long_run_acceptance():
+    p = Policy(7)
+    for _ in range(20):
+        p.update("ngram", 7, 6, STEP, 0.0)  # a good source for a long time
+    for _ in range(10):
+        p.update("ngram", 7, 0, STEP, 0.0)  # then a bad patch
+    low = p.sources["ngram"].accept
+    feed(p, "model", 6, 6, STEP * 0.4, rounds=3)  # a rival that wins while the n-gram looks bad
+    assert low < 0.45 and p.choose({"ngram": 7, "model": 1 << 30}, 100)[0] == "model"
+    picks = [p.choose({"ngram": 7, "model": 1 << 30}, 100)[0] for _ in range(30)]
+    assert "ngram" in picks  # not starved: it is tried again
+    assert p.sources["ngram"].accept > low
+
+
+def test_marginal_drafting_is_not_worth_it():
+    p = Policy(1)
+    p.verify = {0: 1.0, 1: 1.0}
+    m = p.stats("m")
+    m.draft_per_token = 0.0
+    gain = 1.0 + MARGIN / 2  # expected tokens per round with k=1: 1 + accept
+    m.accepted_w, m.judged_w = (gain - 1) * 10, 10.0
+    m.off_steps = -1000  # no probe in this test
+    assert p.choose({"m": 1}, 100) == ("", 0)
+    m.accepted_w = 3.0  # 1.3 tokens per round: clearly pays
+    assert p.choose({"m": 1}, 100) == ("m", 1)

@@ -102,12 +102,12 @@ def test_policy_measurements_carry_over(models):
     target, tok, draft = models[:3]
     drafter, _ = build("MODEL", target, tok, draft)
     session = Session(target, tok, drafter, num_draft=4)
+    policy = session.policy
     list(session.generate(conversation(tok, TURNS[:1], []), max_tokens=10, eos_token_ids=[]))
-    measured = dict(session.policy.verify)
-    assert measured and session.policy.sources["model"].rounds > 0
-    rounds = session.policy.sources["model"].rounds
+    rounds, model = policy.rounds, policy.sources["model"]
+    assert rounds >= 1 and model.draft_per_token is not None  # turn 2 starts with turn 1's measurements
     list(session.generate(conversation(tok, TURNS[:2], ["x"]), max_tokens=10, eos_token_ids=[]))
-    assert session.policy.sources["model"].rounds > rounds  # the same statistics, grown, not restarted
+    assert session.policy is policy and policy.sources["model"] is model and policy.rounds > rounds
 
 
 @pytest.mark.parametrize("spec", ["MODEL", "self:2", "hybrid:MODEL", "ngram"])

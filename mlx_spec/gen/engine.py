@@ -227,7 +227,7 @@ def speculative_generate_step(
         stats.draft_time += t1 - t0
         stats.verify_time += t2 - t1
         _record(stats, n, a)
-        policy.update(source, n, a, t2 - t1, t1 - t0)
+        policy.update(source, n, a, t2 - t1, t1 - t0, draft.catch_up_s)
         if n and drafter is not None:
             drafter.feedback(source, n, a)
 

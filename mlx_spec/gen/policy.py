@@ -4,18 +4,30 @@ Expected tokens from a round with k drafts and per-token acceptance a (the geome
 Leviathan et al.): E(k) = (1 - a^(k+1)) / (1 - a). Its cost is verify(k) + k * draft_per_token,
 both measured online. Each round the policy takes, over every source the drafter offers and every
 k up to what that source can draft, the pair with the highest E(k) / cost(k); k = 0 is plain
-decoding, so speculation switches itself off wherever it would make the user slower, and periodic
-probe rounds switch it back on. Acceptance and draft cost are kept per source (a hybrid's free
+decoding, so speculation switches itself off wherever it would make the user slower. A source
+passed over (for plain decoding or for another source) gets a short probe round now and then, at
+doubling intervals, so a stale estimate is corrected and drafting switches back on when it pays. Acceptance and draft cost are kept per source (a hybrid's free
 n-gram drafts and its costly model drafts differ); the verify cost belongs to the target.
 A source never measured gets a short probe round first, so an expensive drafter shows its cost
 before it is trusted with a long draft.
+
+Acceptance is estimated per drafted token from discounted counts (accepted / judged tokens, older
+rounds weighing less): a round of 7 accepted drafts says more than a round rejected at its first
+token, which a per-round average would weigh the same and so under-estimate good sources. A source
+that is offered but not chosen drifts back toward its long-run acceptance, so one bad round cannot
+starve it for the rest of a generation. Drafting must promise MARGIN more tokens per second than a
+plain step, because estimates are noisy and a marginal draft loses as often as it wins.
 """
 
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-EMA = 0.3  # weight of the newest measurement: adapts within a few rounds, smooths one-off stalls
+EMA = 0.3  # weight of the newest timing: adapts within a few rounds, smooths one-off stalls
 PRIOR_ACCEPT = 0.6  # acceptance assumed before any measurement: optimistic, so speculation gets tried
+PRIOR_TRIALS = 2.0  # ... worth this many judged draft tokens
+DISCOUNT = 0.8  # per round, the weight of older acceptance counts: the estimate follows the last ~5 rounds
+IDLE_PULL = 0.1  # per round offered but not chosen: share of the way back to the long-run acceptance
+MARGIN = 0.05  # drafting must promise 5 % more tokens/s than plain decoding
 PRIOR_VERIFY_SLOPE = 0.05  # verify(k) ~ verify(0) * (1 + 0.05 k) until measured (CPU: 633 ms -> 809 ms at k=4)
 PROBE_K = 2  # draft length of a probe round (first use of a source, or a re-check while it is off)
 PROBE_EVERY = 8  # plain steps between probe rounds while a source is off; doubles up to PROBE_MAX
@@ -26,13 +38,37 @@ PROBE_MAX = 64
 class SourceStats:
     """What one draft source has shown so far."""
 
-    accept: float = PRIOR_ACCEPT
+    accepted_w: float = PRIOR_ACCEPT * PRIOR_TRIALS  # discounted accepted draft tokens
+    judged_w: float = PRIOR_TRIALS  # discounted judged draft tokens (accepted + the first rejected)
     draft_per_token: Optional[float] = None  # seconds per drafted token (EMA); None: never measured
+    catch_up: float = 0.0  # seconds per round before the first token (a draft model feeding what it missed; EMA)
     rounds: int = 0
     proposed: int = 0
     accepted: int = 0
+    judged: int = 0
     off_steps: int = 0
     probe_every: int = PROBE_EVERY
+
+    @property
+    def accept(self) -> float:
+        """Estimated probability that the next drafted token is accepted (per token, geometric model)."""
+        return self.accepted_w / self.judged_w
+
+    @property
+    def long_run_accept(self) -> float:
+        return (self.accepted + PRIOR_ACCEPT * PRIOR_TRIALS) / (self.judged + PRIOR_TRIALS)
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        judged = accepted + (1 if accepted < proposed else 0)  # tokens after the first rejection were never judged
+        self.accepted_w = DISCOUNT * self.accepted_w + accepted
+        self.judged_w = DISCOUNT * self.judged_w + judged
+        self.rounds, self.proposed, self.accepted, self.judged = (
+            self.rounds + 1, self.proposed + proposed, self.accepted + accepted, self.judged + judged)
+
+    def idle(self) -> None:
+        """Offered but not chosen: drift back toward the long-run acceptance."""
+        target = self.long_run_accept * self.judged_w
+        self.accepted_w += IDLE_PULL * (target - self.accepted_w)
 
 
 @dataclass
@@ -47,6 +83,7 @@ class Policy:
     adaptive: bool = True
     verify: Dict[int, float] = field(default_factory=dict)  # seconds per verify of k drafts (EMA)
     sources: Dict[str, SourceStats] = field(default_factory=dict)
+    rounds: int = 0  # target passes recorded, plain or speculative
 
     def stats(self, source: str) -> SourceStats:
         return self.sources.setdefault(source, SourceStats())
@@ -73,7 +110,7 @@ class Policy:
         s = self.stats(source)
         a = min(s.accept, 0.999)
         tokens = (1 - a ** (k + 1)) / (1 - a)
-        return tokens / (self.verify_cost(k) + k * (s.draft_per_token or 0.0))
+        return tokens / (self.verify_cost(k) + s.catch_up + k * (s.draft_per_token or 0.0))
 
     def choose(self, offers: Dict[str, int], limit: int) -> Tuple[str, int]:
         """(source, k) for the next round; ("", 0) is a plain step.
@@ -91,37 +128,39 @@ class Policy:
         for src, cap in caps.items():  # measure a new source's cost with a short draft first
             if self.stats(src).draft_per_token is None:
                 return src, min(PROBE_K, cap)
-        best, best_rate = ("", 0), self.expected_rate(0)
+        best, best_rate = ("", 0), self.expected_rate(0) * (1 + MARGIN)
         for src, cap in caps.items():
             for k in range(1, cap + 1):
                 rate = self.expected_rate(k, src)
                 if rate > best_rate:
                     best, best_rate = (src, k), rate
         if best[1] > 0:
-            self.stats(best[0]).off_steps = 0
-            return best
-        for src, cap in caps.items():  # nothing pays now: probe a source that has been off long enough
+            s = self.stats(best[0])
+            s.off_steps, s.probe_every = 0, PROBE_EVERY  # it pays on its own merit: probe eagerly if it stops
+        for src in caps:
+            if src != best[0]:
+                self.stats(src).idle()
+                self.stats(src).off_steps += 1
+        for src, cap in caps.items():  # probe a source passed over long enough: its estimate may be stale
             s = self.stats(src)
-            s.off_steps += 1
-            if s.off_steps >= s.probe_every:
+            if src != best[0] and s.off_steps >= s.probe_every:
                 s.off_steps = 0
-                s.probe_every = min(s.probe_every * 2, PROBE_MAX)
+                s.probe_every = min(s.probe_every * 2, PROBE_MAX)  # rarer and rarer until it is chosen on merit
                 return src, min(PROBE_K, cap)
-        return "", 0
+        return best
 
-    def update(self, source: str, proposed: int, accepted: int, verify_s: float, draft_s: float) -> None:
-        """Record one round: `accepted` of `proposed` drafts from `source`, and what verify and drafting cost."""
+    def update(self, source: str, proposed: int, accepted: int, verify_s: float, draft_s: float,
+               catch_up_s: float = 0.0) -> None:
+        """Record one round: `accepted` of `proposed` drafts from `source`, and what verify and drafting cost
+        (draft_s includes catch_up_s, the part paid once per round rather than per drafted token)."""
+        self.rounds += 1
         old = self.verify.get(proposed)
         self.verify[proposed] = verify_s if old is None else (1 - EMA) * old + EMA * verify_s
         if proposed == 0:
             return
         s = self.stats(source)
-        s.rounds += 1
-        s.proposed += proposed
-        s.accepted += accepted
-        trials = accepted + (1 if accepted < proposed else 0)  # geometric: stop at first rejection
-        s.accept = (1 - EMA) * s.accept + EMA * accepted / trials
-        per_tok = draft_s / proposed
-        s.draft_per_token = per_tok if s.draft_per_token is None else (1 - EMA) * s.draft_per_token + EMA * per_tok
-        if accepted > 0:
-            s.probe_every = PROBE_EVERY
+        s.observe(proposed, accepted)
+        per_tok = max(draft_s - catch_up_s, 0.0) / proposed
+        first = s.draft_per_token is None
+        s.draft_per_token = per_tok if first else (1 - EMA) * s.draft_per_token + EMA * per_tok
+        s.catch_up = catch_up_s if first else (1 - EMA) * s.catch_up + EMA * catch_up_s

@@ -15,10 +15,14 @@ class Draft:
     probs: (n, V) the draft distribution each token was sampled from, after the same
     temperature/top-p/top-k transform the target uses. None means deterministic: the
     verifier treats each token as drawn from a one-hot distribution.
+    catch_up_s: seconds spent bringing the drafter's state up to date with the context before
+    drafting (a draft model feeding the tokens accepted since it last ran); the policy counts it
+    as a cost per round, not per drafted token.
     """
 
     tokens: List[int]
     probs: Optional[mx.array] = None
+    catch_up_s: float = 0.0
 
 
 class Drafter:

@@ -1,5 +1,6 @@
 """A separate small model drafts autoregressively with its own KV cache (e.g. an int4 0.5B for a 1.5B)."""
 
+import time
 from typing import List, Optional
 
 import mlx.core as mx
@@ -118,7 +119,11 @@ class ModelDrafter(Drafter):
         return self._guarded(lambda: self._draft(context, k, probs_fn))
 
     def _draft(self, context: List[int], k: int, probs_fn) -> Draft:
+        t0 = time.perf_counter()
         todo = self._sync(context)
+        self._feed(todo[:-1])  # catch up with the context (evaluated, so the time is real)
+        todo = todo[-1:]
+        catch_up = time.perf_counter() - t0
         tokens, rows = [], []
         for i in range(k):
             logits = self._forward(todo)
@@ -137,4 +142,4 @@ class ModelDrafter(Drafter):
             tokens.append(tok_id)
             rows.append(probs)
             todo = [tok_id]
-        return Draft(tokens, mx.stack(rows) if probs_fn is not None else None)
+        return Draft(tokens, mx.stack(rows) if probs_fn is not None else None, catch_up)
