@@ -9,7 +9,8 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from mlx_spec.errors import ConvertError, SourceError, UnsupportedError
-from mlx_spec.make.gguf import _read_header, gguf_to_hf, read_gguf_info
+from mlx_spec.make.gguf_reader import read_gguf_info, read_header
+from mlx_spec.make.gguf_weights import gguf_to_hf
 
 HIDDEN, FFN, HEADS, KV_HEADS = 256, 512, 4, 2  # 256: K-quant blocks fit every weight row
 QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
@@ -328,7 +329,7 @@ def test_config_and_logits_match_original(cases, arch):
 
 def test_missing_unpermute_or_norm_shift_would_be_caught(cases, tmp_path, monkeypatch):
     """The logits check has teeth: skipping either llama.cpp fix-up changes the logits."""
-    import mlx_spec.make.gguf as g
+    import mlx_spec.make.gguf_weights as g
 
     monkeypatch.setattr(g, "_unpermute", lambda w, n: w)
     monkeypatch.setattr(g, "_fix_tensor", lambda arch, name, w, cfg: w)
@@ -391,7 +392,7 @@ def test_header_reader_agrees_with_gguf_reader(cases):
     import gguf
 
     for c in cases.values():
-        ours, theirs = _read_header(c["path"]), gguf.GGUFReader(str(c["path"]))
+        ours, theirs = read_header(c["path"]), gguf.GGUFReader(str(c["path"]))
         assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
         for a, b in zip(ours.tensors, theirs.tensors):
             assert (a.offset, a.nbytes, a.qtype, list(a.shape)) == (

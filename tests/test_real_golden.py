@@ -1,22 +1,23 @@
-"""Real GGUF files vs. transformers' GGUF loader: tokenizer ids and greedy tokens (opt-in, `real` marker).
+"""Real GGUF files vs. transformers' GGUF loader: tokenizer ids and greedy tokens (`golden` marker).
 
 The goldens in tests/golden/*.json come from tests/golden/make_golden.py (transformers + torch,
-float32); this test needs neither. A model is skipped unless its .gguf file is found in
-MLX_SPEC_REAL_GGUF_DIR (an os.pathsep-separated list of folders; default /tmp/models).
+float32); this test needs neither. Each golden's .gguf is looked for where its recipe assembles
+it (`mlx-spec fetch <recipe>`: ~/.cache/mlx-spec/sources/<recipe>/<file>.gguf, or under
+$MLX_SPEC_HOME); a model whose file is absent is skipped, naming the file.
 """
 
 import json
-import os
 import time
 from pathlib import Path
 
 import pytest
 
+from mlx_spec.make import recipes
+from mlx_spec.make.resolve import recipe_source_path
+
 GOLDEN = Path(__file__).resolve().parent / "golden"
-_HOME = Path(os.environ.get("MLX_SPEC_HOME") or Path.home() / ".cache" / "mlx-spec")  # before test isolation
-SEARCH_DIRS = [Path(d).expanduser() for d in
-               os.environ.get("MLX_SPEC_REAL_GGUF_DIR", "/tmp/models").split(os.pathsep) if d]
-SEARCH_DIRS += sorted((_HOME / "sources").glob("*"))  # where `mlx-spec fetch` assembles recipe GGUFs
+# Read at import, before conftest points MLX_SPEC_HOME at a per-test temporary folder.
+RECIPE_GGUF = {r.pypi.file: (r.name, recipe_source_path(r)) for r in recipes.all_recipes() if r.pypi and not r.base}
 MODELS = sorted(p.stem for p in GOLDEN.glob("*.json"))
 # A reference top-1/top-2 logit gap below this is a near-tie that numerics may flip, after which
 # every later token legitimately differs. Measured max |logit(ours) - logit(transformers)| on the
@@ -26,12 +27,17 @@ MODELS = sorted(p.stem for p in GOLDEN.glob("*.json"))
 NEAR_TIE = {"gemma": 0.25}
 NEAR_TIE_DEFAULT = 0.05
 
-pytestmark = pytest.mark.real
+pytestmark = pytest.mark.golden
 
 
-def find_gguf(name: str) -> Path | None:
-    """The first folder in SEARCH_DIRS holding `name`."""
-    return next((d / name for d in SEARCH_DIRS if (d / name).is_file()), None)
+def find_gguf(name: str) -> Path:
+    """The cached .gguf called `name`; skips the test, naming the missing file, when it is absent."""
+    if name not in RECIPE_GGUF:
+        pytest.skip(f"no recipe assembles {name}")
+    recipe, path = RECIPE_GGUF[name]
+    if not path.is_file():
+        pytest.skip(f"{path} not found (`mlx-spec fetch {recipe}` assembles it)")
+    return path
 
 
 @pytest.fixture(scope="module", params=MODELS)
@@ -39,12 +45,10 @@ def converted(request, tmp_path_factory):
     """(golden dict, mlx-lm model, tokenizer) for one model, converted once per module."""
     import mlx_lm
 
-    from mlx_spec.make.gguf import gguf_to_hf
+    from mlx_spec.make.gguf_weights import gguf_to_hf
 
     golden = json.loads((GOLDEN / f"{request.param}.json").read_text())
     path = find_gguf(golden["gguf_file"])
-    if path is None:
-        pytest.skip(f"{golden['gguf_file']} not found in {', '.join(map(str, SEARCH_DIRS))}")
     out = tmp_path_factory.mktemp(request.param)
     t = time.time()
     gguf_to_hf(path, out, dtype="float32")

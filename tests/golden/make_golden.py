@@ -4,12 +4,15 @@ Independent reference for tests/test_real_golden.py: transformers dequantizes th
 builds its tokenizer itself (no mlx_spec code involved), then we greedy-decode in float32.
 
     pip install torch==2.13.0          # reference only; never a runtime dependency
-    python tests/golden/make_golden.py [--dir /tmp/models] [model-stem ...]
+    mlx-spec fetch qwen2.5-coder-1.5b  # assembles the recipe's .gguf in the cache
+    python tests/golden/make_golden.py [--dir FOLDER] [model-stem ...]
+
+Each .gguf is read from where its recipe assembles it (~/.cache/mlx-spec/sources/<recipe>/),
+or from --dir when given.
 """
 
 import argparse
 import json
-import os
 import sys
 import time
 import unicodedata
@@ -123,16 +126,26 @@ def make(model_dir: Path, stem: str, kind: str) -> dict:
     }
 
 
+def recipe_folder(stem: str) -> Path | None:
+    """The cache folder where the recipe assembling `stem`.gguf puts it."""
+    from mlx_spec.make import recipes
+    from mlx_spec.make.resolve import recipe_source_path
+
+    hit = next((r for r in recipes.all_recipes() if r.pypi and r.pypi.file == f"{stem}.gguf"), None)
+    return recipe_source_path(hit).parent if hit else None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", default=os.environ.get("MLX_SPEC_REAL_GGUF_DIR", "/tmp/models"))
+    ap.add_argument("--dir", type=Path, help="folder holding the .gguf files (default: each recipe's cache folder)")
     ap.add_argument("models", nargs="*", default=list(MODELS))
     args = ap.parse_args()
     for stem in args.models:
-        if not (Path(args.dir) / f"{stem}.gguf").is_file():
-            print(f"skip {stem}: not in {args.dir}", file=sys.stderr)
+        folder = args.dir or recipe_folder(stem)
+        if folder is None or not (folder / f"{stem}.gguf").is_file():
+            print(f"skip {stem}: {stem}.gguf not in {folder or 'any recipe'}", file=sys.stderr)
             continue
-        data = make(Path(args.dir), stem, MODELS[stem])
+        data = make(folder, stem, MODELS[stem])
         (HERE / f"{stem}.json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
 
 
