@@ -29,7 +29,7 @@ DISCOUNT = 0.8  # per round, the weight of older acceptance counts: the estimate
 IDLE_PULL = 0.1  # per round offered but not chosen: share of the way back to the long-run acceptance
 MARGIN = 0.05  # drafting must promise 5 % more tokens/s than plain decoding
 PRIOR_VERIFY_SLOPE = 0.05  # verify(k) ~ verify(0) * (1 + 0.05 k) until measured (CPU: 633 ms -> 809 ms at k=4)
-PROBE_K = 2  # draft length of a probe round (first use of a source, or a re-check while it is off)
+PROBE_K = 1  # draft length of a probe round (first use of a source, or a re-check): one token risks the least
 PROBE_EVERY = 8  # plain steps between probe rounds while a source is off; doubles up to PROBE_MAX
 PROBE_MAX = 64
 
