@@ -72,8 +72,8 @@ class Session:
                 out.append(ev.token)
                 yield ev
         finally:
-            held = cache_tokens(self.cache)
-            full = ids + out
-            self.tokens = full[:held] if held is not None and held <= len(full) else []
-            if held is None or held > len(full):
+            held, full = cache_tokens(self.cache), ids + out  # the engine leaves a prefix of `full` cached
+            if held is None or held > len(full):  # an interrupted update that could not be rewound
                 self.reset()
+            else:
+                self.tokens = full[:held]
