@@ -52,13 +52,13 @@ def load_pair(model: str, draft: Optional[str], *, num_draft: Optional[int] = No
               min_confidence: Optional[float] = None, log: Log = _quiet):
     """(target, tokenizer, drafter) for a target spec and a drafter spec.
 
-    Both names are resolved (fetched, converted) before anything is loaded, so an unavailable draft
-    fails in seconds, not after the target has been loaded.
+    Both names are resolved (fetched, converted), the draft's first, before anything is loaded, so an
+    unavailable draft fails in seconds, not after the target has been fetched or loaded.
     """
     registry.parse(draft)  # a malformed spec fails first
-    target_folder = resolve(model, log)
     draft_name = draft_model_spec(draft)
-    draft_folder = resolve(draft_name, log) if draft_name else None
+    draft_folder = resolve(draft_name, log) if draft_name else None  # the draft first: usually the smaller fetch
+    target_folder = resolve(model, log)
     target, tokenizer, _ = load_folder(target_folder)
     loaded = {draft_name: load_folder(draft_folder)[:2]} if draft_name else None
     drafter = make_drafter(draft, target, tokenizer, num_draft=num_draft, min_confidence=min_confidence,
