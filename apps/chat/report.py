@@ -1,0 +1,88 @@
+"""What the chat prints about speed: the line after each reply, /stats, and the /compare table."""
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+from mlx_spec.gen.engine import Stats
+
+COLUMNS = ("Target", "Draft", "Quantization", "Token/s", "Relative Improvement")  # the M3 Max tables' layout
+
+
+def stats_line(stats: Stats, plain_step_s: Optional[float], drafting: bool) -> str:
+    """One line after a reply: speed, drafts, acceptance, and the speed-up over plain decoding.
+
+    plain_step_s: the session's estimate of one plain target step (seconds), from its own
+    measurements; None when nothing was measured yet.
+    """
+    head = f"{stats.generation_tps:.1f} tok/s"
+    if not drafting:
+        return f"[{head} · plain decoding (drafter off)]"
+    parts = [head, f"{100 * stats.draft_share:.0f}% of tokens from drafts"]
+    if stats.proposed:
+        parts += [f"acceptance {100 * stats.acceptance_rate:.0f}%", f"mean accepted {stats.mean_accepted:.2f}"]
+    else:  # the policy found no round worth drafting, or the drafter had nothing confident to offer
+        parts.append("no draft tokens proposed")
+    if plain_step_s and stats.generation_tps:
+        plain_tps = 1.0 / plain_step_s
+        parts.append(f"{stats.generation_tps / plain_tps:.2f}x vs plain ~{plain_tps:.1f} tok/s (est. from measured target steps)")
+    return "[" + " · ".join(parts) + "]"
+
+
+def stats_detail(stats: Stats) -> str:
+    """/stats: per-position acceptance and where the time of the last reply went."""
+    lines = [f"last reply: {stats.generation_tokens} tokens, {stats.rounds} target passes "
+             f"({stats.spec_rounds} speculative), finish: {stats.finish_reason or 'interrupted'}"]
+    if stats.proposed_by_position:
+        cells = [f"{i + 1}: {a}/{p} ({100 * a / p:.0f}%)" if p else f"{i + 1}: -"
+                 for i, (a, p) in enumerate(zip(stats.accepted_by_position, stats.proposed_by_position))]
+        lines.append("acceptance by draft position: " + "  ".join(cells))
+    else:
+        lines.append("acceptance by draft position: nothing was drafted")
+    lines.append(f"time: draft {stats.draft_time:.3f} s, verify {stats.verify_time:.3f} s, "
+                 f"prompt {stats.prompt_time:.3f} s ({stats.prefill_tokens} new of {stats.prompt_tokens} tokens)")
+    if stats.fallback:
+        lines.append(f"note: {stats.fallback}")
+    return "\n".join(lines)
+
+
+@dataclass
+class Row:
+    """One line of the /compare table."""
+
+    target: str
+    draft: str  # "N/A" for plain decoding
+    quantization: str  # the draft's, "N/A" for plain decoding (as in the tables)
+    tps: float
+
+
+def compare_table(plain: Row, spec: Row) -> str:
+    """The two rows in the M3 Max layout, plain first; improvement relative to the plain row."""
+    def gain(r: Row) -> str:
+        if r is plain or not plain.tps:
+            return "0%"
+        return f"{100 * (r.tps / plain.tps - 1):+.2f}%"
+
+    cells = [list(COLUMNS)] + [[r.target, r.draft, r.quantization, f"{r.tps:.2f}", gain(r)] for r in (plain, spec)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    fmt = lambda row: "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |"  # noqa: E731
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([fmt(cells[0]), rule] + [fmt(r) for r in cells[1:]])
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
+    """Index of the first token where a and b differ (a length difference counts), else None."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def identity_line(plain: List[int], spec: List[int], greedy: bool) -> str:
+    """Whether the two replies are token-identical, and what that means."""
+    at = first_difference(plain, spec)
+    if not greedy:
+        same = "identical" if at is None else f"different from token {at}"
+        return f"sampling (temp > 0): the replies are {same}; only greedy replies must be token-identical"
+    if at is None:
+        return f"greedy: the two replies are token-identical ({len(spec)} tokens)"
+    return f"greedy: the replies DIFFER from token {at} of {len(spec)} (speculative greedy must equal plain: a bug)"
