@@ -9,7 +9,7 @@ from . import blas
 from .errors import MlxSpecError
 from .gen.drafters.model import DEFAULT_MIN_CONFIDENCE
 from .gen.engine import DEFAULT_MAX_TOKENS
-from .gen.registry import DEFAULT_K, default_num_draft
+from .gen.registry import DEFAULT_K
 from .make.convert import DEFAULT_GROUP_SIZE
 from .named import DEFAULT_DRAFT, DEFAULT_MODEL, DEFAULT_PROMPT
 
@@ -92,21 +92,33 @@ def convert(
     typer.echo(str(path))
 
 
+# The options `generate` and `chat` share: one definition each, so they mean the same in both.
+MODEL = typer.Option(DEFAULT_MODEL, help="Target: recipe, folder, .gguf or HF repo")
+DRAFT_HELP = "Drafter: a model spec, 'ngram', 'self[:LAYERS]', 'hybrid[:D]' or 'none'"
+NUM_DRAFT = typer.Option(None, help="Max draft tokens per round K (default: "
+                         + ", ".join(f"{k} {v}" for k, v in DEFAULT_K.items()) + ")")
+TEMP = typer.Option(0.0, help="Sampling temperature (0: greedy)")
+TOP_P = typer.Option(0.0, help="Nucleus sampling threshold (0: off)")
+TOP_K = typer.Option(0, help="Top-k sampling (0: off)")
+SEED = typer.Option(None, help="Random seed")
+ADAPTIVE = typer.Option(True, help="Adapt K and switch speculation off when it does not pay")
+MIN_CONFIDENCE = typer.Option(None, help="Model/self drafters stop at a draft token the draft gives less than "
+                              f"this probability (default {DEFAULT_MIN_CONFIDENCE})")
+
+
 @app.command()
 def generate(
-    model: str = typer.Option(DEFAULT_MODEL, help="Target: recipe, folder, .gguf or HF repo"),
+    model: str = MODEL,
     prompt: str = typer.Option(DEFAULT_PROMPT, help="Prompt text"),
-    draft: Optional[str] = typer.Option(None, help="Drafter: a model spec, 'ngram', 'self[:LAYERS]', 'hybrid[:D]' or 'none'"),
-    num_draft: Optional[int] = typer.Option(None, help="Max draft tokens per round K (default: "
-                                            + ", ".join(f"{k} {v}" for k, v in DEFAULT_K.items()) + ")"),
+    draft: Optional[str] = typer.Option(None, help=DRAFT_HELP),
+    num_draft: Optional[int] = NUM_DRAFT,
     max_tokens: int = typer.Option(DEFAULT_MAX_TOKENS, help="Max new tokens"),
-    temp: float = typer.Option(0.0, help="Sampling temperature (0: greedy)"),
-    top_p: float = typer.Option(0.0, help="Nucleus sampling threshold (0: off)"),
-    top_k: int = typer.Option(0, help="Top-k sampling (0: off)"),
-    seed: Optional[int] = typer.Option(None, help="Random seed"),
-    adaptive: bool = typer.Option(True, help="Adapt K and switch speculation off when it does not pay"),
-    min_confidence: Optional[float] = typer.Option(None, help="Model/self drafters stop at a draft token the draft "
-                                                   f"gives less than this probability (default {DEFAULT_MIN_CONFIDENCE})"),
+    temp: float = TEMP,
+    top_p: float = TOP_P,
+    top_k: int = TOP_K,
+    seed: Optional[int] = SEED,
+    adaptive: bool = ADAPTIVE,
+    min_confidence: Optional[float] = MIN_CONFIDENCE,
     chat: bool = typer.Option(True, help="Wrap the prompt in the tokenizer's chat template, if it has one"),
     verbose: bool = typer.Option(False, help="Print the statistics"),
 ):
@@ -124,7 +136,7 @@ def generate(
            if chat and getattr(tok, "chat_template", None) else tok.encode(prompt))
     ev = None
     for ev in stream_generate(target, tok, ids, drafter, max_tokens=max_tokens, temp=temp, top_p=top_p,
-                              top_k=top_k, num_draft=num_draft or default_num_draft(draft), adaptive=adaptive):
+                              top_k=top_k, num_draft=num_draft, adaptive=adaptive):
         typer.echo(ev.text, nl=False)
     typer.echo("")
     if verbose and ev is not None:
@@ -133,19 +145,17 @@ def generate(
 
 @app.command()
 def chat(
-    model: str = typer.Option(DEFAULT_MODEL, help="Target: recipe, folder, .gguf or HF repo"),
-    draft: str = typer.Option(DEFAULT_DRAFT, help="Drafter: a model spec, 'ngram', 'self[:LAYERS]', 'hybrid[:D]' or 'none'"),
+    model: str = MODEL,
+    draft: str = typer.Option(DEFAULT_DRAFT, help=DRAFT_HELP),
     system: Optional[str] = typer.Option(None, help="System message"),
-    num_draft: Optional[int] = typer.Option(None, help="Max draft tokens per round K (default: "
-                                            + ", ".join(f"{k} {v}" for k, v in DEFAULT_K.items()) + ")"),
+    num_draft: Optional[int] = NUM_DRAFT,
     max_tokens: int = typer.Option(DEFAULT_MAX_TOKENS, help="Max new tokens per reply"),
-    temp: float = typer.Option(0.0, help="Sampling temperature (0: greedy)"),
-    top_p: float = typer.Option(0.0, help="Nucleus sampling threshold (0: off)"),
-    top_k: int = typer.Option(0, help="Top-k sampling (0: off)"),
-    seed: Optional[int] = typer.Option(None, help="Random seed"),
-    adaptive: bool = typer.Option(True, help="Adapt K and switch speculation off when it does not pay"),
-    min_confidence: Optional[float] = typer.Option(None, help="Model/self drafters stop at a draft token the draft "
-                                                   f"gives less than this probability (default {DEFAULT_MIN_CONFIDENCE})"),
+    temp: float = TEMP,
+    top_p: float = TOP_P,
+    top_k: int = TOP_K,
+    seed: Optional[int] = SEED,
+    adaptive: bool = ADAPTIVE,
+    min_confidence: Optional[float] = MIN_CONFIDENCE,
 ):
     """Chat in the terminal; after each reply: tokens/s, drafts and acceptance, speed-up estimate. /help lists commands."""
     from mlx_spec_apps.chat.repl import run
