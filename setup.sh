@@ -16,6 +16,16 @@ if [ "$(uname -s)" = "Linux" ] && ! ls /usr/lib/*-linux-gnu/openblas-pthread/lib
   fi
 fi
 
+if [ -n "$extras" ] && [ "$(uname -s)" = "Linux" ] && ! command -v chromium >/dev/null; then
+  # The web app's end-to-end test drives Debian's Chromium (Playwright's own browser download does not work here).
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
+      || echo "setup: could not install chromium; the web app's browser test will skip"
+  else
+    echo "setup: the web app's browser test needs Chromium: sudo apt-get install chromium (it skips without)"
+  fi
+fi
+
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".${extras}"

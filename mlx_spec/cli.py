@@ -4,9 +4,12 @@ import sys
 from typing import Optional
 
 import typer
+from mlx_spec_apps.server.defaults import (DEFAULT_CLIENTS, DEFAULT_HOST, DEFAULT_MAX_CONCURRENCY, DEFAULT_PORT,
+                                           SERVE_MAX_TOKENS, SERVE_REPEATS)
 
 from . import blas
 from .errors import MlxSpecError
+from .bench.common import DEFAULT_OUT
 from .gen.drafters.model import DEFAULT_MIN_CONFIDENCE
 from .gen.engine import DEFAULT_MAX_TOKENS
 from .gen.registry import DEFAULT_K
@@ -14,7 +17,7 @@ from .make.convert import DEFAULT_GROUP_SIZE
 from .named import DEFAULT_DRAFT, DEFAULT_MODEL, DEFAULT_PROMPT
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Lossless speculative decoding on MLX: fetch, convert, generate, bench.")
+                  help="Lossless speculative decoding on MLX: fetch, convert, generate, chat, serve, bench.")
 
 
 def _log(msg: str) -> None:
@@ -165,6 +168,34 @@ def chat(
         top_k=top_k, seed=seed, adaptive=adaptive, min_confidence=min_confidence, log=_log)
 
 
+@app.command()
+def serve(
+    model: str = MODEL,
+    draft: str = typer.Option(DEFAULT_DRAFT, help=DRAFT_HELP),
+    host: str = typer.Option(DEFAULT_HOST, help="Address to bind (another than 127.0.0.1 exposes the server)"),
+    port: int = typer.Option(DEFAULT_PORT, help="Port (0: any free port)"),
+    api_key: Optional[str] = typer.Option(None, help="Require 'Authorization: Bearer KEY' on the API"),
+    max_concurrency: int = typer.Option(DEFAULT_MAX_CONCURRENCY,
+                                        help="Requests generating at once (each holds its own caches); "
+                                        "more wait in a FIFO queue"),
+    num_draft: Optional[int] = NUM_DRAFT,
+    max_tokens: int = typer.Option(DEFAULT_MAX_TOKENS, help="Max new tokens when a request gives none"),
+    min_confidence: Optional[float] = MIN_CONFIDENCE,
+):
+    """Serve the web chat at / and an OpenAI-compatible API at /v1, speculating for every concurrent request."""
+    from mlx_spec_apps.server.main import serve as run
+
+    _hint()
+    if not 0 <= port <= 65535:
+        raise MlxSpecError(f"--port must be 0..65535, got {port}")
+    if max_concurrency < 1:
+        raise MlxSpecError(f"--max-concurrency must be at least 1, got {max_concurrency}")
+    if max_tokens < 1:
+        raise MlxSpecError(f"--max-tokens must be at least 1, got {max_tokens}")
+    run(model=model, draft=draft, host=host, port=port, api_key=api_key, max_concurrency=max_concurrency,
+        num_draft=num_draft, max_tokens=max_tokens, min_confidence=min_confidence, log=_log)
+
+
 def format_stats(s) -> str:
     """Human-readable statistics block."""
     lines = [
@@ -187,9 +218,35 @@ def format_stats(s) -> str:
     return "\n".join(lines)
 
 
+def bench_serve(
+    model: str = MODEL,
+    draft: str = typer.Option(DEFAULT_DRAFT, help=DRAFT_HELP + " (compared against none)"),
+    clients: str = typer.Option(",".join(map(str, DEFAULT_CLIENTS)), help="Comma list of concurrent client counts"),
+    max_tokens: int = typer.Option(SERVE_MAX_TOKENS, help="Max new tokens per request"),
+    repeats: int = typer.Option(SERVE_REPEATS, help="Cells per client count (fresh prompts each)"),
+    num_draft: Optional[int] = NUM_DRAFT,
+    out: str = typer.Option(DEFAULT_OUT, help="Folder for the run's JSON and markdown"),
+):
+    """Served throughput of N concurrent clients with the drafter on and off, as ratios from one run."""
+    from mlx_spec_apps.server.throughput import ThroughputSettings, run_throughput
+
+    _hint()
+    try:
+        counts = [int(x) for x in clients.split(",") if x.strip()]
+    except ValueError:
+        raise MlxSpecError(f"--clients must be comma-separated counts, got '{clients}'") from None
+    s = ThroughputSettings(model=model, draft=draft, clients=counts, max_tokens=max_tokens, repeats=repeats,
+                           num_draft=num_draft)
+    run = run_throughput(s, out, log=_log)
+    typer.echo(run.md_path.read_text())
+    _log(f"wrote {run.json_path} and {run.md_path}")
+
+
 def _mount_bench() -> None:
     from .bench import app as bench_app
 
+    # The served-throughput bench drives the web app's server, a face above the bench package: it is added here.
+    bench_app.command("serve")(bench_serve)
     app.add_typer(bench_app, name="bench", help="Benchmarks: speeds as ratios against a baseline in the same run.")
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import mlx_spec  # noqa: F401  (first: puts the fast BLAS under MLX)
@@ -74,6 +75,15 @@ def make_model(folder: Path, arch: str = "qwen2", seed: int = 0, layers: int = 4
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     return folder
+
+
+def long_context(src: Path, dst: Path, context: int = 4096) -> Path:
+    """A copy of a tiny model with room for long prompts and replies (RoPE: only the limit changes)."""
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["max_position_embeddings"] = context
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
 
 
 @pytest.fixture(scope="session")

@@ -11,19 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import long_context
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
 
 PROMPT = ">>>"
-
-
-def long_context(src: Path, dst: Path, context: int = 4096) -> Path:
-    """A copy of a tiny model with room for long replies (RoPE has no learned positions: only the limit changes)."""
-    shutil.copytree(src, dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    cfg["max_position_embeddings"] = context
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return dst
 
 
 class Terminal:

@@ -94,7 +94,7 @@ def test_a_source_passed_over_drifts_back_to_its_long_run_acceptance():
     for _ in range(10):
         p.update("ngram", 7, 0, STEP, 0.0)  # then a bad patch
     low = p.sources["ngram"].accept
-    feed(p, "model", 6, 6, STEP * 0.4, rounds=3)  # a rival that wins while the n-gram looks bad
+    feed(p, "model", 6, 6, STEP * 0.1, rounds=3)  # a rival that wins while the n-gram looks bad
     assert low < 0.45 and p.choose({"ngram": 7, "model": 1 << 30}, 100)[0] == "model"
     picks = [p.choose({"ngram": 7, "model": 1 << 30}, 100)[0] for _ in range(30)]
     assert "ngram" in picks  # not starved: it is tried again
@@ -112,3 +112,18 @@ def test_marginal_drafting_is_not_worth_it():
     assert p.choose({"m": 1}, 100) == ("", 0)
     m.accepted_w = 3.0  # 1.3 tokens per round: clearly pays
     assert p.choose({"m": 1}, 100) == ("m", 1)
+
+
+def test_a_costly_source_must_beat_a_free_one_by_a_margin():
+    """Equal expected rates: the free n-gram chain wins; the model wins only when clearly better."""
+    p = Policy(7)
+    p.verify = {0: 1.0, 1: 1.0, 2: 1.0, 4: 1.0}
+    ngram, model = p.stats("ngram"), p.stats("model")
+    ngram.draft_per_token, ngram.accepted_w, ngram.judged_w = 0.0, 7.0, 10.0  # 2 drafts: 1 + .7 + .49 = 2.19
+    model.draft_per_token = 0.2  # 4 drafts: the round costs 1.8, 44 % of it drafting
+    model.accepted_w, model.judged_w = 9.0, 10.0  # 1 + .9 + ... + .9^4 = 4.1 tokens -> 2.28 per unit: slightly more
+    assert p.expected_rate(4, "model") > p.expected_rate(2, "ngram")
+    assert p.choose({"ngram": 2, "model": 4}, 100) == ("ngram", 2)
+    model.draft_per_token = 0.05  # cheap enough that its higher rate is real
+    assert p.choose({"ngram": 2, "model": 4}, 100) == ("model", 4)
+    assert p.choose({"model": 4}, 100) == ("model", 4)  # alone, its length is not shortened by the margin

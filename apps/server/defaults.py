@@ -1,0 +1,10 @@
+"""The server's defaults, in a module light enough for the CLI to read without loading the HTTP stack."""
+
+DEFAULT_HOST = "127.0.0.1"  # this machine only, unless asked
+DEFAULT_PORT = 8080
+DEFAULT_MAX_CONCURRENCY = 4  # requests generating at once; each holds its own caches, so memory bounds it
+
+# `mlx-spec bench serve` (throughput.py)
+DEFAULT_CLIENTS = (1, 2, 4)  # concurrent clients per cell
+SERVE_MAX_TOKENS = 64  # per request: long enough for speculation to settle, short enough for 4 clients on a CPU
+SERVE_REPEATS = 2

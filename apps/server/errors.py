@@ -1,0 +1,32 @@
+"""OpenAI-style API errors: one exception type, rendered as `{"error": {message, type, param, code}}`."""
+
+from typing import Optional
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+
+class ApiError(Exception):
+    """A request the server answers with an HTTP error status and an OpenAI-style body."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: Optional[str] = None, code: Optional[str] = None, headers: Optional[dict] = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def bad_request(message: str, param: Optional[str] = None, code: Optional[str] = None) -> ApiError:
+    """A 400 for input the client can fix."""
+    return ApiError(400, message, param=param, code=code)
+
+
+async def handle(_request: Request, exc: Exception) -> JSONResponse:
+    """Starlette exception handler for ApiError."""
+    return exc.response()

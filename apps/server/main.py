@@ -1,0 +1,87 @@
+"""`mlx-spec serve`: load the pair, build the app, run it under uvicorn and print the URL once it listens."""
+
+import threading
+from typing import Callable, Optional
+
+import uvicorn
+
+from mlx_spec.gen.engine import DEFAULT_MAX_TOKENS
+from mlx_spec.named import Log
+
+from .app import build_app
+from .defaults import DEFAULT_HOST, DEFAULT_MAX_CONCURRENCY, DEFAULT_PORT
+from .pair import Pair
+
+SHUTDOWN_GRACE_S = 5  # open streams get this long to end when the server stops
+
+
+def _quiet(_msg: str) -> None:
+    pass
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, calling `on_ready` once it accepts connections."""
+
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None]):
+        super().__init__(config)
+        self.on_ready = on_ready
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self.on_ready()
+
+
+def _config(app, host: str, port: int) -> uvicorn.Config:
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                          timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+
+
+def _url(host: str, sock) -> str:
+    port = sock.getsockname()[1]
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def serve(*, model: str, draft: Optional[str], host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+          api_key: Optional[str] = None, max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+          num_draft: Optional[int] = None, max_tokens: int = DEFAULT_MAX_TOKENS,
+          min_confidence: Optional[float] = None, log: Log = _quiet) -> None:
+    """Serve the pair until Ctrl-C; the URL (port 0: the port picked) goes to stdout once it listens."""
+    pair = Pair.load(model, draft, num_draft=num_draft, min_confidence=min_confidence, log=log)
+    app = build_app(pair, api_key=api_key, max_concurrency=max_concurrency, max_tokens=max_tokens)
+    config = _config(app, host, port)
+    sock = config.bind_socket()
+    url = _url(host, sock)
+
+    def ready() -> None:
+        log(f"serving {pair.model_spec} drafted by {pair.draft_spec or 'nothing'}: open {url} "
+            f"(OpenAI API at {url}v1); Ctrl-C stops")
+        print(url, flush=True)
+
+    _Server(config, ready).run(sockets=[sock])
+
+
+class Running:
+    """A server on a background thread (tests, benchmarks): its `url`, `app`, and `stop()`."""
+
+    def __init__(self, app, host: str = DEFAULT_HOST, port: int = 0, timeout: float = 60.0):
+        config = _config(app, host, port)
+        sock = config.bind_socket()
+        self.app, self.url = app, _url(host, sock)
+        ready = threading.Event()
+        self._server = _Server(config, ready.set)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self._thread.start()
+        if not ready.wait(timeout):
+            self.stop()
+            raise RuntimeError(f"the server did not start within {timeout} s")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout)
+
+    def __enter__(self) -> "Running":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,124 @@
+"""Request bodies of /v1/chat/completions and /v1/completions: checked, defaulted, turned into generation parameters.
+
+Unknown fields are ignored, as OpenAI clients expect (they send many). Anything malformed is a 400
+naming the field, so no bad request ever reaches the scheduler.
+"""
+
+import json
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from .errors import bad_request
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_TEMPERATURE = 2.0  # OpenAI's range for temperature
+MAX_STOPS = 4  # OpenAI's limit on stop strings
+
+
+@dataclass
+class Params:
+    """What one request asks the engine for."""
+
+    max_tokens: int
+    temp: float = 0.0
+    top_p: float = 0.0  # 0 or 1: off
+    top_k: int = 0
+    seed: Optional[int] = None
+    stop: List[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+
+
+def parse_json(raw: bytes) -> dict:
+    """The body as a JSON object, or a 400."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(body: dict, key: str, lo: float, hi: float, default: float) -> float:
+    v = body.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi:
+        raise bad_request(f"'{key}' must be a number in [{lo:g}, {hi:g}], got {json.dumps(v)}", param=key)
+    return float(v)
+
+
+def params(body: dict, default_max_tokens: int) -> Params:
+    """Sampling, length, stop and streaming options, checked (shared by both endpoints)."""
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = body.get(key, default_max_tokens)
+    if max_tokens is None:
+        max_tokens = default_max_tokens
+    if not _is_int(max_tokens) or max_tokens <= 0:
+        raise bad_request(f"'{key}' must be a positive integer, got {json.dumps(max_tokens)}", param=key)
+    top_k = body.get("top_k", 0) or 0
+    if not _is_int(top_k) or top_k < 0:
+        raise bad_request(f"'top_k' must be a non-negative integer, got {json.dumps(top_k)}", param="top_k")
+    seed = body.get("seed")
+    if seed is not None and (not _is_int(seed) or seed < 0):
+        raise bad_request(f"'seed' must be a non-negative integer, got {json.dumps(seed)}", param="seed")
+    n = body.get("n", 1)
+    if n not in (None, 1):
+        raise bad_request("only n=1 is supported (one choice per request)", param="n")
+    stop = body.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > MAX_STOPS:
+        raise bad_request(f"'stop' must be a string or a list of up to {MAX_STOPS} strings", param="stop")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise bad_request("'stream_options' must be an object", param="stream_options")
+    return Params(max_tokens=max_tokens, temp=_number(body, "temperature", 0.0, MAX_TEMPERATURE, 0.0),
+                  top_p=_number(body, "top_p", 0.0, 1.0, 0.0), top_k=top_k, seed=seed, stop=stop,
+                  stream=bool(body.get("stream", False)), include_usage=bool(options.get("include_usage", False)))
+
+
+def _content(content, where: str) -> str:
+    """A message's text: a string, or the text parts of a list of content parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+        if any(p.get("type") != "text" for p in content):
+            raise bad_request(f"{where}: only text content parts are supported", param=where)
+        return "".join(str(p.get("text", "")) for p in content)
+    raise bad_request(f"{where} must be a string or a list of text parts", param=where)
+
+
+def messages(body: dict) -> List[dict]:
+    """`messages` as [{role, content: str}], checked."""
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad_request("'messages' must be a non-empty list of {role, content} objects", param="messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise bad_request(f"messages[{i}] must be an object with 'role' and 'content'", param=f"messages[{i}]")
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad_request(f"messages[{i}].role: unknown role {json.dumps(role)} (one of {', '.join(ROLES)})",
+                              param=f"messages[{i}].role")
+        out.append({"role": role, "content": _content(m.get("content"), f"messages[{i}].content")})
+    return out
+
+
+def prompt(body: dict):
+    """/v1/completions' `prompt`: a string, a list holding one string, or a list of token ids."""
+    p = body.get("prompt")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+        p = p[0]
+    if isinstance(p, str) and p:
+        return p
+    if isinstance(p, list) and p and all(_is_int(t) and t >= 0 for t in p):
+        return p
+    raise bad_request("'prompt' must be a non-empty string (or one list of token ids)", param="prompt")

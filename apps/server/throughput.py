@@ -1,0 +1,201 @@
+"""Served throughput: 1, 2, 4... concurrent clients against `mlx-spec serve`, drafter on and off, in one process.
+
+Two servers share the loaded weights, one with the pair's drafter and one with none, and listen on
+loopback; the clients are the official `openai` client on threads, as a user's programs would be.
+Each cell (a client count, a repeat) sends the same fresh prompts to both servers, alternating which
+goes first, so the ratio "drafter on / off" compares like with like and shares the machine's noise.
+Throughput is the completion tokens of the cell over its wall time, first request sent to last reply.
+"""
+
+import dataclasses
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+from mlx_spec.bench import prompts as bench_prompts
+from mlx_spec.bench.common import RunFile, machine_info, machine_line, md_table
+from mlx_spec.errors import MlxSpecError
+from mlx_spec.named import DEFAULT_DRAFT, DEFAULT_MODEL, Log
+
+from .app import build_app
+from .defaults import DEFAULT_CLIENTS, SERVE_MAX_TOKENS, SERVE_REPEATS
+from .main import Running
+from .pair import Pair
+
+WARMUP_TOKENS = 4
+MODES = ("off", "on")  # drafter off (plain decoding) first: it is the baseline of every ratio
+
+
+@dataclass
+class ThroughputSettings:
+    model: str = DEFAULT_MODEL
+    draft: str = DEFAULT_DRAFT
+    clients: Sequence[int] = DEFAULT_CLIENTS
+    max_tokens: int = SERVE_MAX_TOKENS
+    repeats: int = SERVE_REPEATS
+    num_draft: Optional[int] = None
+
+    def check(self) -> None:
+        if not self.clients or min(self.clients) < 1:
+            raise MlxSpecError(f"--clients must be positive counts, got {list(self.clients)}")
+        if self.max_tokens < 1 or self.repeats < 1:
+            raise MlxSpecError("--max-tokens and --repeats must be at least 1")
+        if self.draft in (None, "", "none"):
+            raise MlxSpecError("--draft must name a drafter: the run compares it against none")
+
+
+@dataclass
+class Cell:
+    """One client count, one repeat, one mode: what the clients got and how long it took."""
+
+    clients: int
+    repeat: int
+    mode: str
+    prompts: List[str]
+    wall_s: float = 0.0
+    tokens: int = 0
+    texts: List[str] = field(default_factory=list)
+    latencies_s: List[float] = field(default_factory=list)
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s else 0.0
+
+
+def _ask(client, text: str, max_tokens: int):
+    return client.chat.completions.create(model="served", messages=[{"role": "user", "content": text}],
+                                          max_tokens=max_tokens, temperature=0.0)
+
+
+def run_cell(url: str, cell: Cell, max_tokens: int) -> Cell:
+    """All of the cell's clients at once, each on its own thread and connection; the wall time covers them all."""
+    import openai
+
+    n = len(cell.prompts)
+    replies: List[object] = [None] * n
+    latencies = [0.0] * n
+    start = threading.Barrier(n + 1)
+
+    def client_thread(i: int) -> None:
+        client = openai.OpenAI(base_url=url + "v1", api_key="unused", max_retries=0, timeout=3600)
+        start.wait()
+        t0 = time.perf_counter()
+        try:
+            replies[i] = _ask(client, cell.prompts[i], max_tokens)
+        except Exception as e:  # recorded, then raised on the main thread: a lost request fails the run
+            replies[i] = e
+        latencies[i] = time.perf_counter() - t0
+
+    threads = [threading.Thread(target=client_thread, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    cell.wall_s = time.perf_counter() - t0
+    failed = [r for r in replies if isinstance(r, Exception)]
+    if failed:
+        raise MlxSpecError(f"a request failed ({cell.mode}, {cell.clients} clients): {failed[0]}")
+    cell.latencies_s = latencies
+    cell.texts = [r.choices[0].message.content for r in replies]
+    cell.tokens = sum(r.usage.completion_tokens for r in replies)
+    stats = [r.model_extra.get("mlx_spec", {}) for r in replies]
+    cell.drafted = sum(s.get("drafted", 0) for s in stats)
+    cell.accepted = sum(s.get("accepted", 0) for s in stats)
+    return cell
+
+
+def prompt_texts(tokenizer, needed: int) -> List[str]:
+    """`needed` distinct prompts, HumanEval tasks, code edits and prose questions in turn."""
+    each = -(-needed // 3) + 1
+    found = bench_prompts.build(tokenizer, each, each, n_prose=min(each, len(bench_prompts.PROSE_QUESTIONS)))
+    if len(found) < needed:
+        raise MlxSpecError(f"only {len(found)} distinct prompts for the {needed} requests of this run")
+    return [p.text for p in found[:needed]]
+
+
+def summarize(cells: List[Cell], clients: Sequence[int]) -> List[dict]:
+    """Per client count and mode: median throughput over repeats (with the spread) and the ratios."""
+    rows = []
+    for c in clients:
+        by_mode = {m: [x for x in cells if x.clients == c and x.mode == m] for m in MODES}
+        pairs = list(zip(by_mode["off"], by_mode["on"]))
+        for m in MODES:
+            mine = by_mode[m]
+            if not mine:
+                continue
+            tps = [x.tokens_per_second for x in mine]
+            one = [x.tokens_per_second for x in cells if x.clients == clients[0] and x.mode == m]
+            vs_off = [on.tokens_per_second / off.tokens_per_second for off, on in pairs if off.tokens_per_second]
+            rows.append({
+                "clients": c, "mode": m, "cells": len(mine), "tokens": sum(x.tokens for x in mine),
+                "tokens_per_second": statistics.median(tps), "min": min(tps), "max": max(tps),
+                "vs_off": statistics.median(vs_off) if m == "on" and vs_off else 1.0,
+                "vs_off_range": [min(vs_off), max(vs_off)] if m == "on" and vs_off else [1.0, 1.0],
+                "vs_first_clients": statistics.median(tps) / statistics.median(one) if one else None,
+                "acceptance": (sum(x.accepted for x in mine) / sum(x.drafted for x in mine)
+                               if sum(x.drafted for x in mine) else None),
+                "latency_s": statistics.median(lat for x in mine for lat in x.latencies_s),
+            })
+    return rows
+
+
+def markdown(data: dict) -> str:
+    s = data["settings"]
+    head = (f"# Served throughput: {s['model']} with drafter `{s['draft']}` on and off\n\n"
+            f"{machine_line(data['machine'])}\n\n"
+            f"`{' '.join(data['command'])}`\n\n"
+            f"{s['repeats']} repeat(s) per client count, {s['max_tokens']} max tokens per request, greedy; "
+            f"each cell sends fresh prompts (HumanEval, code edits, prose in turn) to both servers.\n\n")
+    rows = [[r["clients"], r["mode"], r["cells"], r["tokens"], r["tokens_per_second"],
+             f"{r['min']:.2f}–{r['max']:.2f}",
+             f"{r['vs_off']:.2f}× ({r['vs_off_range'][0]:.2f}–{r['vs_off_range'][1]:.2f})" if r["mode"] == "on" else "1.00×",
+             f"{r['vs_first_clients']:.2f}×" if r["vs_first_clients"] else "",
+             f"{100 * r['acceptance']:.1f}%" if r["acceptance"] is not None else "", f"{r['latency_s']:.1f}"]
+            for r in data["summary"]]
+    table = md_table(["Clients", "Drafter", "Cells", "Tokens", "Tokens/s (median)", "Spread",
+                      "Drafter on / off", f"vs {s['clients'][0]} client(s)", "Acceptance", "Latency s (median)"],
+                     rows)
+    same = data["identical"]
+    return (head + table + f"\n\nReplies identical with the drafter on and off (greedy): "
+            f"{same[0]}/{same[1]}.\n")
+
+
+def run_throughput(s: ThroughputSettings, out: str, log: Log = lambda _m: None) -> RunFile:
+    """Measure every cell, rewriting the run file after each, and return it (JSON and markdown written)."""
+    s.check()
+    on = Pair.load(s.model, s.draft, num_draft=s.num_draft, log=log)
+    off = dataclasses.replace(on, draft_spec=None, loaded={})
+    texts = prompt_texts(on.tokenizer, s.repeats * sum(s.clients))
+    run = RunFile("serve", out, {"machine": machine_info(), "settings": dataclasses.asdict(s), "cells": []})
+    concurrency = max(s.clients)
+    cells: List[Cell] = []
+    with Running(build_app(on, max_concurrency=concurrency, max_tokens=s.max_tokens)) as srv_on, \
+            Running(build_app(off, max_concurrency=concurrency, max_tokens=s.max_tokens)) as srv_off:
+        urls = {"on": srv_on.url, "off": srv_off.url}
+        for mode in MODES:  # untimed: the first forward passes of each server build MLX's kernels
+            run_cell(urls[mode], Cell(1, -1, mode, [bench_prompts.WARMUP_PROMPT]), WARMUP_TOKENS)
+        for r in range(s.repeats):
+            for c in s.clients:
+                chosen, texts = texts[:c], texts[c:]
+                order = MODES if r % 2 == 0 else MODES[::-1]
+                for mode in order:
+                    cell = run_cell(urls[mode], Cell(c, r, mode, chosen), s.max_tokens)
+                    cells.append(cell)
+                    log(f"repeat {r + 1}/{s.repeats}, {c} client(s), drafter {mode}: {cell.tokens} tokens in "
+                        f"{cell.wall_s:.1f} s = {cell.tokens_per_second:.2f} tokens/s")
+                    run.data["cells"] = [dataclasses.asdict(x) for x in cells]
+                    run.flush()
+    pairs = [(a, b) for a in cells for b in cells
+             if a.mode == "off" and b.mode == "on" and (a.clients, a.repeat) == (b.clients, b.repeat)]
+    run.data["identical"] = [sum(a.texts == b.texts for a, b in pairs), len(pairs)]
+    run.data["summary"] = summarize(cells, list(s.clients))
+    run.data["complete"] = True
+    run.flush()
+    run.write_markdown(markdown(run.data))
+    return run

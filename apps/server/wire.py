@@ -1,0 +1,81 @@
+"""The OpenAI wire format: completion objects, stream chunks, `usage`, and the speculative stats in the `mlx_spec` field.
+
+The extra field rides along where OpenAI clients ignore it:
+- every content chunk: `{"draft": [bool per token], "pieces": [text per token], "tokens", "rounds",
+  "spec_rounds", "drafted", "accepted"}` (the counters so far), so a page can colour each token live;
+- the chunk carrying `finish_reason`, and the non-streamed response: the whole `Stats` (`as_dict()`:
+  prompt_tokens, prompt_cached, generation_tps, proposed (= drafted), accepted, acceptance_rate,
+  mean_accepted, draft_share, acceptance_by_position, rounds, ...) plus `drafted`, `tokens_per_second`,
+  `draft_flags` (every token's flag), `finish_reason` (the engine's: stop, length, context, stop_string)
+  and `queued_s`.
+"""
+
+import time
+from typing import List
+
+from .scheduler import Delta, Done
+
+EXTRA = "mlx_spec"
+
+
+def usage(stats: dict) -> dict:
+    """OpenAI's `usage`, with the cached prompt tokens where OpenAI reports them."""
+    prompt, completion = stats.get("prompt_tokens", 0), stats.get("generation_tokens", 0)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": stats.get("prompt_cached", 0)}}
+
+
+def final_stats(stats: dict) -> dict:
+    """The extra field of the last chunk and of the response: Stats under the names the page and clients use."""
+    return dict(stats, drafted=stats.get("proposed", 0), tokens_per_second=stats.get("generation_tps", 0.0))
+
+
+def live(delta: Delta) -> dict:
+    """The extra field of a content chunk."""
+    return dict(delta.live, draft=[f for _, f in delta.pieces], pieces=[t for t, _ in delta.pieces])
+
+
+class Reply:
+    """Builds the objects of one reply: `chat` (chat.completion) or `text` (text_completion)."""
+
+    def __init__(self, id: str, model: str, chat: bool):
+        self.id, self.model, self.chat, self.created = id, model, chat, int(time.time())
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def _choice(self, text, finish_reason) -> dict:
+        if self.chat:
+            delta = {} if text is None else {"content": text}
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+
+    def _chunk(self, choices: List[dict]) -> dict:
+        return dict(self._head("chat.completion.chunk" if self.chat else "text_completion"), choices=choices)
+
+    def first(self) -> dict:
+        """The chat stream's opening chunk (the role), as OpenAI sends it."""
+        c = self._chunk([self._choice("", None)])
+        c["choices"][0]["delta"]["role"] = "assistant"
+        return c
+
+    def chunk(self, delta: Delta) -> dict:
+        return dict(self._chunk([self._choice("".join(t for t, _ in delta.pieces), None)]), **{EXTRA: live(delta)})
+
+    def last(self, done: Done) -> dict:
+        """The chunk with the finish reason and the whole stats."""
+        return dict(self._chunk([self._choice(None, done.finish_reason)]), **{EXTRA: final_stats(done.stats)})
+
+    def usage_chunk(self, done: Done) -> dict:
+        """`stream_options.include_usage`: one more chunk, no choices, the usage."""
+        return dict(self._chunk([]), usage=usage(done.stats))
+
+    def response(self, text: str, done: Done) -> dict:
+        """The non-streamed reply."""
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": done.finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": done.finish_reason}
+        head = self._head("chat.completion" if self.chat else "text_completion")
+        return dict(head, choices=[choice], usage=usage(done.stats), **{EXTRA: final_stats(done.stats)})

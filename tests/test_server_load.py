@@ -1,0 +1,139 @@
+"""The scheduler under load over loopback: 8 concurrent clients get their lone outputs, a full queue gets 429s,
+and a client that leaves mid-stream stops its generation within one round."""
+
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from mlx_spec_apps.server.app import build_app
+from mlx_spec_apps.server.main import Running
+from mlx_spec_apps.server.pair import Pair
+from mlx_spec_apps.server.pool import IDLE_EXTRA
+
+CLIENTS = 8
+PROMPTS = [f"{head} #{i}" for i, head in enumerate(["def add(a, b):", "for i in range(10):", "import numpy as np",
+                                                     "class Point:", "The quick brown fox", "def sub(a, b):",
+                                                     "x = np.zeros((3, 4))", "print(i)"])]
+
+
+class Slow:
+    """The target with a pause before each forward pass, so a generation lasts long enough to watch."""
+
+    def __init__(self, model, pause: float):
+        self._model, self._pause = model, pause
+
+    def __call__(self, *args, **kw):
+        time.sleep(self._pause)
+        return self._model(*args, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_models):
+    return Pair.load(str(tiny_models["qwen2"]), str(tiny_models["qwen2_draft"]))
+
+
+def slow_pair(pair, draft, pause=0.02):
+    """The same target, slowed, with a drafter that has no weights of its own to slow down."""
+    return Pair(pair.model_spec, draft, Slow(pair.target, pause), pair.tokenizer)
+
+
+def health(srv) -> dict:
+    return httpx.get(srv.url + "health", timeout=10).json()
+
+
+def wait_for(srv, check, timeout=30.0) -> dict:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        h = health(srv)
+        if check(h):
+            return h
+        time.sleep(0.01)
+    raise AssertionError(f"/health never satisfied the check: {h}")
+
+
+def ask(url, prompt, stream, max_tokens=24):
+    """One client's request, greedy; its text."""
+    client = openai.OpenAI(base_url=url + "v1", api_key="unused", max_retries=0, timeout=60)
+    msgs = [{"role": "user", "content": prompt}]
+    r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=max_tokens, temperature=0, stream=stream)
+    if stream:
+        return "".join(c.choices[0].delta.content or "" for c in r if c.choices)
+    return r.choices[0].message.content
+
+
+def test_eight_concurrent_clients_each_get_their_lone_output(pair):
+    with Running(build_app(pair, max_concurrency=4, max_tokens=24)) as srv:
+        alone = [ask(srv.url, p, stream=False) for p in PROMPTS]
+        results, errors = {}, []
+
+        def client(i):
+            try:
+                results[i] = ask(srv.url, PROMPTS[i], stream=i % 2 == 0)
+            except Exception as e:  # noqa: BLE001  (reported below, with the others)
+                errors.append((i, repr(e)))
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
+        start = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=max(1.0, 90 - (time.monotonic() - start)))
+        assert not errors and sorted(results) == list(range(CLIENTS))
+        assert [results[i] for i in range(CLIENTS)] == alone
+        h = wait_for(srv, lambda h: h["active"] == 0)
+        assert h["status"] == "ok" and h["queued"] == 0 and h["failed"] == 0 and h["rejected"] == 0
+        assert h["completed"] == 2 * CLIENTS
+        assert 1 < h["sessions"]["total"] <= 4 + IDLE_EXTRA  # they ran side by side, each with its own session
+        assert ask(srv.url, PROMPTS[0], stream=True) == alone[0]  # still healthy afterwards
+
+
+def test_a_full_queue_answers_429_and_the_running_requests_finish(pair):
+    with Running(build_app(slow_pair(pair, None), max_concurrency=1, max_queue=1, max_tokens=40)) as srv:
+        done = {}
+        first = threading.Thread(target=lambda: done.update(a=ask(srv.url, PROMPTS[0], False, 40)))
+        first.start()
+        wait_for(srv, lambda h: h["active"] == 1)
+        second = threading.Thread(target=lambda: done.update(b=ask(srv.url, PROMPTS[1], False, 5)))
+        second.start()
+        wait_for(srv, lambda h: h["queued"] == 1)
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+        r = httpx.post(srv.url + "v1/chat/completions", json=body, timeout=30)
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        err = r.json()["error"]
+        assert err["code"] == "queue_full" and "busy" in err["message"] and set(err) == {"message", "type", "param", "code"}
+        first.join(60)
+        second.join(60)
+        assert set(done) == {"a", "b"}
+        h = health(srv)
+        assert (h["completed"], h["rejected"], h["active"], h["queued"]) == (2, 1, 0, 0)
+
+
+def test_a_client_that_disconnects_stops_its_generation_within_one_round_and_frees_its_caches(pair):
+    with Running(build_app(slow_pair(pair, "ngram"), max_concurrency=2, max_tokens=400)) as srv:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[2]}], "stream": True,
+                "max_tokens": 400}
+        with httpx.Client(timeout=30) as http:
+            with http.stream("POST", srv.url + "v1/chat/completions", json=body) as r:
+                lines = r.iter_lines()
+                first = next(line for line in lines if line.startswith("data:"))
+                job_id = json.loads(first[5:])["id"]
+                got = sum(1 for _, line in zip(range(6), (x for x in lines if x.startswith("data:"))))
+                assert got == 6
+        # The connection is closed now; the scheduler closes the job at its next turn.
+        h = wait_for(srv, lambda h: any(q["id"] == job_id and q["state"] == "cancelled" for q in h["requests"]))
+        job = next(q for q in h["requests"] if q["id"] == job_id)
+        assert job["rounds_after_cancel"] <= 1
+        assert job["tokens"] < 100  # of 400 asked for
+        assert h["cancelled"] == 1 and h["active"] == 0
+        time.sleep(0.3)
+        later = health(srv)
+        assert next(q for q in later["requests"] if q["id"] == job_id)["rounds"] == job["rounds"]
+        assert later["rounds"] == h["rounds"]  # nothing runs any more
+        assert later["sessions"] == {"total": 0, "idle": 0}  # its session and caches were freed

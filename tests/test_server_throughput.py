@@ -1,0 +1,39 @@
+"""`mlx-spec bench serve`: concurrent clients against two real servers (drafter on and off), ratios from one run."""
+
+import json
+import subprocess
+import sys
+
+from conftest import long_context
+
+from mlx_spec_apps.server.throughput import ThroughputSettings, run_throughput
+
+
+def test_served_throughput_reports_every_cell_and_identical_replies(tiny_models, tmp_path):
+    target = long_context(tiny_models["qwen2"], tmp_path / "target")
+    s = ThroughputSettings(model=str(target), draft="ngram", clients=[1, 2], max_tokens=8, repeats=2)
+    run = run_throughput(s, str(tmp_path / "runs"))
+    data = json.loads(run.json_path.read_text())
+    assert data["complete"] and len(data["cells"]) == 2 * 2 * 2  # repeats x client counts x on/off
+    prompts = [tuple(c["prompts"]) for c in data["cells"] if c["mode"] == "on"]
+    assert len(set(prompts)) == len(prompts)  # fresh prompts in every cell: no cache reuse flatters a mode
+    for c in data["cells"]:
+        assert len(c["texts"]) == len(c["latencies_s"]) == c["clients"] and c["wall_s"] > 0
+        assert 0 < c["tokens"] <= 8 * c["clients"]
+    assert data["identical"] == [4, 4]  # lossless under concurrency: greedy replies match plain decoding
+    rows = {(r["clients"], r["mode"]): r for r in data["summary"]}
+    assert set(rows) == {(1, "off"), (1, "on"), (2, "off"), (2, "on")}
+    on = [c for c in data["cells"] if c["mode"] == "on" and c["clients"] == 2]
+    off = [c for c in data["cells"] if c["mode"] == "off" and c["clients"] == 2]
+    ratios = sorted(a["tokens"] / a["wall_s"] / (b["tokens"] / b["wall_s"]) for a, b in zip(on, off))
+    assert rows[(2, "on")]["vs_off_range"] == ratios
+    assert rows[(1, "off")]["vs_first_clients"] == 1.0
+    assert "| Clients | Drafter |" in run.md_path.read_text()
+
+
+def test_bench_serve_refuses_a_run_without_a_drafter_in_one_line(tiny_models):
+    cmd = [sys.executable, "-m", "mlx_spec.cli", "bench", "serve", "--model", str(tiny_models["qwen2"]),
+           "--draft", "none"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1] == "error: --draft must name a drafter: the run compares it against none"
