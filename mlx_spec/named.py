@@ -4,6 +4,7 @@ Names (recipes, hub ids, .gguf files) are resolved through the making layer, whi
 and convert; the folders are loaded and the drafters built through the generating layer.
 """
 
+from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
 from .gen import registry
@@ -39,6 +40,16 @@ def make_drafter(spec: Optional[str], target, tokenizer, *, num_draft: Optional[
         return load_model(name, log)[:2]
 
     return registry.build(spec, target, tokenizer, load=load, num_draft=num_draft, min_confidence=min_confidence)
+
+
+def short_name(spec: Optional[str]) -> str:
+    """A model or drafter spec for a table or a title: folders and files by their last part
+    ('hybrid:/x/y' -> 'hybrid:y'), 'none' for no drafter."""
+    s = registry.parse(spec)
+    if s.kind == "model":
+        p = Path(s.arg).expanduser()
+        return p.name if p.exists() else s.arg
+    return f"{s.kind}:{short_name(s.arg)}" if s.arg and s.kind == "hybrid" else str(s)
 
 
 def draft_model_spec(draft: Optional[str]) -> Optional[str]:

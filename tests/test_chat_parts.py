@@ -61,13 +61,13 @@ def test_quantization_and_names():
     assert pair.quantization(Tiny(True)) == "int4"
     assert pair.quantization(Tiny(False)) == "float32"
     assert pair.quantization(None) == "N/A"
-    assert pair.short_name("none") == "N/A"
-    assert pair.short_name("hybrid:qwen2.5-coder-0.5b") == "hybrid:qwen2.5-coder-0.5b"
+    assert pair.table_name("none") == "N/A"
+    assert pair.table_name("hybrid:qwen2.5-coder-0.5b") == "hybrid:qwen2.5-coder-0.5b"
 
 
 def test_short_name_of_folders(tiny_models):
-    assert pair.short_name(str(tiny_models["qwen2_draft"])) == "qwen2_draft"
-    assert pair.short_name(f"hybrid:{tiny_models['qwen2_draft']}") == "hybrid:qwen2_draft"
+    assert pair.table_name(str(tiny_models["qwen2_draft"])) == "qwen2_draft"
+    assert pair.table_name(f"hybrid:{tiny_models['qwen2_draft']}") == "hybrid:qwen2_draft"
 
 
 def test_pair_that_works_names_the_qwen_pair_once_it_is_on_disk(tmp_path):

@@ -174,10 +174,10 @@ class Chat:
 
     def rows(self, plain_tps: float) -> tuple:
         """(plain row, speculative row) of the /compare table for the last reply."""
-        name = f"{pair.short_name(self.model_name)} {pair.quantization(self.session.model)}"
+        name = f"{pair.table_name(self.model_name)} {pair.quantization(self.session.model)}"
         last = self.last
         return (Row(name, "N/A", "N/A", plain_tps),
-                Row(name, pair.short_name(last.draft), last.draft_quantization, last.stats.generation_tps))
+                Row(name, pair.table_name(last.draft), last.draft_quantization, last.stats.generation_tps))
 
     # ------------------------------------------------------------------ /save
 

@@ -12,7 +12,8 @@ from mlx_spec.gen.drafters.hybrid import HybridDrafter
 from mlx_spec.gen.drafters.model import ModelDrafter
 from mlx_spec.make import recipes
 from mlx_spec.make.resolve import is_cached
-from mlx_spec.named import DEFAULT_DRAFT, DEFAULT_MODEL, Log, draft_model_spec, load_model, load_pair, make_drafter
+from mlx_spec.named import (DEFAULT_DRAFT, DEFAULT_MODEL, Log, draft_model_spec, load_model, load_pair, make_drafter,
+                            short_name)
 
 # The pair the README is built around: both halves install from PyPI chunk packages, no hub needed.
 LOCAL_PAIR = (DEFAULT_MODEL, draft_model_spec(DEFAULT_DRAFT))
@@ -63,15 +64,9 @@ class DraftLoader:
                             min_confidence=self.min_confidence, loaded=self.loaded, log=self.log)
 
 
-def short_name(spec: Optional[str]) -> str:
-    """A model or drafter spec for a table: folders and files by their last part ('hybrid:/x/y' -> 'hybrid:y')."""
-    s = registry.parse(spec)
-    if s.kind == "none":
-        return "N/A"
-    if s.kind == "model":
-        p = Path(s.arg).expanduser()
-        return p.name if p.exists() else s.arg
-    return f"{s.kind}:{short_name(s.arg)}" if s.arg else s.kind
+def table_name(spec: Optional[str]) -> str:
+    """A spec for the /compare table: short, and 'N/A' for no drafter (the M3 Max tables' word)."""
+    return "N/A" if registry.parse(spec).kind == "none" else short_name(spec)
 
 
 def draft_model(drafter, target):

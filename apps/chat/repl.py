@@ -8,7 +8,7 @@ import mlx.core as mx
 from mlx_spec.errors import MlxSpecError
 from mlx_spec.gen.sampling import validate
 from mlx_spec.gen.session import Session
-from mlx_spec.named import Log
+from mlx_spec.named import Log, short_name
 
 from . import commands, pair, report
 from .conversation import Chat, Settings
@@ -62,7 +62,7 @@ def run(*, model: str, draft: str, system: Optional[str] = None, num_draft: Opti
     chat = Chat(session, model, draft if drafter is not None else "none", settings, loader, system=system)
     read = line_reader()
     k = f", K {session.policy.k_max}" if chat.drafting else ""
-    _echo(f"chat with {pair.short_name(model)}, drafter {chat.draft_name}{k}. "
+    _echo(f"chat with {short_name(model)}, drafter {chat.draft_name}{k}. "
           "/help lists commands; Ctrl-C stops a reply, Ctrl-D exits.")
     while True:
         try:

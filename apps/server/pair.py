@@ -1,26 +1,16 @@
 """The served model pair: the target and draft weights loaded once, a new drafter per session, prompts to ids."""
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from mlx_spec.gen import registry
 from mlx_spec.gen.engine import context_limit
 from mlx_spec.gen.session import Session
-from mlx_spec.named import Log, draft_model_spec, load_model, make_drafter
+from mlx_spec.named import Log, draft_model_spec, load_model, make_drafter, short_name
 
 
 def _quiet(_msg: str) -> None:
     pass
-
-
-def short_name(spec: Optional[str]) -> str:
-    """A model or drafter spec with folders and files by their last part ('hybrid:/x/y' -> 'hybrid:y')."""
-    s = registry.parse(spec)
-    if s.kind == "model":
-        p = Path(s.arg).expanduser()
-        return p.name if p.exists() else s.arg
-    return f"{s.kind}:{short_name(s.arg)}" if s.arg and s.kind == "hybrid" else str(s)
 
 
 @dataclass
