@@ -157,6 +157,14 @@ class Scheduler:
             self._thread.join()
 
     def _run(self) -> None:
+        try:
+            self._serve_jobs()
+        finally:
+            # MLX 0.32 leaves the streams a thread made to that thread: without this, their worker threads
+            # are still joinable when the process exits and C++ aborts it ("terminate called ...").
+            mx.clear_streams()
+
+    def _serve_jobs(self) -> None:
         while True:
             with self._cv:
                 while not self._stopping and not self._active and not self._waiting:
