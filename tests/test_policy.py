@@ -42,6 +42,33 @@ def test_drafting_switches_off_when_it_does_not_pay_and_probes_back():
     assert p.choose({"self": 1 << 30}, 1000)[1] > 0
 
 
+def _probe_gaps(p, accept_probes, n=120):
+    """Plain steps between the probe rounds of a source that is off, each probe accepted or rejected."""
+    gaps, since = [], 0
+    for _ in range(n):
+        src, k = p.choose({"model": 1 << 30}, 1000)
+        if k:
+            gaps.append(since)
+            since = 0
+            p.update(src, k, k if accept_probes else 0, STEP * 1.05, STEP * 0.5 * k)
+        else:
+            since += 1
+            p.update("", 0, 0, STEP, 0.0)
+    return gaps
+
+
+def test_probes_back_off_while_rejected_and_come_back_soon_once_accepted():
+    """A rejected probe doubles the wait; an accepted one starts it over (an early estimate may be stale)."""
+    p = Policy(6)
+    feed(p, "model", 4, 0, STEP * 0.5)
+    rejected = _probe_gaps(p, accept_probes=False)
+    assert rejected[:3] == [PROBE_EVERY - 1, 2 * PROBE_EVERY - 1, 4 * PROBE_EVERY - 1]
+    p = Policy(6)
+    feed(p, "model", 4, 0, STEP * 0.5)
+    accepted = _probe_gaps(p, accept_probes=True)
+    assert len(accepted) > len(rejected) + 3 and max(accepted) <= 2 * PROBE_EVERY
+
+
 def test_the_policy_picks_the_source_that_pays_more():
     p = Policy(7)
     feed(p, "ngram", 7, 1, 0.0001)  # free but mostly wrong

@@ -6,8 +6,10 @@ both measured online. Each round the policy takes, over every source the drafter
 k up to what that source can draft, the pair with the highest E(k) / cost(k); k = 0 is plain
 decoding, so speculation switches itself off wherever it would make the user slower. A source
 passed over (for plain decoding or for another source) gets a short probe round now and then, at
-doubling intervals, so a stale estimate is corrected and drafting switches back on when it pays. Acceptance and draft cost are kept per source (a hybrid's free
-n-gram drafts and its costly model drafts differ); the verify cost belongs to the target.
+intervals that double while its probes are rejected and start over when one is accepted, so a stale
+estimate is corrected and drafting switches back on when it pays. Acceptance and draft cost are
+kept per source (a hybrid's free n-gram drafts and its costly model drafts differ); the verify
+cost belongs to the target.
 A source never measured gets a short probe round first, so an expensive drafter shows its cost
 before it is trusted with a long draft.
 
@@ -92,6 +94,7 @@ class Policy:
     verify: Dict[int, float] = field(default_factory=dict)  # seconds per verify of k drafts (EMA)
     sources: Dict[str, SourceStats] = field(default_factory=dict)
     rounds: int = 0  # target passes recorded, plain or speculative
+    _probing: Optional[str] = field(default=None, repr=False)  # the source of the probe round in flight
 
     def stats(self, source: str) -> SourceStats:
         return self.sources.setdefault(source, SourceStats())
@@ -166,7 +169,8 @@ class Policy:
             s = self.stats(src)
             if src != best[0] and s.off_steps >= s.probe_every:
                 s.off_steps = 0
-                s.probe_every = min(s.probe_every * 2, PROBE_MAX)  # rarer and rarer until it is chosen on merit
+                s.probe_every = min(s.probe_every * 2, PROBE_MAX)  # rarer and rarer until it is chosen on merit...
+                self._probing = src
                 return src, min(PROBE_K, cap)
         return best
 
@@ -177,10 +181,16 @@ class Policy:
         self.rounds += 1
         old = self.verify.get(proposed)
         self.verify[proposed] = verify_s if old is None else (1 - EMA) * old + EMA * verify_s
+        probe, self._probing = self._probing == source, None
         if proposed == 0:
             return
         s = self.stats(source)
         s.observe(proposed, accepted)
+        if probe and accepted == proposed:
+            # ... unless the probe is accepted: the estimate that switched the source off may be stale (a few
+            # early rejections), so check again soon. Without this a draft model rejected in its first rounds
+            # stayed off for a whole reply (an edit prompt at 0.96x of plain, where it had drafted 1.15x).
+            s.probe_every = PROBE_EVERY
         per_tok = max(draft_s - catch_up_s, 0.0) / proposed
         first = s.draft_per_token is None
         s.draft_per_token = per_tok if first else (1 - EMA) * s.draft_per_token + EMA * per_tok
