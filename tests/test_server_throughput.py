@@ -37,3 +37,18 @@ def test_bench_serve_refuses_a_run_without_a_drafter_in_one_line(tiny_models):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1] == "error: --draft must name a drafter: the run compares it against none"
+
+
+def test_every_client_count_sends_the_same_mix_of_prompt_kinds(tiny_models):
+    """Over 3 repeats, 1, 2 and 4 clients send HumanEval, edit and prose prompts in equal shares, all distinct."""
+    from mlx_lm import load
+
+    from mlx_spec_apps.server.throughput import KINDS, plan_prompts
+
+    _model, tokenizer = load(str(tiny_models["qwen2"]))
+    plan = plan_prompts(tokenizer, [1, 2, 4], 3)
+    for c in (1, 2, 4):
+        kinds = [p.set for r in range(3) for p in plan[(c, r)]]
+        assert len(kinds) == 3 * c and all(kinds.count(k) == c for k in KINDS)
+    ids = [p.id for cell in plan.values() for p in cell]
+    assert len(ids) == len(set(ids)) == 21

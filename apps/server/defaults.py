@@ -7,4 +7,4 @@ DEFAULT_MAX_CONCURRENCY = 4  # requests generating at once; each holds its own c
 # `mlx-spec bench serve` (throughput.py)
 DEFAULT_CLIENTS = (1, 2, 4)  # concurrent clients per cell
 SERVE_MAX_TOKENS = 64  # per request: long enough for speculation to settle, short enough for 4 clients on a CPU
-SERVE_REPEATS = 2
+SERVE_REPEATS = 3  # a multiple of 3: every client count gets as many HumanEval, edit and prose prompts

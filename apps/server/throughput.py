@@ -12,9 +12,10 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from mlx_spec.bench import prompts as bench_prompts
+from mlx_spec.bench.prompts import Prompt
 from mlx_spec.bench.common import RunFile, machine_info, machine_line, md_table
 from mlx_spec.errors import MlxSpecError
 from mlx_spec.named import DEFAULT_DRAFT, DEFAULT_MODEL, Log
@@ -54,6 +55,7 @@ class Cell:
     repeat: int
     mode: str
     prompts: List[str]
+    kinds: List[str] = field(default_factory=list)  # each prompt's set: humaneval, edit or prose
     wall_s: float = 0.0
     tokens: int = 0
     texts: List[str] = field(default_factory=list)
@@ -110,13 +112,24 @@ def run_cell(url: str, cell: Cell, max_tokens: int) -> Cell:
     return cell
 
 
-def prompt_texts(tokenizer, needed: int) -> List[str]:
-    """`needed` distinct prompts, HumanEval tasks, code edits and prose questions in turn."""
-    each = -(-needed // 3) + 1
-    found = bench_prompts.build(tokenizer, each, each, n_prose=min(each, len(bench_prompts.PROSE_QUESTIONS)))
-    if len(found) < needed:
-        raise MlxSpecError(f"only {len(found)} distinct prompts for the {needed} requests of this run")
-    return [p.text for p in found[:needed]]
+KINDS = ("humaneval", "edit", "prose")
+
+
+def plan_prompts(tokenizer, clients: Sequence[int], repeats: int) -> Dict[Tuple[int, int], List[Prompt]]:
+    """Fresh prompts for every (client count, repeat) cell, the kinds in turn within each client count.
+
+    Client i of repeat r with c clients gets kind (r * c + i) mod 3, so over 3 repeats (or any multiple)
+    every client count sends the same number of HumanEval, edit and prose prompts, and its throughput
+    can be set against the others' without a different prompt mix deciding the comparison.
+    """
+    kinds = {(c, r): [KINDS[(r * c + i) % len(KINDS)] for i in range(c)] for c in clients for r in range(repeats)}
+    need = {k: sum(ks.count(k) for ks in kinds.values()) for k in KINDS}
+    if need["prose"] > len(bench_prompts.PROSE_QUESTIONS):
+        raise MlxSpecError(f"this run needs {need['prose']} prose prompts and there are "
+                           f"{len(bench_prompts.PROSE_QUESTIONS)}: use fewer --repeats or --clients")
+    found = bench_prompts.build(tokenizer, need["humaneval"], need["edit"], n_prose=need["prose"])
+    pool = {k: [p for p in found if p.set == k] for k in KINDS}
+    return {cell: [pool[k].pop(0) for k in ks] for cell, ks in kinds.items()}
 
 
 def summarize(cells: List[Cell], clients: Sequence[int]) -> List[dict]:
@@ -141,6 +154,7 @@ def summarize(cells: List[Cell], clients: Sequence[int]) -> List[dict]:
                 "acceptance": (sum(x.accepted for x in mine) / sum(x.drafted for x in mine)
                                if sum(x.drafted for x in mine) else None),
                 "latency_s": statistics.median(lat for x in mine for lat in x.latencies_s),
+                "kinds": {k: sum(x.kinds.count(k) for x in mine) for k in KINDS},
             })
     return rows
 
@@ -151,15 +165,19 @@ def markdown(data: dict) -> str:
             f"{machine_line(data['machine'])}\n\n"
             f"`{' '.join(data['command'])}`\n\n"
             f"{s['repeats']} repeat(s) per client count, {s['max_tokens']} max tokens per request, greedy; "
-            f"each cell sends fresh prompts (HumanEval, code edits, prose in turn) to both servers.\n\n")
+            f"each cell sends the same fresh prompts to both servers; Prompts H/E/P counts the HumanEval, "
+            f"code-edit and prose prompts of a row (with a multiple of 3 repeats every client count gets the same "
+            f"mix; otherwise compare rows only through their drafter on / off ratios).\n\n")
     rows = [[r["clients"], r["mode"], r["cells"], r["tokens"], r["tokens_per_second"],
              f"{r['min']:.2f}–{r['max']:.2f}",
              f"{r['vs_off']:.2f}× ({r['vs_off_range'][0]:.2f}–{r['vs_off_range'][1]:.2f})" if r["mode"] == "on" else "1.00×",
              f"{r['vs_first_clients']:.2f}×" if r["vs_first_clients"] else "",
-             f"{100 * r['acceptance']:.1f}%" if r["acceptance"] is not None else "", f"{r['latency_s']:.1f}"]
+             f"{100 * r['acceptance']:.1f}%" if r["acceptance"] is not None else "", f"{r['latency_s']:.1f}",
+             "/".join(str(r["kinds"][k]) for k in KINDS)]
             for r in data["summary"]]
     table = md_table(["Clients", "Drafter", "Cells", "Tokens", "Tokens/s (median)", "Spread",
-                      "Drafter on / off", f"vs {s['clients'][0]} client(s)", "Acceptance", "Latency s (median)"],
+                      "Drafter on / off", f"vs {s['clients'][0]} client(s)", "Acceptance", "Latency s (median)",
+                      "Prompts H/E/P"],
                      rows)
     same = data["identical"]
     return (head + table + f"\n\nReplies identical with the drafter on and off (greedy): "
@@ -171,7 +189,7 @@ def run_throughput(s: ThroughputSettings, out: str, log: Log = lambda _m: None) 
     s.check()
     on = Pair.load(s.model, s.draft, num_draft=s.num_draft, log=log)
     off = dataclasses.replace(on, draft_spec=None, loaded={})
-    texts = prompt_texts(on.tokenizer, s.repeats * sum(s.clients))
+    plan = plan_prompts(on.tokenizer, s.clients, s.repeats)
     run = RunFile("serve", out, {"machine": machine_info(), "settings": dataclasses.asdict(s), "cells": []})
     concurrency = max(s.clients)
     cells: List[Cell] = []
@@ -182,10 +200,11 @@ def run_throughput(s: ThroughputSettings, out: str, log: Log = lambda _m: None) 
             run_cell(urls[mode], Cell(1, -1, mode, [bench_prompts.WARMUP_PROMPT]), WARMUP_TOKENS)
         for r in range(s.repeats):
             for c in s.clients:
-                chosen, texts = texts[:c], texts[c:]
+                chosen = plan[(c, r)]
                 order = MODES if r % 2 == 0 else MODES[::-1]
                 for mode in order:
-                    cell = run_cell(urls[mode], Cell(c, r, mode, chosen), s.max_tokens)
+                    cell = run_cell(urls[mode], Cell(c, r, mode, [p.text for p in chosen], [p.set for p in chosen]),
+                                    s.max_tokens)
                     cells.append(cell)
                     log(f"repeat {r + 1}/{s.repeats}, {c} client(s), drafter {mode}: {cell.tokens} tokens in "
                         f"{cell.wall_s:.1f} s = {cell.tokens_per_second:.2f} tokens/s")
