@@ -7,7 +7,12 @@ and convert; the folders are loaded and the drafters built through the generatin
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
 from .gen import registry
+from .gen.drafters.hybrid import HybridDrafter
+from .gen.drafters.model import ModelDrafter
 from .gen.load import load_folder
 from .make.resolve import resolve
 
@@ -75,3 +80,28 @@ def load_pair(model: str, draft: Optional[str], *, num_draft: Optional[int] = No
     drafter = make_drafter(draft, target, tokenizer, num_draft=num_draft, min_confidence=min_confidence,
                            loaded=loaded, log=log)
     return target, tokenizer, drafter
+
+
+def table_name(spec: Optional[str]) -> str:
+    """A spec for an M3 Max table (/compare, bench suites): short, and 'N/A' for no drafter (the M3 Max tables' word)."""
+    return "N/A" if registry.parse(spec).kind == "none" else short_name(spec)
+
+
+def draft_model(drafter, target):
+    """The network a drafter runs (the target itself for self-drafting), or None for n-gram drafting."""
+    if isinstance(drafter, HybridDrafter):
+        return draft_model(drafter.fallback, target)
+    if isinstance(drafter, ModelDrafter):  # includes SelfDrafter, whose model is the target's own layers
+        return drafter.model
+    return None
+
+
+def quantization(model) -> str:
+    """'int4' etc. from the quantized layers mlx-lm built from the config's `quantization`, else the weights' dtype."""
+    if model is None:
+        return "N/A"
+    bits = sorted({m.bits for _, m in model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))})
+    if bits:
+        return "/".join(f"int{b}" for b in bits)
+    weights = tree_flatten(model.parameters())
+    return str(weights[0][1].dtype).rpartition(".")[2] if weights else "N/A"

@@ -1,6 +1,5 @@
 """`mlx-spec chat` as a person uses it: the real command in a tmux terminal, typed at and read off the screen."""
 
-import json
 import os
 import re
 import shlex

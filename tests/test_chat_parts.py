@@ -7,6 +7,7 @@ import pytest
 
 from mlx_spec.gen.engine import Stats
 from mlx_spec.gen.session import Session
+from mlx_spec import named
 from mlx_spec.named import load_pair
 from mlx_spec_apps.chat import commands, pair, report
 from mlx_spec_apps.chat.conversation import Chat, Settings
@@ -58,16 +59,16 @@ def test_quantization_and_names():
             super().__init__()
             self.proj = nn.QuantizedLinear(64, 64, bits=4, group_size=32) if q else nn.Linear(64, 64)
 
-    assert pair.quantization(Tiny(True)) == "int4"
-    assert pair.quantization(Tiny(False)) == "float32"
-    assert pair.quantization(None) == "N/A"
-    assert pair.table_name("none") == "N/A"
-    assert pair.table_name("hybrid:qwen2.5-coder-0.5b") == "hybrid:qwen2.5-coder-0.5b"
+    assert named.quantization(Tiny(True)) == "int4"
+    assert named.quantization(Tiny(False)) == "float32"
+    assert named.quantization(None) == "N/A"
+    assert named.table_name("none") == "N/A"
+    assert named.table_name("hybrid:qwen2.5-coder-0.5b") == "hybrid:qwen2.5-coder-0.5b"
 
 
 def test_short_name_of_folders(tiny_models):
-    assert pair.table_name(str(tiny_models["qwen2_draft"])) == "qwen2_draft"
-    assert pair.table_name(f"hybrid:{tiny_models['qwen2_draft']}") == "hybrid:qwen2_draft"
+    assert named.table_name(str(tiny_models["qwen2_draft"])) == "qwen2_draft"
+    assert named.table_name(f"hybrid:{tiny_models['qwen2_draft']}") == "hybrid:qwen2_draft"
 
 
 def test_pair_that_works_names_the_qwen_pair_once_it_is_on_disk(tmp_path):

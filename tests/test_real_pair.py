@@ -6,7 +6,6 @@ MLX_SPEC_REAL=1 is set; it then fetches/converts the recipes into the real cache
 
 import importlib.util
 import os
-from pathlib import Path
 
 import pytest
 

@@ -1,6 +1,5 @@
 """Drafter specs: parsing, defaults defined once, clear errors, and a self drafter that never changes the shared target."""
 
-import mlx.core as mx
 import pytest
 
 from mlx_spec.errors import GenerationError

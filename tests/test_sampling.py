@@ -1,6 +1,5 @@
 """Speculative sampling keeps the target's distribution: a chi-square test that a broken rule fails."""
 
-import itertools
 import math
 
 import mlx.core as mx
@@ -8,7 +7,7 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models import qwen2
 from mlx_lm.sample_utils import make_sampler
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_map
 
 from mlx_spec.gen import verify
 from mlx_spec.gen.drafters.base import Draft, Drafter

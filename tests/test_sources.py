@@ -123,7 +123,7 @@ def test_recipe_built_from_a_base_recipe(tiny_models, tmp_path, monkeypatch):
 
     rdir = tmp_path / "recipes"
     rdir.mkdir()
-    (rdir / "tiny.toml").write_text(f'description = "t"\nhf_repo = "x/y"\n')
+    (rdir / "tiny.toml").write_text('description = "t"\nhf_repo = "x/y"\n')
     (rdir / "tiny-int8.toml").write_text('base = "tiny"\n[convert]\nquantize = 8\ngroup_size = 32\n')
     monkeypatch.setenv("MLX_SPEC_RECIPES", str(rdir))
     monkeypatch.setattr(sources, "fetch_hf", lambda repo, log=None: tiny_models["qwen2"])

@@ -10,6 +10,7 @@ from mlx_spec.gen.engine import Stats
 from mlx_spec.gen.policy import PRIOR_VERIFY_SLOPE
 from mlx_spec.gen.session import Session
 from mlx_spec.gen.stream import Event
+from mlx_spec import named
 from mlx_spec.make.paths import atomic_file
 
 from . import pair
@@ -71,7 +72,7 @@ class Chat:
     seen: Seen = field(default_factory=Seen)
 
     def __post_init__(self):
-        self.draft_quantization = pair.quantization(pair.draft_model(self.session.drafter, self.session.model))
+        self.draft_quantization = named.quantization(named.draft_model(self.session.drafter, self.session.model))
         self.reset()
 
     # ------------------------------------------------------------------ conversation
@@ -139,7 +140,7 @@ class Chat:
             self.parked = (self.session.drafter, self.draft_name)
         self.session.set_drafter(drafter, self.settings.num_draft)
         self.draft_name = spec if drafter is not None else "none"
-        self.draft_quantization = pair.quantization(pair.draft_model(drafter, self.session.model))
+        self.draft_quantization = named.quantization(named.draft_model(drafter, self.session.model))
 
     def set_draft(self, spec: str) -> None:
         """Switch to the drafter `spec` ('none' for plain decoding), keeping the conversation."""
@@ -174,10 +175,10 @@ class Chat:
 
     def rows(self, plain_tps: float) -> tuple:
         """(plain row, speculative row) of the /compare table for the last reply."""
-        name = f"{pair.table_name(self.model_name)} {pair.quantization(self.session.model)}"
+        name = f"{named.table_name(self.model_name)} {named.quantization(self.session.model)}"
         last = self.last
         return (Row(name, "N/A", "N/A", plain_tps),
-                Row(name, pair.table_name(last.draft), last.draft_quantization, last.stats.generation_tps))
+                Row(name, named.table_name(last.draft), last.draft_quantization, last.stats.generation_tps))
 
     # ------------------------------------------------------------------ /save
 

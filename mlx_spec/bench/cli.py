@@ -92,6 +92,42 @@ def spec(
     _log(f"wrote {run.json_path} and {run.md_path}")
 
 
+@app.command("list")
+def list_():
+    """The built-in suites; copy one (the folder is printed), edit it and run it by path."""
+    from . import runner, suite
+
+    rows = runner.listing()
+    width = max(len(n) for n, _, _ in rows)
+    for name, kind, description in rows:
+        typer.echo(f"{name:<{width}}  {kind:<8}  {description}")
+    typer.echo(f"\n(suite files: {suite.SUITES_DIR}; run one with `mlx-spec bench run NAME|FILE.toml`)")
+
+
+@app.command()
+def run(
+    suite: str = typer.Argument(..., help="A built-in suite (`bench list`) or a suite .toml file"),
+    out: str = typer.Option(DEFAULT_OUT, help="Folder for the run's JSON and markdown"),
+    resume: Optional[str] = typer.Option(None, help="Continue this result file (same suite): finished "
+                                         "measurements are kept, the rest are run"),
+):
+    """Run a benchmark suite: one result JSON (versioned schema) and its markdown table, written as it goes."""
+    from . import runner
+
+    result = runner.run_suite(suite, out, resume=resume, log=_log)
+    typer.echo(result.md_path.read_text())
+    _log(f"wrote {result.path} and {result.md_path}")
+
+
+@app.command()
+def compare(a: str = typer.Argument(..., help="Result JSON of the first run (A)"),
+            b: str = typer.Argument(..., help="Result JSON of the second run (B)")):
+    """The change per row between two suite runs (before/after a change, or two machines)."""
+    from .compare import compare as _compare
+
+    typer.echo(_compare(a, b))
+
+
 @app.command("ngram-cost")
 def ngram_cost():
     """The N-gram drafter's cost per proposal on 1k-128k token contexts, against a decode step."""

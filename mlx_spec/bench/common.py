@@ -31,6 +31,8 @@ def machine_info() -> dict:
     except (OSError, subprocess.SubprocessError):
         rev = None
     return {
+        "cpu": cpu_name(),
+        "memory_gb": memory_gb(),
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
         "machine": platform.machine(),
@@ -45,6 +47,43 @@ def machine_info() -> dict:
         "git_rev": rev,
         "loadavg_start": os.getloadavg(),  # other work on the machine skews every timing
     }
+
+
+def cpu_name() -> str:
+    """The chip or CPU model: 'Apple M3 Max' on a Mac, the /proc/cpuinfo model name on Linux."""
+    if sys.platform == "darwin":
+        try:
+            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                  timeout=10).stdout.strip() or platform.processor()
+        except (OSError, subprocess.SubprocessError):
+            return platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def memory_gb() -> Optional[float]:
+    """Physical memory in GB (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def folder_sha256(folder) -> str:
+    """One sha256 over a model folder's weight files, in name order: which weights were measured."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 24), b""):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------- timing a token stream
@@ -262,7 +301,9 @@ def md_table(header: Sequence[str], rows: Iterable[Sequence]) -> str:
 
 def machine_line(m: dict) -> str:
     """One line of machine facts for the top of a markdown report."""
-    return (f"{m['cpu_count']} CPUs ({m['machine']}), BLAS {m['blas_status']}"
+    return (f"{m.get('cpu') or m['machine']}, {m['cpu_count']} CPUs ({m['machine']}), "
+            + (f"{m['memory_gb']:.0f} GB memory, " if m.get("memory_gb") else "")
+            + f"BLAS {m['blas_status']}"
             f"{' ' + m['blas_path'] if m.get('blas_path') else ''}, MLX {m['mlx']} ({m['mlx_device']}), "
             f"mlx-lm {m['mlx_lm']}, mlx-spec {m['mlx_spec']} @ {m['git_rev']}; load average at start "
             f"{m['loadavg_start'][0]:.2f}, at the last write {m.get('loadavg_end', [float('nan')])[0]:.2f}")

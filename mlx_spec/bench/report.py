@@ -5,6 +5,21 @@ from typing import Dict, List, Optional, Sequence
 from .common import WITHIN, machine_line, md_table
 
 SETS = ("humaneval", "edit", "prose", "all")
+M3MAX_COLUMNS = ("Target", "Draft", "Quantization", "Token/s", "Relative Improvement")  # the M3 Max tables' layout
+
+
+def improvement(tps: float, base_tps: float) -> str:
+    """The tables' "Relative Improvement" of a row over the target alone: +54.08%; the baseline row is 0%."""
+    return f"{100 * (tps / base_tps - 1):+.2f}%" if base_tps and tps != base_tps else "0%"
+
+
+def aligned_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A markdown table padded to its columns, so it reads as well on a terminal as rendered."""
+    cells = [list(header)] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    fmt = lambda row: "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |"  # noqa: E731
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([fmt(cells[0]), rule] + [fmt(r) for r in cells[1:]])
 
 
 def _acceptance(rows: List[dict]) -> dict:

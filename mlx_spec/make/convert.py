@@ -4,7 +4,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from .. import __version__
 from ..errors import ConvertError, MlxSpecError, SourceError, UnsupportedError

@@ -1,0 +1,41 @@
+"""`mlx-spec bench run SUITE`: a suite into a result file, new or resumed; and `bench list`."""
+
+from typing import Callable, List, Optional, Tuple
+
+from . import roofline, suite as suites, table
+from .common import machine_info
+from .results import ResultFile
+
+Log = Callable[[str], None]
+
+
+def listing() -> List[Tuple[str, str, str]]:
+    """(name, kind, description) of every built-in suite."""
+    out = []
+    for path in suites.builtin():
+        s = suites.load(str(path))
+        out.append((s.name, s.kind, s.description))
+    return out
+
+
+def run_suite(name_or_path: str, out: str, resume: Optional[str] = None, log: Log = lambda _m: None) -> ResultFile:
+    """Run (or resume) a suite; the result file is written after every measurement and returned at the end."""
+    s = suites.load(name_or_path)
+    if resume:
+        result = ResultFile.resume(resume, s.as_dict())
+        log(f"resuming {result.path}: {len(result.done)} measurements already done")
+    else:
+        result = ResultFile.create(out, s.as_dict(), machine_info())
+        log(f"writing {result.path}")
+    if s.kind == "roofline" and "bandwidth" not in result.data:
+        log("measuring the memory read bandwidth")
+        result.data["bandwidth"] = roofline.measure_bandwidth()
+        result.flush()
+    try:
+        table.TableRun(s, result, log).run()
+    except KeyboardInterrupt:
+        log(f"interrupted: what was measured is in {result.path}; continue with --resume {result.path}")
+        raise
+    return result
+
+

@@ -1,0 +1,158 @@
+"""Benchmark suites: named, declarative TOML files (`suites/`), read and checked before anything loads.
+
+A suite says what to measure, never how: models, drafters, prompt set, token budget, sampling.
+A user copies one (`mlx-spec bench list` shows where they are), edits it and runs it by path.
+Every mistake in a file is one line naming the file and the field, raised before a model loads.
+"""
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from ..errors import MlxSpecError
+
+SUITES_DIR = Path(__file__).parent / "suites"
+QUANTS = ("float32", "int8", "int4")  # what MODEL@QUANT may ask for (converted into the cache when missing)
+PROMPT_SETS = ("humaneval", "edit", "prose")
+KINDS = ("table", "roofline")  # table: the M3 Max layout (target alone, then each draft); roofline: plain decoding
+TOP = {"description", "kind", "max_tokens", "repeats", "temp", "top_p", "top_k", "num_draft", "prompts", "targets"}
+TARGET = {"model", "drafts"}
+
+
+class SuiteError(MlxSpecError):
+    """A suite that does not exist or a suite file with a mistake in it."""
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model spec with an optional quantization: `qwen2.5-coder-1.5b@int8`."""
+
+    spec: str
+    quant: Optional[str] = None  # None: as the source is
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> "ModelRef":
+        spec, sep, quant = text.rpartition("@") if "@" in text else (text, "", "")
+        if sep and quant not in QUANTS:
+            raise SuiteError(f"{where}: unknown quantization '{quant}' in '{text}' (one of {', '.join(QUANTS)})")
+        if not spec.strip():
+            raise SuiteError(f"{where}: empty model name in '{text}'")
+        return cls(spec.strip(), quant or None)
+
+    def __str__(self) -> str:
+        return f"{self.spec}@{self.quant}" if self.quant else self.spec
+
+
+@dataclass(frozen=True)
+class Target:
+    model: ModelRef
+    drafts: Tuple[str, ...]  # drafter specs as `generate --draft` takes them, model drafts as MODEL[@QUANT]
+
+
+@dataclass
+class Suite:
+    name: str
+    path: Path
+    kind: str
+    description: str = ""
+    max_tokens: int = 64
+    repeats: int = 1
+    temp: float = 0.0
+    top_p: float = 0.0
+    top_k: int = 0
+    num_draft: Optional[int] = None
+    prompts: Dict[str, int] = field(default_factory=lambda: {"humaneval": 1, "edit": 1, "prose": 1})
+    targets: List[Target] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "path": str(self.path), "kind": self.kind, "description": self.description,
+                "max_tokens": self.max_tokens, "repeats": self.repeats, "temp": self.temp, "top_p": self.top_p,
+                "top_k": self.top_k, "num_draft": self.num_draft, "prompts": dict(self.prompts),
+                "targets": [{"model": str(t.model), "drafts": list(t.drafts)} for t in self.targets]}
+
+
+def builtin() -> List[Path]:
+    """The suites that come with mlx-spec, by name."""
+    return sorted(SUITES_DIR.glob("*.toml"))
+
+
+def find(name_or_path: str) -> Path:
+    """A built-in suite by name, or a suite file by path."""
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.parent != Path("."):
+        if not p.is_file():
+            raise SuiteError(f"no suite file {p}")
+        return p
+    match = SUITES_DIR / f"{name_or_path}.toml"
+    if not match.is_file():
+        names = ", ".join(x.stem for x in builtin())
+        raise SuiteError(f"unknown suite '{name_or_path}' (built in: {names}; or give a path to a .toml file)")
+    return match
+
+
+def _number(data: dict, key: str, kind, lo, where: str, default):
+    if key not in data:
+        return default
+    v = data[key]
+    if kind is float and isinstance(v, int) and not isinstance(v, bool):
+        v = float(v)
+    if not isinstance(v, kind) or isinstance(v, bool):
+        raise SuiteError(f"{where}: '{key}' must be {'a number' if kind is float else 'an integer'}, got {v!r}")
+    if v < lo:
+        raise SuiteError(f"{where}: '{key}' must be at least {lo}, got {v}")
+    return v
+
+
+def _unknown(data: dict, known: set, where: str) -> None:
+    extra = sorted(set(data) - known)
+    if extra:
+        raise SuiteError(f"{where}: unknown field '{extra[0]}' (known: {', '.join(sorted(known))})")
+
+
+def load(name_or_path: str) -> Suite:
+    """Read and check a suite; every mistake is one line that names the file and the field."""
+    path = find(name_or_path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise SuiteError(f"suite file {path}: {e}") from None
+    where = f"suite file {path}"
+    _unknown(data, TOP, where)
+    kind = data.get("kind")
+    if kind not in KINDS:
+        raise SuiteError(f"{where}: 'kind' must be one of {', '.join(KINDS)}, got {kind!r}")
+    s = Suite(name=path.stem, path=path, kind=kind, description=str(data.get("description", "")))
+    s.max_tokens = _number(data, "max_tokens", int, 1, where, s.max_tokens)
+    s.repeats = _number(data, "repeats", int, 1, where, s.repeats)
+    s.temp = _number(data, "temp", float, 0.0, where, s.temp)
+    s.top_p = _number(data, "top_p", float, 0.0, where, s.top_p)
+    s.top_k = _number(data, "top_k", int, 0, where, s.top_k)
+    s.num_draft = _number(data, "num_draft", int, 1, where, None)
+    if s.top_p > 1.0:
+        raise SuiteError(f"{where}: 'top_p' must be at most 1, got {s.top_p}")
+    prompts = data.get("prompts", s.prompts)
+    if not isinstance(prompts, dict):
+        raise SuiteError(f"{where}: 'prompts' must be a table like {{ humaneval = 2, edit = 1, prose = 1 }}")
+    _unknown(prompts, set(PROMPT_SETS), f"{where}, [prompts]")
+    s.prompts = {k: _number(prompts, k, int, 0, f"{where}, [prompts]", 0) for k in PROMPT_SETS}
+    if not sum(s.prompts.values()):
+        raise SuiteError(f"{where}: 'prompts' asks for no prompt at all")
+    targets = data.get("targets")
+    if not isinstance(targets, list) or not targets:
+        raise SuiteError(f"{where}: needs at least one [[targets]] table with a 'model'")
+    for i, t in enumerate(targets, 1):
+        tw = f"{where}, [[targets]] #{i}"
+        if not isinstance(t, dict):
+            raise SuiteError(f"{tw}: must be a table")
+        _unknown(t, TARGET, tw)
+        if not isinstance(t.get("model"), str):
+            raise SuiteError(f"{tw}: 'model' must be a model name, e.g. \"qwen2.5-coder-1.5b@int8\"")
+        drafts = t.get("drafts", [])
+        if not isinstance(drafts, list) or not all(isinstance(d, str) and d.strip() for d in drafts):
+            raise SuiteError(f"{tw}: 'drafts' must be a list of drafter names, e.g. [\"ngram\", \"qwen2.5-coder-0.5b@int4\"]")
+        for d in drafts:
+            if "@" in d:
+                ModelRef.parse(d.removeprefix("hybrid:"), tw)
+        s.targets.append(Target(ModelRef.parse(t["model"], tw), tuple(d.strip() for d in drafts)))
+    return s

@@ -1,0 +1,245 @@
+"""Table suites (`quick`, `m3max`): each target alone, then each draft, in the M3 Max paper's layout.
+
+Per target: every row (the target alone first, then each drafter) runs every prompt, repeat after
+repeat, in an order rotated per prompt so the machine's noise falls on all rows. Each measurement
+is appended to the result file as it finishes; a resumed run skips the ones it has. A target or
+draft that cannot be fetched or loaded marks its rows unavailable, with why, and the rest goes on.
+"""
+
+import json
+import time
+import zlib
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+from ..errors import MlxSpecError
+from ..make.progress import progress
+from .common import first_mismatch, folder_sha256, free, median, ours_stream, params_gb, time_stream
+from .prompts import WARMUP_PROMPT, build, chat_ids
+from .report import M3MAX_COLUMNS, _acceptance, aligned_table, improvement
+from .results import ResultFile, key
+from .suite import ModelRef, Suite
+
+Log = Callable[[str], None]
+WARMUP_TOKENS = 8
+QUANT_VARIANT = {"float32": "f32", "int8": "int8", "int4": "int4"}  # ModelRef quant -> decode.variant_folder's names
+
+
+def folder_of(ref: ModelRef, log: Log) -> Path:
+    """The folder a suite's model name means: fetched and converted as `generate` would, then quantized if asked."""
+    from ..make.resolve import resolve
+    from .decode import variant_folder
+
+    return resolve(ref.spec, log) if ref.quant is None else variant_folder(ref.spec, QUANT_VARIANT[ref.quant], log)
+
+
+def folder_quant(folder: Path) -> str:
+    """'int4', 'float32', ... of a converted folder, from its config and weights headers (nothing is loaded)."""
+    from .decode import _all_float32
+
+    cfg = json.loads((Path(folder) / "config.json").read_text())
+    q = cfg.get("quantization") or cfg.get("quantization_config")
+    if isinstance(q, dict) and q.get("bits"):
+        return f"int{q['bits']}"
+    return "float32" if _all_float32(Path(folder)) else str(cfg.get("torch_dtype", "16-bit"))
+
+
+def draft_folder_spec(draft: str, log: Log):
+    """(the drafter spec `make_drafter` takes, the folder of its model or None): MODEL@QUANT becomes a folder."""
+    from ..gen import registry
+
+    s = registry.parse(draft)
+    if s.kind == "model" or (s.kind == "hybrid" and s.arg and registry.parse(s.arg).kind == "model"):
+        folder = folder_of(ModelRef.parse(s.arg, f"draft '{draft}'"), log)
+        return (f"hybrid:{folder}" if s.kind == "hybrid" else str(folder)), folder
+    return draft, None
+
+
+class TableRun:
+    """One run of a table suite into a result file."""
+
+    def __init__(self, suite: Suite, result: ResultFile, log: Log = lambda _m: None):
+        self.suite, self.result, self.log = suite, result, log
+        self.per_row = suite.repeats * sum(suite.prompts.values())
+        total = sum(len(t.drafts) + 1 for t in suite.targets) * self.per_row
+        self.bar = progress(total=total, initial=len(result.done), desc=f"bench {suite.name}", unit="gen")
+
+    def run(self) -> None:
+        try:
+            for t in self.suite.targets:
+                self.target(t)
+            self.result.data["complete"] = True
+        finally:
+            self.bar.close()
+            self.publish()
+
+    def publish(self) -> str:
+        self.result.data["summary"] = summarize(self.result.data)
+        if self.suite.kind == "roofline":
+            from . import roofline
+
+            roofline.summarize(self.result.data, self.result.data["summary"])
+        self.result.flush()
+        md = markdown(self.result.data)
+        self.result.write_markdown(md)
+        return md
+
+    def _row(self, target: str, draft: Optional[str], **labels) -> dict:
+        row = {"key": key(target, draft or "none"), "target": target, "draft": draft or "none", **labels}
+        self.result.set_row(row)
+        return row
+
+    def _unavailable(self, row: dict, e: BaseException) -> None:
+        row.update(status="unavailable", reason=str(e).splitlines()[0] if str(e) else type(e).__name__)
+        self.result.set_row(row)
+        self.bar.update(self.per_row - len(self.result.records(row["key"])))  # nothing to wait for on this row
+        self.log(f"{row['target']} / {row['draft']}: unavailable: {row['reason']}")
+        self.result.flush()
+
+    def target(self, t) -> None:
+        from ..gen.load import check_tokenizers
+        from ..named import draft_model, load_model, make_drafter, quantization
+
+        s = self.suite
+        name = str(t.model)
+        base = self._row(name, None, draft_quant="N/A", status="ok")
+        rows = [base] + [self._row(name, d, status="ok") for d in t.drafts]
+        try:
+            folder = folder_of(t.model, self.log)
+            model, tok, _ = load_model(str(folder), self.log)
+        except (MlxSpecError, OSError, ValueError) as e:
+            for row in rows:
+                self._unavailable(row, e)
+            return
+        self.result.data["models"][name] = {"folder": str(folder), "weights_gb": params_gb(model),
+                                            "quantization": quantization(model), "sha256": folder_sha256(folder)}
+        for row in rows:
+            row["target_quant"] = quantization(model)
+        prompts = build(tok, s.prompts["humaneval"], s.prompts["edit"], n_prose=s.prompts["prose"])
+        eos = tuple(tok.eos_token_ids)
+        drafters: Dict[str, object] = {base["key"]: None}
+        for row in rows[1:]:
+            try:
+                spec, dfolder = draft_folder_spec(row["draft"], self.log)
+                loaded = None
+                if dfolder is not None:
+                    dmodel, dtok, _ = load_model(str(dfolder), self.log)
+                    check_tokenizers(tok, dtok)
+                    loaded = {str(dfolder): (dmodel, dtok)}
+                    self.result.data["models"][row["draft"]] = {
+                        "folder": str(dfolder), "weights_gb": params_gb(dmodel), "quantization": quantization(dmodel),
+                        "sha256": folder_sha256(dfolder)}
+                drafter = make_drafter(spec, model, tok, num_draft=s.num_draft, loaded=loaded, log=self.log)
+                row["draft_quant"] = quantization(draft_model(drafter, model))
+                drafters[row["key"]] = drafter
+            except (MlxSpecError, OSError, ValueError) as e:
+                self._unavailable(row, e)
+        for row in rows:
+            if row["key"] in drafters:
+                self.result.set_row(row)
+                self._generate(model, drafters[row["key"]], chat_ids(tok, WARMUP_PROMPT), WARMUP_TOKENS, eos)
+        self.result.flush()
+        live = [r for r in rows if r["key"] in drafters]
+        for rep in range(s.repeats):
+            for i, p in enumerate(prompts):
+                shift = (rep * len(prompts) + i) % len(live)
+                for row in live[shift:] + live[:shift]:
+                    k = key(row["key"], p.id, rep)
+                    if k in self.result.done:
+                        continue
+                    rec = self._measure(model, drafters[row["key"]], p, rep, eos)
+                    rec.update(key=k, row=row["key"])
+                    self.result.add(rec)
+                    self.bar.update(1)
+                self.publish()
+        drafters.clear()
+        del model
+        free()
+
+    def _generate(self, model, drafter, ids, max_tokens: int, eos, stats=None):
+        s = self.suite
+        return time_stream(lambda: ours_stream(ids, model, drafter, stats=stats, max_tokens=max_tokens,
+                                               eos_token_ids=eos, temp=s.temp, top_p=s.top_p, top_k=s.top_k,
+                                               num_draft=s.num_draft), max_tokens, eos)
+
+    def _measure(self, model, drafter, p, rep: int, eos) -> dict:
+        import mlx.core as mx
+
+        from ..gen.engine import Stats
+
+        stats = Stats()
+        mx.random.seed(zlib.crc32(f"{p.id}|{rep}".encode()))  # sampling: the same seed for every row
+        t = self._generate(model, drafter, p.ids, self.suite.max_tokens, eos, stats)
+        return {"prompt": p.id, "set": p.set, "repeat": rep, "prompt_tokens": len(p.ids), **t.as_dict(),
+                "stats": stats.as_dict(), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def summarize(data: dict) -> List[dict]:
+    """Per row: tokens/s over all its measurements and its improvement over the target alone on the same ones."""
+    records = data["records"]
+    out = []
+    for row in data["rows"]:
+        mine = {(r["prompt"], r["repeat"]): r for r in records if r["row"] == row["key"]}
+        entry = {k: row.get(k) for k in ("key", "target", "draft", "status", "reason", "target_quant", "draft_quant")}
+        entry["measurements"] = len(mine)
+        base_key = key(row["target"], "none")
+        base = {(r["prompt"], r["repeat"]): r for r in records if r["row"] == base_key}
+        both = [k for k in mine if k in base]
+        if mine:
+            entry["tokens_per_second"] = sum(r["n_tokens"] for r in mine.values()) / sum(r["total"] for r in mine.values())
+        if both:
+            tps = sum(mine[k]["n_tokens"] for k in both) / sum(mine[k]["total"] for k in both)
+            btps = sum(base[k]["n_tokens"] for k in both) / sum(base[k]["total"] for k in both)
+            ratios = [mine[k]["e2e_tps"] / base[k]["e2e_tps"] for k in both if base[k]["e2e_tps"]]
+            entry.update(speedup=tps / btps, speedup_median=median(ratios), speedup_min=min(ratios),
+                         speedup_max=max(ratios), compared=len(both),
+                         identical=sum(first_mismatch(mine[k]["tokens"], base[k]["tokens"]) is None for k in both))
+            entry.update(_acceptance([mine[k] for k in both]))
+        out.append(entry)
+    return out
+
+
+def markdown(data: dict) -> str:
+    """The M3 Max table (target alone first, then each draft), then the spread, acceptance and lossless check."""
+    from ..named import short_name, table_name
+    from .common import machine_line
+
+    s = data["suite"]
+    greedy = s["temp"] == 0
+    head = [f"# Benchmark suite `{s['name']}`", "", s["description"], "",
+            f"`{' '.join(data['command'])}`", "", f"- machine: {machine_line(data['machine'])}",
+            f"- {sum(s['prompts'].values())} prompts ({', '.join(f'{v} {k}' for k, v in s['prompts'].items() if v)}), "
+            f"{s['repeats']} repeat(s), at most {s['max_tokens']} new tokens, "
+            + ("greedy" if greedy else f"temp {s['temp']}, top_p {s['top_p']}, top_k {s['top_k']}")
+            + "; Token/s = generated tokens / end-to-end time (prefill included); Relative Improvement = over the "
+              "target alone on the same prompts in this run"]
+    if not data.get("complete"):
+        head += ["", "**Incomplete run** (continue it with `--resume`): the rows below cover what was measured."]
+    table, detail = [], []
+    for e in data["summary"]:
+        target = f"{short_name(e['target'])} {e.get('target_quant') or ''}".strip()
+        draft = table_name(e["draft"])
+        if e["status"] != "ok":
+            table.append([target, draft, e.get("draft_quant") or "?", f"unavailable: {e['reason']}", ""])
+            continue
+        if not e["measurements"]:
+            table.append([target, draft, e.get("draft_quant") or "?", "not measured yet", ""])
+            continue
+        tps = e["tokens_per_second"]
+        gain = improvement(e["speedup"], 1.0) if e["draft"] != "none" and e.get("speedup") else "0%"
+        table.append([target, draft, e.get("draft_quant") or "N/A", f"{tps:.2f}", gain])
+        if e["draft"] != "none" and e.get("compared"):
+            same = f"{e['identical']}/{e['compared']}" if greedy else "n/a (sampling)"
+            acc = e.get("acceptance_rate")
+            detail.append([target, draft, f"{e['speedup_median']:.2f}× ({e['speedup_min']:.2f}–{e['speedup_max']:.2f})",
+                           f"{100 * acc:.1f}%" if acc is not None else "-",
+                           f"{e['mean_accepted']:.2f}" if e.get("mean_accepted") is not None else "-", same])
+    out = "\n".join(head) + "\n\n" + aligned_table(M3MAX_COLUMNS, table) + "\n"
+    if s["kind"] == "roofline":
+        from . import roofline
+
+        out += "\n" + roofline.markdown(data)
+    if detail:
+        out += "\n" + aligned_table(("Target", "Draft", "Speed-up per prompt: median (min–max)", "Acceptance",
+                                     "Mean accepted", "Identical to the target alone"), detail) + "\n"
+    return out

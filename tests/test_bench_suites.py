@@ -1,0 +1,216 @@
+"""`mlx-spec bench list|run|compare`: declarative suites, a versioned result file written as it goes, resume, compare."""
+
+import errno
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import long_context
+
+from mlx_spec.bench import runner, suite as suites
+from mlx_spec.bench.results import SCHEMA, ResultError, ResultFile
+
+
+def cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "mlx_spec.cli", "bench", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def one_line_error(r) -> str:
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def suite_file(path: Path, target, drafts=("ngram",), **fields) -> Path:
+    top = {"kind": "table", "max_tokens": 6, "repeats": 2, "prompts": {"humaneval": 1, "edit": 0, "prose": 2},
+           "description": "test"} | fields
+    lines = []
+    for k, v in top.items():
+        if isinstance(v, dict):
+            lines.append(f"{k} = {{ " + ", ".join(f"{a} = {b}" for a, b in v.items()) + " }")
+        else:
+            lines.append(f"{k} = {json.dumps(v)}")
+    lines += ["", "[[targets]]", f"model = {json.dumps(str(target))}", f"drafts = {json.dumps(list(drafts))}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def target(tiny_models, tmp_path):
+    return long_context(tiny_models["qwen2"], tmp_path / "target")
+
+
+def test_bench_list_shows_every_builtin_suite_and_each_loads():
+    r = cli("list", timeout=120)
+    assert r.returncode == 0, r.stderr
+    for name in ("quick", "m3max", "roofline"):
+        assert any(line.split()[:1] == [name] for line in r.stdout.splitlines())
+        assert suites.load(name).targets  # a built-in suite is valid as shipped
+    m3 = suites.load("m3max")
+    assert [str(t.model) for t in m3.targets][:2] == ["qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b@int8"]
+
+
+@pytest.mark.parametrize("text, field", [
+    ('kind = "table"\nmax_tokns = 5\n[[targets]]\nmodel = "m"\n', "'max_tokns'"),
+    ('kind = "tabel"\n[[targets]]\nmodel = "m"\n', "'kind'"),
+    ('kind = "table"\nmax_tokens = 0\n[[targets]]\nmodel = "m"\n', "'max_tokens'"),
+    ('kind = "table"\nprompts = { humaneval = 1, prosa = 1 }\n[[targets]]\nmodel = "m"\n', "'prosa'"),
+    ('kind = "table"\n[[targets]]\nmodel = "m@int3"\n', "'int3'"),
+    ('kind = "table"\n[[targets]]\nmodel = "m"\ndrafs = ["ngram"]\n', "'drafs'"),
+    ('kind = "table"\n', "[[targets]]"),
+    ('kind = "table"\ntop_p = 1.5\n[[targets]]\nmodel = "m"\n', "'top_p'"),
+    ('kind = "table"\n[[targets]\n', "suite file"),
+])
+def test_a_suite_file_with_a_mistake_is_one_line_naming_the_file_and_field(tmp_path, text, field):
+    path = tmp_path / "mine.toml"
+    path.write_text(text)
+    line = one_line_error(cli("run", str(path), "--out", str(tmp_path / "runs"), timeout=120))
+    assert str(path) in line and field in line
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())  # nothing started
+
+
+def test_an_unknown_suite_is_one_line_naming_the_builtin_ones(tmp_path):
+    line = one_line_error(cli("run", "quik", "--out", str(tmp_path), timeout=120))
+    assert "unknown suite 'quik'" in line and "quick" in line
+
+
+def test_a_table_suite_runs_every_row_and_marks_an_unavailable_model(target, tiny_models, tmp_path):
+    path = suite_file(tmp_path / "t.toml", target,
+                      drafts=["ngram", str(tiny_models["qwen2_draft"]), "no-such-model-anywhere", "self:1"])
+    r = cli("run", str(path), "--out", str(tmp_path / "runs"))
+    assert r.returncode == 0, r.stderr
+    files = list((tmp_path / "runs").glob("t-*.json"))
+    data = json.loads(files[0].read_text())
+    assert data["schema"] == SCHEMA and data["complete"] and data["suite"]["name"] == "t"
+    assert {"cpu", "memory_gb", "mlx", "blas_status", "git_rev"} <= set(data["machine"])
+    assert len(data["models"][str(target)]["sha256"]) == 64
+    rows = {e["draft"]: e for e in data["summary"]}
+    assert rows["no-such-model-anywhere"]["status"] == "unavailable" and rows["no-such-model-anywhere"]["reason"]
+    for d in ("none", "ngram", str(tiny_models["qwen2_draft"]), "self:1"):
+        e = rows[d]
+        assert e["status"] == "ok" and e["measurements"] == 2 * 3  # repeats x prompts
+        if d != "none":
+            assert e["identical"] == e["compared"] == 6  # greedy: every output is the target's own
+            assert e["speedup"] > 0 and e["speedup_min"] <= e["speedup_median"] <= e["speedup_max"]
+    assert rows[str(tiny_models["qwen2_draft"])]["draft_quant"] == "float32"
+    assert rows["ngram"]["draft_quant"] == "N/A"
+    md = files[0].with_suffix(".md").read_text()
+    assert "| Target" in md and "| Relative Improvement |" in md.splitlines()[md.splitlines().index(
+        next(x for x in md.splitlines() if x.startswith("| Target")))]
+    assert "unavailable: " in md and md in r.stdout
+    table = [x for x in md.splitlines() if x.startswith("| ") and "Token/s" not in x and "Speed-up" not in x]
+    assert table[0].split("|")[2].strip() == "N/A"  # the target alone first, as in the paper's tables
+
+
+def test_an_interrupted_run_resumes_without_redoing_a_measurement(target, tmp_path, monkeypatch):
+    path = suite_file(tmp_path / "r.toml", target, drafts=["ngram"])
+    real_add = ResultFile.add
+    calls = {"n": 0}
+
+    def add_then_stop(self, record):
+        real_add(self, record)
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt  # as Ctrl-C between two measurements
+
+    monkeypatch.setattr(ResultFile, "add", add_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_suite(str(path), str(tmp_path / "runs"))
+    monkeypatch.setattr(ResultFile, "add", real_add)
+    [file] = list((tmp_path / "runs").glob("r-*.json"))
+    first = json.loads(file.read_text())
+    assert not first["complete"] and len(first["records"]) == 5
+    assert "Incomplete run" in file.with_suffix(".md").read_text()
+
+    r = cli("run", str(path), "--resume", str(file))
+    assert r.returncode == 0, r.stderr
+    done = json.loads(file.read_text())
+    assert done["complete"] and len(done["records"]) == 2 * 2 * 3  # rows x repeats x prompts, each once
+    assert done["records"][:5] == first["records"]  # the finished ones were kept, not redone
+    assert len({x["key"] for x in done["records"]}) == 12 and len(done["resumed"]) == 1
+
+
+def test_resume_refuses_another_suite_and_a_file_that_is_not_a_result(target, tmp_path):
+    a = suite_file(tmp_path / "a.toml", target, drafts=["ngram"], repeats=1, max_tokens=3)
+    assert cli("run", str(a), "--out", str(tmp_path / "runs")).returncode == 0
+    [file] = list((tmp_path / "runs").glob("a-*.json"))
+    suite_file(a, target, drafts=["ngram"], repeats=1, max_tokens=4)  # edited since
+    line = one_line_error(cli("run", str(a), "--resume", str(file)))
+    assert "different suite" in line and "max_tokens" in line
+    junk = tmp_path / "junk.json"
+    junk.write_text("[1, 2]")
+    assert "not a result file" in one_line_error(cli("run", str(a), "--resume", str(junk)))
+
+
+def test_a_full_disk_is_one_line_and_the_results_so_far_are_kept(target, tmp_path, monkeypatch):
+    path = suite_file(tmp_path / "d.toml", target, drafts=["ngram"], repeats=1)
+    real_write = Path.write_text
+    writes = {"n": 0}
+
+    def write_until_full(self, text, *a, **k):
+        if self.name.startswith(".d-") and self.suffix == ".tmp":
+            writes["n"] += 1
+            if writes["n"] > 3:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(self, text, *a, **k)
+
+    monkeypatch.setattr(Path, "write_text", write_until_full)
+    with pytest.raises(ResultError, match="the disk is full; the results written before are kept"):
+        runner.run_suite(str(path), str(tmp_path / "runs"))
+    monkeypatch.setattr(Path, "write_text", real_write)
+    [file] = list((tmp_path / "runs").glob("d-*.json"))
+    kept = json.loads(file.read_text())  # the last complete version, still valid JSON
+    assert kept["schema"] == SCHEMA and not kept["complete"] and len(kept["records"]) >= 1
+    assert not list((tmp_path / "runs").glob(".*.tmp"))
+
+
+def test_compare_prints_the_change_per_row_and_refuses_what_it_cannot_compare(target, tmp_path):
+    path = suite_file(tmp_path / "c.toml", target, drafts=["ngram"], repeats=1)
+    for out in ("a", "b"):
+        assert cli("run", str(path), "--out", str(tmp_path / out)).returncode == 0
+    [a] = list((tmp_path / "a").glob("*.json"))
+    [b] = list((tmp_path / "b").glob("*.json"))
+    r = cli("compare", str(a), str(b), timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = [x for x in r.stdout.splitlines() if x.startswith("| ") and str(target) in x]
+    assert len(rows) == 2 and all("%" in x for x in rows)
+    A, B = json.loads(a.read_text()), json.loads(b.read_text())
+    ta, tb = A["summary"][0]["tokens_per_second"], B["summary"][0]["tokens_per_second"]
+    assert f"{100 * (tb / ta - 1):+.1f}%" in rows[0]
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(dict(A, schema="mlx-spec.bench/0")))
+    assert "same schema" in one_line_error(cli("compare", str(a), str(other), timeout=120))
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"hello": 1}')
+    assert "not a result file" in one_line_error(cli("compare", str(a), str(notes), timeout=120))
+    assert "no result file" in one_line_error(cli("compare", str(a), str(tmp_path / "nope.json"), timeout=120))
+
+
+def test_a_sampling_suite_reports_no_identity_claim(target, tmp_path):
+    path = suite_file(tmp_path / "s.toml", target, drafts=["ngram"], repeats=1, temp=0.8, top_p=0.9)
+    result = runner.run_suite(str(path), str(tmp_path / "runs"))
+    md = result.md_path.read_text()
+    assert "temp 0.8, top_p 0.9" in md and "n/a (sampling)" in md
+
+
+def test_roofline_reports_each_model_as_a_share_of_the_measured_bandwidth(target, tmp_path):
+    path = suite_file(tmp_path / "roof.toml", target, drafts=[], kind="roofline", repeats=1)
+    result = runner.run_suite(str(path), str(tmp_path / "runs"))
+    data = json.loads(result.path.read_text())
+    bw = data["bandwidth"]
+    assert bw["gbs"] == max(bw["gemv_gbs"], bw["sum_gbs"]) > 0
+    [row] = data["summary"]
+    assert row["roofline_tps"] == pytest.approx(bw["gbs"] / row["weights_gb"])
+    assert row["roofline_share"] == pytest.approx(row["decode_tps"] / row["roofline_tps"])
+    assert "Roofline tok/s" in result.md_path.read_text()
+
+
+def test_results_read_refuses_other_json(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text("not json")
+    with pytest.raises(ResultError, match="not a result file"):
+        ResultFile.resume(p, {})

@@ -1,0 +1,44 @@
+"""Every notebook in notebooks/ runs headless (nbclient) on result files of real tiny suite runs, so none can rot."""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from conftest import long_context
+from nbclient import NotebookClient
+
+from mlx_spec.bench import runner
+
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_models, tmp_path_factory):
+    """One table and one roofline result, from real runs of small suites on the tiny models."""
+    root = tmp_path_factory.mktemp("nb")
+    target = long_context(tiny_models["qwen2"], root / "target")
+    prompts = "prompts = { humaneval = 0, edit = 0, prose = 2 }\nmax_tokens = 6\n"
+    (root / "t.toml").write_text(f'kind = "table"\n{prompts}[[targets]]\nmodel = "{target}"\n'
+                                 f'drafts = ["ngram", "{tiny_models["qwen2_draft"]}"]\n')
+    (root / "r.toml").write_text(f'kind = "roofline"\n{prompts}[[targets]]\nmodel = "{target}"\n'
+                                 f'[[targets]]\nmodel = "{tiny_models["qwen2_draft"]}"\n')
+    for name in ("t", "r"):
+        runner.run_suite(str(root / f"{name}.toml"), str(root / "runs"))
+    return root
+
+
+def test_there_are_notebooks():
+    assert {p.name for p in NOTEBOOKS} >= {"m3max_table.ipynb", "roofline.ipynb"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_runs_and_saves_its_plots(path, runs, monkeypatch):
+    plots = runs / "plots" / path.stem
+    monkeypatch.setenv("MLX_SPEC_RUNS", str(runs / "runs"))
+    monkeypatch.setenv("MLX_SPEC_PLOTS", str(plots))
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    pngs = list(plots.glob("*.png"))
+    assert pngs and all(p.stat().st_size > 1000 for p in pngs)
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert images  # the plots show in the notebook too
