@@ -47,7 +47,7 @@ def target(tiny_models, tmp_path):
 def test_bench_list_shows_every_builtin_suite_and_each_loads():
     r = cli("list", timeout=120)
     assert r.returncode == 0, r.stderr
-    for name in ("quick", "m3max", "roofline"):
+    for name in ("quick", "m3max", "roofline", "ngram"):
         assert any(line.split()[:1] == [name] for line in r.stdout.splitlines())
         assert suites.load(name).targets  # a built-in suite is valid as shipped
     m3 = suites.load("m3max")
@@ -64,6 +64,10 @@ def test_bench_list_shows_every_builtin_suite_and_each_loads():
     ('kind = "table"\n', "[[targets]]"),
     ('kind = "table"\ntop_p = 1.5\n[[targets]]\nmodel = "m"\n', "'top_p'"),
     ('kind = "table"\n[[targets]\n', "suite file"),
+    ('kind = "ngram"\n[[targets]]\nmodel = "m"\n', "[[sweeps]]"),
+    ('kind = "ngram"\n[[targets]]\nmodel = "m"\n[[sweeps]]\nk = [1]\nn = [1]\n', "'n'"),
+    ('kind = "ngram"\n[[targets]]\nmodel = "m"\ndrafts = ["ngram"]\n[[sweeps]]\nk = [1]\nn = [2]\n', "'drafts'"),
+    ('kind = "table"\nadaptive = "no"\n[[targets]]\nmodel = "m"\n', "'adaptive'"),
 ])
 def test_a_suite_file_with_a_mistake_is_one_line_naming_the_file_and_field(tmp_path, text, field):
     path = tmp_path / "mine.toml"
@@ -214,3 +218,24 @@ def test_results_read_refuses_other_json(tmp_path):
     p.write_text("not json")
     with pytest.raises(ResultError, match="not a result file"):
         ResultFile.resume(p, {})
+
+
+def test_the_ngram_sweep_measures_each_k_and_n_with_the_anpd_bound(target, tmp_path):
+    path = tmp_path / "sweep.toml"
+    path.write_text(f'kind = "ngram"\nadaptive = false\nmax_tokens = 8\nprompts = {{ humaneval = 1, edit = 1 }}\n'
+                    f'[[targets]]\nmodel = "{target}"\n[[sweeps]]\nk = [1, 3]\nn = [2]\n[[sweeps]]\nk = [3]\nn = [2, 4]\n')
+    result = runner.run_suite(str(path), str(tmp_path / "runs"))
+    data = json.loads(result.path.read_text())
+    rows = {(e["draft"], e["k"]): e for e in data["summary"] if e["draft"] != "none"}
+    assert set(rows) == {("ngram:2", 1), ("ngram:2", 3), ("ngram:4", 3)}  # the union of the sweeps, once each
+    for (draft, k), e in rows.items():
+        assert e["identical"] == e["compared"] == 2
+        assert set(e["by_set"]) == {"humaneval", "edit"}
+        if e["proposed"]:
+            assert e["bound"] == pytest.approx(e["acceptance_rate"] * k + 1)
+        for r in data["records"]:
+            if r["row"] == e["key"]:
+                assert len(r["stats"]["proposed_by_position"]) <= k  # fixed K: no round drafts more than K
+    md = result.md_path.read_text()
+    assert "K=1" in md and "K=3" in md
+    assert "humaneval**" in md and "edit**" in md and "N=4" in md

@@ -14,7 +14,7 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 @pytest.fixture(scope="module")
 def runs(tiny_models, tmp_path_factory):
-    """One table and one roofline result, from real runs of small suites on the tiny models."""
+    """A table, a roofline and an n-gram sweep result, from real runs of small suites on the tiny models."""
     root = tmp_path_factory.mktemp("nb")
     target = long_context(tiny_models["qwen2"], root / "target")
     prompts = "prompts = { humaneval = 0, edit = 0, prose = 2 }\nmax_tokens = 6\n"
@@ -22,13 +22,15 @@ def runs(tiny_models, tmp_path_factory):
                                  f'drafts = ["ngram", "{tiny_models["qwen2_draft"]}"]\n')
     (root / "r.toml").write_text(f'kind = "roofline"\n{prompts}[[targets]]\nmodel = "{target}"\n'
                                  f'[[targets]]\nmodel = "{tiny_models["qwen2_draft"]}"\n')
-    for name in ("t", "r"):
+    (root / "n.toml").write_text(f'kind = "ngram"\nadaptive = false\n{prompts}[[targets]]\nmodel = "{target}"\n'
+                                 f'[[sweeps]]\nk = [1, 2]\nn = [2, 3]\n')
+    for name in ("t", "r", "n"):
         runner.run_suite(str(root / f"{name}.toml"), str(root / "runs"))
     return root
 
 
 def test_there_are_notebooks():
-    assert {p.name for p in NOTEBOOKS} >= {"m3max_table.ipynb", "roofline.ipynb"}
+    assert {p.name for p in NOTEBOOKS} >= {"m3max_table.ipynb", "roofline.ipynb", "ngram_sweep.ipynb"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -17,7 +17,7 @@ def target(tiny_models):
 
 
 @pytest.mark.parametrize("spec,kind,arg", [
-    (None, "none", ""), ("", "none", ""), ("none", "none", ""), ("ngram", "ngram", ""), ("self", "self", ""),
+    (None, "none", ""), ("", "none", ""), ("none", "none", ""), ("ngram", "ngram", ""), ("ngram:3", "ngram", "3"), ("self", "self", ""),
     ("self:14", "self", "14"), ("self:0-3,7", "self", "0-3,7"), ("hybrid", "hybrid", ""),
     ("hybrid:qwen2.5-coder-0.5b", "hybrid", "qwen2.5-coder-0.5b"), ("hybrid:self:2", "hybrid", "self:2"),
     ("./models/draft", "model", "./models/draft"), ("org/name", "model", "org/name"),
@@ -28,7 +28,9 @@ def test_parse(spec, kind, arg):
 
 
 @pytest.mark.parametrize("spec,match", [("hybrid:ngram", "fall back"), ("hybrid:hybrid", "fall back"),
-                                        ("self:", "nothing after"), ("hybrid:none", "fall back")])
+                                        ("self:", "nothing after"), ("hybrid:none", "fall back"),
+                                        ("ngram:1", "N must be"), ("ngram:x", "N must be"), ("ngram:", "N must be"),
+                                        ("ngram:17", "N must be"), ("hybrid:ngram:3", "fall back")])
 def test_parse_errors(spec, match):
     with pytest.raises(GenerationError, match=match):
         registry.parse(spec)
@@ -97,3 +99,10 @@ def test_self_drafter_never_changes_the_shared_target(target):
     assert len(steps) == 10 and seen  # layer 0 ran, in draft and verify passes
     assert set(seen) == {len(full)}  # and at no time was the target's layer list cut
     assert list(model.model.layers) == full and len(drafter.model.layers) == 2
+
+
+def test_ngram_n_sets_the_longest_ngram(target):
+    model, tok = target
+    d = registry.build("ngram:3", model, tok, num_draft=4)
+    assert (d.n, d.k, d.min_n) == (3, 4, 2)
+    assert registry.build("ngram", model, tok).n == ngram.DEFAULT_N

@@ -15,9 +15,13 @@ from ..errors import MlxSpecError
 SUITES_DIR = Path(__file__).parent / "suites"
 QUANTS = ("float32", "int8", "int4")  # what MODEL@QUANT may ask for (converted into the cache when missing)
 PROMPT_SETS = ("humaneval", "edit", "prose")
-KINDS = ("table", "roofline")  # table: the M3 Max layout (target alone, then each draft); roofline: plain decoding
-TOP = {"description", "kind", "max_tokens", "repeats", "temp", "top_p", "top_k", "num_draft", "prompts", "targets"}
+# table: the M3 Max layout (target alone, then each draft); roofline: plain decoding against the memory roofline;
+# ngram: ANPD's sweep of the n-gram drafter's K and N (its rows come from `sweeps`, at fixed K: adaptive = false)
+KINDS = ("table", "roofline", "ngram")
+TOP = {"description", "kind", "max_tokens", "repeats", "temp", "top_p", "top_k", "num_draft", "adaptive", "prompts",
+       "targets", "sweeps"}
 TARGET = {"model", "drafts"}
+SWEEP = {"k", "n"}
 
 
 class SuiteError(MlxSpecError):
@@ -62,14 +66,24 @@ class Suite:
     top_p: float = 0.0
     top_k: int = 0
     num_draft: Optional[int] = None
+    adaptive: bool = True  # the policy picks each round's length; false: always K (what a K sweep measures)
+    sweeps: List[Tuple[Tuple[int, ...], Tuple[int, ...]]] = field(default_factory=list)  # ngram: (K values, N values)
     prompts: Dict[str, int] = field(default_factory=lambda: {"humaneval": 1, "edit": 1, "prose": 1})
     targets: List[Target] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {"name": self.name, "path": str(self.path), "kind": self.kind, "description": self.description,
                 "max_tokens": self.max_tokens, "repeats": self.repeats, "temp": self.temp, "top_p": self.top_p,
-                "top_k": self.top_k, "num_draft": self.num_draft, "prompts": dict(self.prompts),
+                "top_k": self.top_k, "num_draft": self.num_draft, "adaptive": self.adaptive,
+                "prompts": dict(self.prompts), "sweeps": [{"k": list(k), "n": list(n)} for k, n in self.sweeps],
                 "targets": [{"model": str(t.model), "drafts": list(t.drafts)} for t in self.targets]}
+
+    def rows(self, target: Target) -> List[Tuple[str, Optional[int]]]:
+        """(drafter spec, K or None for the suite's) of each row after the target alone, in order."""
+        if self.kind != "ngram":
+            return [(d, None) for d in target.drafts]
+        grid = [(f"ngram:{n}", k) for ks, ns in self.sweeps for n in ns for k in ks]
+        return list(dict.fromkeys(grid))
 
 
 def builtin() -> List[Path]:
@@ -129,6 +143,11 @@ def load(name_or_path: str) -> Suite:
     s.top_p = _number(data, "top_p", float, 0.0, where, s.top_p)
     s.top_k = _number(data, "top_k", int, 0, where, s.top_k)
     s.num_draft = _number(data, "num_draft", int, 1, where, None)
+    if "adaptive" in data:
+        if not isinstance(data["adaptive"], bool):
+            raise SuiteError(f"{where}: 'adaptive' must be true or false, got {data['adaptive']!r}")
+        s.adaptive = data["adaptive"]
+    s.sweeps = _sweeps(data, kind, where)
     if s.top_p > 1.0:
         raise SuiteError(f"{where}: 'top_p' must be at most 1, got {s.top_p}")
     prompts = data.get("prompts", s.prompts)
@@ -146,6 +165,9 @@ def load(name_or_path: str) -> Suite:
         if not isinstance(t, dict):
             raise SuiteError(f"{tw}: must be a table")
         _unknown(t, TARGET, tw)
+        if kind != "table" and t.get("drafts"):
+            raise SuiteError(f"{tw}: a {kind} suite has no 'drafts' ("
+                             + ("its rows come from 'sweeps')" if kind == "ngram" else "it measures plain decoding)"))
         if not isinstance(t.get("model"), str):
             raise SuiteError(f"{tw}: 'model' must be a model name, e.g. \"qwen2.5-coder-1.5b@int8\"")
         drafts = t.get("drafts", [])
@@ -156,3 +178,31 @@ def load(name_or_path: str) -> Suite:
                 ModelRef.parse(d.removeprefix("hybrid:"), tw)
         s.targets.append(Target(ModelRef.parse(t["model"], tw), tuple(d.strip() for d in drafts)))
     return s
+
+
+def _sweeps(data: dict, kind: str, where: str) -> List[Tuple[Tuple[int, ...], Tuple[int, ...]]]:
+    from ..gen.registry import NGRAM_N
+
+    raw = data.get("sweeps")
+    if kind != "ngram":
+        if raw is not None:
+            raise SuiteError(f"{where}: 'sweeps' belongs to ngram suites, not {kind}")
+        return []
+    if not isinstance(raw, list) or not raw:
+        raise SuiteError(f"{where}: an ngram suite needs [[sweeps]] tables with 'k' and 'n' lists")
+    out = []
+    for i, sw in enumerate(raw, 1):
+        sw_where = f"{where}, [[sweeps]] #{i}"
+        if not isinstance(sw, dict):
+            raise SuiteError(f"{sw_where}: must be a table with 'k' and 'n' lists")
+        _unknown(sw, SWEEP, sw_where)
+        lists = {}
+        for name, lo, hi in (("k", 1, 64), ("n", NGRAM_N[0], NGRAM_N[1])):
+            v = sw.get(name)
+            if not isinstance(v, list) or not v or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                raise SuiteError(f"{sw_where}: '{name}' must be a list of integers, e.g. {name} = [2, 3]")
+            if not all(lo <= x <= hi for x in v):
+                raise SuiteError(f"{sw_where}: '{name}' values must be in [{lo}, {hi}], got {v}")
+            lists[name] = tuple(v)
+        out.append((lists["k"], lists["n"]))
+    return out

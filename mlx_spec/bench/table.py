@@ -55,13 +55,18 @@ def draft_folder_spec(draft: str, log: Log):
     return draft, None
 
 
+def spec_model(draft: str) -> str:
+    """The MODEL[@QUANT] part of a model or hybrid draft spec."""
+    return draft.removeprefix("hybrid:")
+
+
 class TableRun:
     """One run of a table suite into a result file."""
 
     def __init__(self, suite: Suite, result: ResultFile, log: Log = lambda _m: None):
         self.suite, self.result, self.log = suite, result, log
         self.per_row = suite.repeats * sum(suite.prompts.values())
-        total = sum(len(t.drafts) + 1 for t in suite.targets) * self.per_row
+        total = sum(len(suite.rows(t)) + 1 for t in suite.targets) * self.per_row
         self.bar = progress(total=total, initial=len(result.done), desc=f"bench {suite.name}", unit="gen")
 
     def run(self) -> None:
@@ -84,8 +89,11 @@ class TableRun:
         self.result.write_markdown(md)
         return md
 
-    def _row(self, target: str, draft: Optional[str], **labels) -> dict:
-        row = {"key": key(target, draft or "none"), "target": target, "draft": draft or "none", **labels}
+    def _row(self, target: str, draft: Optional[str], k: Optional[int] = None, **labels) -> dict:
+        label = draft or "none"
+        if k is not None:
+            label += f" K={k}"
+        row = {"key": key(target, label), "target": target, "draft": draft or "none", "k": k, **labels}
         self.result.set_row(row)
         return row
 
@@ -103,7 +111,7 @@ class TableRun:
         s = self.suite
         name = str(t.model)
         base = self._row(name, None, draft_quant="N/A", status="ok")
-        rows = [base] + [self._row(name, d, status="ok") for d in t.drafts]
+        rows = [base] + [self._row(name, d, k, status="ok") for d, k in s.rows(t)]
         try:
             folder = folder_of(t.model, self.log)
             model, tok, _ = load_model(str(folder), self.log)
@@ -117,27 +125,28 @@ class TableRun:
             row["target_quant"] = quantization(model)
         prompts = build(tok, s.prompts["humaneval"], s.prompts["edit"], n_prose=s.prompts["prose"])
         eos = tuple(tok.eos_token_ids)
-        drafters: Dict[str, object] = {base["key"]: None}
+        drafters: Dict[str, tuple] = {base["key"]: (None, None)}  # row key -> (drafter, K)
+        loaded: Dict[str, tuple] = {}  # draft folder -> (model, tokenizer): one copy serves every row using it
         for row in rows[1:]:
             try:
                 spec, dfolder = draft_folder_spec(row["draft"], self.log)
-                loaded = None
-                if dfolder is not None:
+                if dfolder is not None and str(dfolder) not in loaded:
                     dmodel, dtok, _ = load_model(str(dfolder), self.log)
                     check_tokenizers(tok, dtok)
-                    loaded = {str(dfolder): (dmodel, dtok)}
-                    self.result.data["models"][row["draft"]] = {
+                    loaded[str(dfolder)] = (dmodel, dtok)
+                    self.result.data["models"][spec_model(row["draft"])] = {
                         "folder": str(dfolder), "weights_gb": params_gb(dmodel), "quantization": quantization(dmodel),
                         "sha256": folder_sha256(dfolder)}
-                drafter = make_drafter(spec, model, tok, num_draft=s.num_draft, loaded=loaded, log=self.log)
+                k = row["k"] or s.num_draft
+                drafter = make_drafter(spec, model, tok, num_draft=k, loaded=loaded, log=self.log)
                 row["draft_quant"] = quantization(draft_model(drafter, model))
-                drafters[row["key"]] = drafter
+                drafters[row["key"]] = (drafter, k)
             except (MlxSpecError, OSError, ValueError) as e:
                 self._unavailable(row, e)
         for row in rows:
             if row["key"] in drafters:
                 self.result.set_row(row)
-                self._generate(model, drafters[row["key"]], chat_ids(tok, WARMUP_PROMPT), WARMUP_TOKENS, eos)
+                self._generate(model, *drafters[row["key"]], chat_ids(tok, WARMUP_PROMPT), WARMUP_TOKENS, eos)
         self.result.flush()
         live = [r for r in rows if r["key"] in drafters]
         for rep in range(s.repeats):
@@ -147,7 +156,7 @@ class TableRun:
                     k = key(row["key"], p.id, rep)
                     if k in self.result.done:
                         continue
-                    rec = self._measure(model, drafters[row["key"]], p, rep, eos)
+                    rec = self._measure(model, *drafters[row["key"]], p, rep, eos)
                     rec.update(key=k, row=row["key"])
                     self.result.add(rec)
                     self.bar.update(1)
@@ -156,45 +165,58 @@ class TableRun:
         del model
         free()
 
-    def _generate(self, model, drafter, ids, max_tokens: int, eos, stats=None):
+    def _generate(self, model, drafter, k, ids, max_tokens: int, eos, stats=None):
         s = self.suite
         return time_stream(lambda: ours_stream(ids, model, drafter, stats=stats, max_tokens=max_tokens,
                                                eos_token_ids=eos, temp=s.temp, top_p=s.top_p, top_k=s.top_k,
-                                               num_draft=s.num_draft), max_tokens, eos)
+                                               num_draft=k, adaptive=s.adaptive), max_tokens, eos)
 
-    def _measure(self, model, drafter, p, rep: int, eos) -> dict:
+    def _measure(self, model, drafter, k, p, rep: int, eos) -> dict:
         import mlx.core as mx
 
         from ..gen.engine import Stats
 
         stats = Stats()
         mx.random.seed(zlib.crc32(f"{p.id}|{rep}".encode()))  # sampling: the same seed for every row
-        t = self._generate(model, drafter, p.ids, self.suite.max_tokens, eos, stats)
+        t = self._generate(model, drafter, k, p.ids, self.suite.max_tokens, eos, stats)
         return {"prompt": p.id, "set": p.set, "repeat": rep, "prompt_tokens": len(p.ids), **t.as_dict(),
                 "stats": stats.as_dict(), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
+def _compare(mine: Dict[tuple, dict], base: Dict[tuple, dict], k: Optional[int]) -> dict:
+    """Speed-up over the target alone on the measurements both have, the spread, acceptance, and the lossless count."""
+    both = [x for x in mine if x in base]
+    if not both:
+        return {}
+    tps = sum(mine[x]["n_tokens"] for x in both) / sum(mine[x]["total"] for x in both)
+    btps = sum(base[x]["n_tokens"] for x in both) / sum(base[x]["total"] for x in both)
+    ratios = [mine[x]["e2e_tps"] / base[x]["e2e_tps"] for x in both if base[x]["e2e_tps"]]
+    out = dict(speedup=tps / btps, speedup_median=median(ratios), speedup_min=min(ratios), speedup_max=max(ratios),
+               compared=len(both),
+               identical=sum(first_mismatch(mine[x]["tokens"], base[x]["tokens"]) is None for x in both))
+    out.update(_acceptance([mine[x] for x in both]))
+    if k is not None and out.get("acceptance_rate") is not None:
+        out["bound"] = out["acceptance_rate"] * k + 1  # ANPD's upper bound (alpha x K) + 1, alpha = the hit ratio
+    return out
+
+
 def summarize(data: dict) -> List[dict]:
-    """Per row: tokens/s over all its measurements and its improvement over the target alone on the same ones."""
+    """Per row: tokens/s over all its measurements and its improvement over the target alone on the same ones,
+    overall and per prompt set."""
     records = data["records"]
     out = []
     for row in data["rows"]:
         mine = {(r["prompt"], r["repeat"]): r for r in records if r["row"] == row["key"]}
-        entry = {k: row.get(k) for k in ("key", "target", "draft", "status", "reason", "target_quant", "draft_quant")}
+        entry = {k: row.get(k) for k in ("key", "target", "draft", "k", "status", "reason", "target_quant",
+                                         "draft_quant")}
         entry["measurements"] = len(mine)
-        base_key = key(row["target"], "none")
-        base = {(r["prompt"], r["repeat"]): r for r in records if r["row"] == base_key}
-        both = [k for k in mine if k in base]
+        base = {(r["prompt"], r["repeat"]): r for r in records if r["row"] == key(row["target"], "none")}
         if mine:
             entry["tokens_per_second"] = sum(r["n_tokens"] for r in mine.values()) / sum(r["total"] for r in mine.values())
-        if both:
-            tps = sum(mine[k]["n_tokens"] for k in both) / sum(mine[k]["total"] for k in both)
-            btps = sum(base[k]["n_tokens"] for k in both) / sum(base[k]["total"] for k in both)
-            ratios = [mine[k]["e2e_tps"] / base[k]["e2e_tps"] for k in both if base[k]["e2e_tps"]]
-            entry.update(speedup=tps / btps, speedup_median=median(ratios), speedup_min=min(ratios),
-                         speedup_max=max(ratios), compared=len(both),
-                         identical=sum(first_mismatch(mine[k]["tokens"], base[k]["tokens"]) is None for k in both))
-            entry.update(_acceptance([mine[k] for k in both]))
+        entry.update(_compare(mine, base, row.get("k")))
+        sets = dict.fromkeys(r["set"] for r in mine.values())
+        entry["by_set"] = {name: _compare({x: r for x, r in mine.items() if r["set"] == name}, base, row.get("k"))
+                           for name in sets}
         out.append(entry)
     return out
 
@@ -218,7 +240,7 @@ def markdown(data: dict) -> str:
     table, detail = [], []
     for e in data["summary"]:
         target = f"{short_name(e['target'])} {e.get('target_quant') or ''}".strip()
-        draft = table_name(e["draft"])
+        draft = table_name(e["draft"]) + (f" K={e['k']}" if e.get("k") else "")
         if e["status"] != "ok":
             table.append([target, draft, e.get("draft_quant") or "?", f"unavailable: {e['reason']}", ""])
             continue
@@ -239,7 +261,29 @@ def markdown(data: dict) -> str:
         from . import roofline
 
         out += "\n" + roofline.markdown(data)
+    if s["kind"] == "ngram":
+        out += "\n" + sweep_markdown(data)
     if detail:
         out += "\n" + aligned_table(("Target", "Draft", "Speed-up per prompt: median (min–max)", "Acceptance",
                                      "Mean accepted", "Identical to the target alone"), detail) + "\n"
     return out
+
+
+def sweep_markdown(data: dict) -> str:
+    """ANPD §4.4's view: per target and prompt set, speed-up by K (columns) and N (rows), the bound beside each."""
+    from ..named import short_name
+
+    parts = ["Speed-up over the target alone by K (most drafted per round, fixed) and N (longest n-gram), "
+             "with ANPD's bound (α·K)+1 in brackets, α = accepted / drafted tokens:", ""]
+    entries = [e for e in data["summary"] if e.get("k") is not None]
+    for target in dict.fromkeys(e["target"] for e in entries):
+        mine = [e for e in entries if e["target"] == target]
+        ks = sorted({e["k"] for e in mine})
+        ns = sorted({int(e["draft"].partition(":")[2] or 0) for e in mine})
+        for name in dict.fromkeys(x for e in mine for x in e["by_set"]):
+            cells = {(e["k"], int(e["draft"].partition(":")[2] or 0)): e["by_set"].get(name, {}) for e in mine}
+            rows = [[f"N={n}"] + [(f"{c['speedup']:.2f}× ({c['bound']:.2f})" if c.get("bound") else
+                                   f"{c['speedup']:.2f}×" if c.get("speedup") else "")
+                                  for c in (cells.get((k, n), {}) for k in ks)] for n in ns]
+            parts += [f"**{short_name(target)}, {name}**", "", aligned_table(["", *(f"K={k}" for k in ks)], rows), ""]
+    return "\n".join(parts)

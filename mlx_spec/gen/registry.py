@@ -1,4 +1,4 @@
-"""Drafter specs: parse `ngram`, `self[:LAYERS]`, `hybrid[:D]` or a model, build the drafter, and each kind's default K."""
+"""Drafter specs: parse `ngram[:N]`, `self[:LAYERS]`, `hybrid[:D]` or a model, build the drafter, and each kind's default K."""
 
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
@@ -10,6 +10,7 @@ from .drafters.base import Drafter
 # Most draft tokens per round, by kind: the one place these defaults live.
 DEFAULT_K = {"model": _model.DEFAULT_K, "self": _model.DEFAULT_K, "ngram": _ngram.DEFAULT_K, "hybrid": _ngram.DEFAULT_K}
 KINDS = ("none", "ngram", "self", "hybrid", "model")
+NGRAM_N = (2, 16)  # the longest n-gram `ngram:N` may ask for
 
 Loader = Callable[[str], Tuple[object, object]]  # model spec -> (model, tokenizer)
 
@@ -28,13 +29,17 @@ class DrafterSpec:
 
 
 def parse(spec: Optional[str]) -> DrafterSpec:
-    """'none'/None/'', 'ngram', 'self', 'self:LAYERS', 'hybrid', 'hybrid:D', or anything else as a model spec."""
+    """'none'/None/'', 'ngram', 'ngram:N', 'self', 'self:LAYERS', 'hybrid', 'hybrid:D', or anything else as a model spec."""
     spec = (spec or "").strip()
     if spec in ("", "none", "off"):
         return DrafterSpec("none")
     if spec == "ngram":
         return DrafterSpec("ngram")
     head, sep, arg = spec.partition(":")
+    if head == "ngram":  # ngram:N, the longest n-gram (ANPD's N)
+        if not (arg.isdigit() and NGRAM_N[0] <= int(arg) <= NGRAM_N[1]):
+            raise GenerationError(f"'{spec}': N must be an integer in [{NGRAM_N[0]}, {NGRAM_N[1]}] (e.g. 'ngram:5')")
+        return DrafterSpec("ngram", arg)
     if head in ("self", "hybrid"):
         if sep and not arg:
             raise GenerationError(f"'{spec}': nothing after ':' (try '{head}' alone)")
@@ -75,7 +80,8 @@ def build(spec: Optional[str], target, tokenizer, *, load: Optional[Loader] = No
         raise GenerationError(f"--min-confidence must be in [0, 1], got {conf}")
     width, real = vocab_width(target), len(tokenizer.get_vocab())
     if s.kind == "ngram":
-        return NGramDrafter(k=num_draft or DEFAULT_K["ngram"])
+        n = int(s.arg) if s.arg else _ngram.DEFAULT_N
+        return NGramDrafter(n=n, k=num_draft or DEFAULT_K["ngram"], min_n=min(_ngram.DEFAULT_MIN_N, n))
     if s.kind == "hybrid":
         inner = build(s.arg or "self", target, tokenizer, load=load, num_draft=num_draft, min_confidence=conf)
         return HybridDrafter(NGramDrafter(k=num_draft or DEFAULT_K["ngram"]), inner)
