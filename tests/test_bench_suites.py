@@ -47,7 +47,7 @@ def target(tiny_models, tmp_path):
 def test_bench_list_shows_every_builtin_suite_and_each_loads():
     r = cli("list", timeout=120)
     assert r.returncode == 0, r.stderr
-    for name in ("quick", "m3max", "roofline", "ngram"):
+    for name in ("quick", "m3max", "roofline", "ngram", "compression"):
         assert any(line.split()[:1] == [name] for line in r.stdout.splitlines())
         assert suites.load(name).targets  # a built-in suite is valid as shipped
     m3 = suites.load("m3max")
@@ -59,7 +59,7 @@ def test_bench_list_shows_every_builtin_suite_and_each_loads():
     ('kind = "tabel"\n[[targets]]\nmodel = "m"\n', "'kind'"),
     ('kind = "table"\nmax_tokens = 0\n[[targets]]\nmodel = "m"\n', "'max_tokens'"),
     ('kind = "table"\nprompts = { humaneval = 1, prosa = 1 }\n[[targets]]\nmodel = "m"\n', "'prosa'"),
-    ('kind = "table"\n[[targets]]\nmodel = "m@int3"\n', "'int3'"),
+    ('kind = "table"\n[[targets]]\nmodel = "m@int5"\n', "'int5'"),
     ('kind = "table"\n[[targets]]\nmodel = "m"\ndrafs = ["ngram"]\n', "'drafs'"),
     ('kind = "table"\n', "[[targets]]"),
     ('kind = "table"\ntop_p = 1.5\n[[targets]]\nmodel = "m"\n', "'top_p'"),
@@ -68,6 +68,9 @@ def test_bench_list_shows_every_builtin_suite_and_each_loads():
     ('kind = "ngram"\n[[targets]]\nmodel = "m"\n[[sweeps]]\nk = [1]\nn = [1]\n', "'n'"),
     ('kind = "ngram"\n[[targets]]\nmodel = "m"\ndrafts = ["ngram"]\n[[sweeps]]\nk = [1]\nn = [2]\n', "'drafts'"),
     ('kind = "table"\nadaptive = "no"\n[[targets]]\nmodel = "m"\n', "'adaptive'"),
+    ('kind = "compression"\nk = [5]\nmethods = ["int5"]\n[[targets]]\nmodel = "m"\n', "'int5'"),
+    ('kind = "compression"\n[[targets]]\nmodel = "m"\n', "'k'"),
+    ('kind = "table"\nprompts = { prose = 9 }\n[[targets]]\nmodel = "m"\n', "'prose'"),
 ])
 def test_a_suite_file_with_a_mistake_is_one_line_naming_the_file_and_field(tmp_path, text, field):
     path = tmp_path / "mine.toml"
@@ -239,3 +242,26 @@ def test_the_ngram_sweep_measures_each_k_and_n_with_the_anpd_bound(target, tmp_p
     md = result.md_path.read_text()
     assert "K=1" in md and "K=3" in md
     assert "humaneval**" in md and "edit**" in md and "N=4" in md
+
+
+def test_the_compression_suite_takes_its_methods_from_the_converter(target, tmp_path, monkeypatch):
+    from mlx_spec.make import convert
+
+    methods = convert.draft_methods()
+    assert {"float16", "int8", "int4", "layers-half"} <= set(methods)
+    path = tmp_path / "comp.toml"
+    path.write_text(f'kind = "compression"\nadaptive = false\nk = [2, 4]\nmax_tokens = 8\nprompts = {{ prefix = 2 }}\n'
+                    f'[[targets]]\nmodel = "{target}"\n')
+    shown = dict(list(methods.items())[:1] + [("int8", methods["int8"]), ("layers-half", methods["layers-half"])])
+    monkeypatch.setattr(convert, "draft_methods", lambda: shown)  # fewer methods: a shorter test, same code path
+    result = runner.run_suite(str(path), str(tmp_path / "runs"))
+    data = json.loads(result.path.read_text())
+    rows = {e["draft"].rpartition("@")[2] + f" K={e['k']}": e for e in data["summary"] if e["draft"] != "none"}
+    assert set(rows) == {f"{m} K={k}" for m in shown for k in (2, 4)}
+    assert rows["int8 K=2"]["draft_quant"] == "int8"
+    for e in rows.values():
+        assert e["status"] == "ok" and e["identical"] == e["compared"] == 2
+    half = data["models"][f"{target}@layers-half"]
+    assert half["weights_gb"] < data["models"][str(target)]["weights_gb"]
+    md = result.md_path.read_text()
+    assert "K=2: accepted · speed-up" in md and "layers-half" in md and " of 4 · " in md

@@ -1,6 +1,5 @@
 """The decode benchmark: plain greedy decoding, our engine vs mlx-lm on the same folders; BLAS and conversion costs."""
 
-import hashlib
 import json
 import os
 import shutil
@@ -56,20 +55,9 @@ def _all_float32(folder: Path) -> bool:
 
 def variant_folder(spec: str, variant: str, log: Log) -> Path:
     """The float32 / int8 / int4 version of `spec`: the source itself if it already is it, else a cached conversion."""
-    from ..make.paths import home
-    from ..make.recipes import find
-    from ..make.resolve import convert, resolve
+    from .variants import variant_folder as convert_variant
 
-    src = resolve(spec, log)
-    bits = VARIANTS[variant]
-    if bits is None and _all_float32(src):
-        return src
-    base = spec if find(spec) else f"{src.name}-{hashlib.sha1(str(src.resolve()).encode()).hexdigest()[:8]}"
-    out = home() / "bench" / "variants" / f"{base}-{variant}"
-    if not (out / "config.json").is_file():
-        log(f"converting {spec} to {variant} into {out}")
-        convert(str(src), out, dtype="float32", quantize=bits, force=out.exists(), log=log)
-    return out
+    return convert_variant(spec, "float32" if variant == "f32" else variant, log)
 
 
 def weights_gb(folder: Path) -> float:

@@ -40,7 +40,7 @@ WARMUP_PROMPT = "def add(a, b):"
 class Prompt:
     """One benchmark prompt: where it comes from, its text and its chat-templated ids."""
 
-    set: str  # "humaneval" or "edit"
+    set: str  # "humaneval", "edit", "prose" or "prefix"
     id: str  # e.g. "HumanEval/0" or "HumanEval/0:rename"
     text: str  # the user message
     ids: List[int]
@@ -77,14 +77,33 @@ def chat_ids(tokenizer, text: str) -> List[int]:
     return list(tokenizer.encode(text))
 
 
-def build(tokenizer, n_humaneval: int, n_edit: int, path: Optional[str] = None, n_prose: int = 0) -> List[Prompt]:
+# The 10 sentence prefixes of the compression paper's Table 1 (draft-model-generation-compression),
+# continued as plain text: no chat template, as the paper's base models read them.
+PREFIXES = (
+    "Today, the weather is",
+    "The capital of France is",
+    "Once upon a time, in a land far away,",
+    "In Python, a list can be created by",
+    "What is the meaning of life",
+    "If all cats are animals, and all animals have hearts, then",
+    "Hey, how was your day today?",
+    "During World War II,",
+    "The purpose of this document is to",
+    "Why did the chicken cross the road?",
+)
+
+
+def build(tokenizer, n_humaneval: int, n_edit: int, path: Optional[str] = None, n_prose: int = 0,
+          n_prefix: int = 0) -> List[Prompt]:
     """The first `n_humaneval` tasks as completion requests, `n_edit` edits of the first tasks' solutions,
-    and `n_prose` open prose questions, interleaved (one of each kind in turn) so noise falls on all sets.
+    `n_prose` open prose questions and `n_prefix` sentence prefixes, interleaved (one of each kind in turn) so noise falls on all sets.
 
     Edit i uses task i's prompt + canonical solution and cycles through EDIT_TEMPLATES.
     """
     if n_prose > len(PROSE_QUESTIONS):
         raise ValueError(f"at most {len(PROSE_QUESTIONS)} prose questions, got {n_prose}")
+    if n_prefix > len(PREFIXES):
+        raise ValueError(f"at most {len(PREFIXES)} sentence prefixes, got {n_prefix}")
     tasks = humaneval_tasks(path) if n_humaneval or n_edit else []
     out = []
     for t in tasks[:n_humaneval]:
@@ -97,5 +116,7 @@ def build(tokenizer, n_humaneval: int, n_edit: int, path: Optional[str] = None, 
         out.append(Prompt("edit", f"{t['task_id']}:{name}", text, chat_ids(tokenizer, text)))
     for i, text in enumerate(PROSE_QUESTIONS[:n_prose]):
         out.append(Prompt("prose", f"prose/{i}", text, chat_ids(tokenizer, text)))
-    sets = [[p for p in out if p.set == kind] for kind in ("humaneval", "edit", "prose")]
+    for i, text in enumerate(PREFIXES[:n_prefix]):
+        out.append(Prompt("prefix", f"prefix/{i}", text, list(tokenizer.encode(text))))
+    sets = [[p for p in out if p.set == kind] for kind in ("humaneval", "edit", "prose", "prefix")]
     return [p for group in itertools.zip_longest(*sets) for p in group if p is not None]

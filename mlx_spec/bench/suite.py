@@ -13,13 +13,13 @@ from typing import Dict, List, Optional, Tuple
 from ..errors import MlxSpecError
 
 SUITES_DIR = Path(__file__).parent / "suites"
-QUANTS = ("float32", "int8", "int4")  # what MODEL@QUANT may ask for (converted into the cache when missing)
-PROMPT_SETS = ("humaneval", "edit", "prose")
+PROMPT_SETS = ("humaneval", "edit", "prose", "prefix")
 # table: the M3 Max layout (target alone, then each draft); roofline: plain decoding against the memory roofline;
-# ngram: ANPD's sweep of the n-gram drafter's K and N (its rows come from `sweeps`, at fixed K: adaptive = false)
-KINDS = ("table", "roofline", "ngram")
+# ngram: ANPD's sweep of the n-gram drafter's K and N (its rows come from `sweeps`, at fixed K: adaptive = false);
+# compression: drafts made from the target by each of convert's methods, at each K of `k`
+KINDS = ("table", "roofline", "ngram", "compression")
 TOP = {"description", "kind", "max_tokens", "repeats", "temp", "top_p", "top_k", "num_draft", "adaptive", "prompts",
-       "targets", "sweeps"}
+       "targets", "sweeps", "k", "methods"}
 TARGET = {"model", "drafts"}
 SWEEP = {"k", "n"}
 
@@ -30,16 +30,18 @@ class SuiteError(MlxSpecError):
 
 @dataclass(frozen=True)
 class ModelRef:
-    """A model spec with an optional quantization: `qwen2.5-coder-1.5b@int8`."""
+    """A model spec with an optional draft method of `convert`: `qwen2.5-coder-1.5b@int8`, `...@layers-half`."""
 
     spec: str
-    quant: Optional[str] = None  # None: as the source is
+    quant: Optional[str] = None  # a key of make.convert.draft_methods(); None: as the source is
 
     @classmethod
     def parse(cls, text: str, where: str) -> "ModelRef":
+        from .variants import methods
+
         spec, sep, quant = text.rpartition("@") if "@" in text else (text, "", "")
-        if sep and quant not in QUANTS:
-            raise SuiteError(f"{where}: unknown quantization '{quant}' in '{text}' (one of {', '.join(QUANTS)})")
+        if sep and quant not in methods():
+            raise SuiteError(f"{where}: unknown method '{quant}' in '{text}' (convert offers {', '.join(methods())})")
         if not spec.strip():
             raise SuiteError(f"{where}: empty model name in '{text}'")
         return cls(spec.strip(), quant or None)
@@ -68,6 +70,8 @@ class Suite:
     num_draft: Optional[int] = None
     adaptive: bool = True  # the policy picks each round's length; false: always K (what a K sweep measures)
     sweeps: List[Tuple[Tuple[int, ...], Tuple[int, ...]]] = field(default_factory=list)  # ngram: (K values, N values)
+    ks: Tuple[int, ...] = ()  # compression: the fixed K of each row
+    methods: Tuple[str, ...] = ()  # compression: convert's draft methods to measure (default: all of them)
     prompts: Dict[str, int] = field(default_factory=lambda: {"humaneval": 1, "edit": 1, "prose": 1})
     targets: List[Target] = field(default_factory=list)
 
@@ -76,10 +80,13 @@ class Suite:
                 "max_tokens": self.max_tokens, "repeats": self.repeats, "temp": self.temp, "top_p": self.top_p,
                 "top_k": self.top_k, "num_draft": self.num_draft, "adaptive": self.adaptive,
                 "prompts": dict(self.prompts), "sweeps": [{"k": list(k), "n": list(n)} for k, n in self.sweeps],
+                "k": list(self.ks), "methods": list(self.methods),
                 "targets": [{"model": str(t.model), "drafts": list(t.drafts)} for t in self.targets]}
 
     def rows(self, target: Target) -> List[Tuple[str, Optional[int]]]:
         """(drafter spec, K or None for the suite's) of each row after the target alone, in order."""
+        if self.kind == "compression":
+            return [(f"{target.model.spec}@{m}", k) for m in self.methods for k in self.ks]
         if self.kind != "ngram":
             return [(d, None) for d in target.drafts]
         grid = [(f"ngram:{n}", k) for ks, ns in self.sweeps for n in ns for k in ks]
@@ -148,6 +155,7 @@ def load(name_or_path: str) -> Suite:
             raise SuiteError(f"{where}: 'adaptive' must be true or false, got {data['adaptive']!r}")
         s.adaptive = data["adaptive"]
     s.sweeps = _sweeps(data, kind, where)
+    s.ks, s.methods = _compression(data, kind, where)
     if s.top_p > 1.0:
         raise SuiteError(f"{where}: 'top_p' must be at most 1, got {s.top_p}")
     prompts = data.get("prompts", s.prompts)
@@ -155,6 +163,11 @@ def load(name_or_path: str) -> Suite:
         raise SuiteError(f"{where}: 'prompts' must be a table like {{ humaneval = 2, edit = 1, prose = 1 }}")
     _unknown(prompts, set(PROMPT_SETS), f"{where}, [prompts]")
     s.prompts = {k: _number(prompts, k, int, 0, f"{where}, [prompts]", 0) for k in PROMPT_SETS}
+    from .prompts import PREFIXES, PROSE_QUESTIONS
+
+    for name, have in (("prose", len(PROSE_QUESTIONS)), ("prefix", len(PREFIXES))):
+        if s.prompts[name] > have:
+            raise SuiteError(f"{where}, [prompts]: '{name}' can be at most {have}, got {s.prompts[name]}")
     if not sum(s.prompts.values()):
         raise SuiteError(f"{where}: 'prompts' asks for no prompt at all")
     targets = data.get("targets")
@@ -166,8 +179,9 @@ def load(name_or_path: str) -> Suite:
             raise SuiteError(f"{tw}: must be a table")
         _unknown(t, TARGET, tw)
         if kind != "table" and t.get("drafts"):
-            raise SuiteError(f"{tw}: a {kind} suite has no 'drafts' ("
-                             + ("its rows come from 'sweeps')" if kind == "ngram" else "it measures plain decoding)"))
+            why = {"ngram": "its rows come from 'sweeps'", "compression": "its drafts are made from the target",
+                   "roofline": "it measures plain decoding"}[kind]
+            raise SuiteError(f"{tw}: a {kind} suite has no 'drafts' ({why})")
         if not isinstance(t.get("model"), str):
             raise SuiteError(f"{tw}: 'model' must be a model name, e.g. \"qwen2.5-coder-1.5b@int8\"")
         drafts = t.get("drafts", [])
@@ -206,3 +220,25 @@ def _sweeps(data: dict, kind: str, where: str) -> List[Tuple[Tuple[int, ...], Tu
             lists[name] = tuple(v)
         out.append((lists["k"], lists["n"]))
     return out
+
+
+def _compression(data: dict, kind: str, where: str) -> Tuple[Tuple[int, ...], Tuple[str, ...]]:
+    from .variants import methods as all_methods
+
+    if kind != "compression":
+        for name in ("k", "methods"):
+            if name in data:
+                raise SuiteError(f"{where}: '{name}' belongs to compression suites, not {kind}")
+        return (), ()
+    ks = data.get("k")
+    if not isinstance(ks, list) or not ks or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
+                                                     for x in ks):
+        raise SuiteError(f"{where}: 'k' must be a list of draft lengths >= 1, e.g. k = [5, 10]")
+    known = all_methods()
+    methods = data.get("methods", list(known))
+    if not isinstance(methods, list) or not methods:
+        raise SuiteError(f"{where}: 'methods' must be a list of convert's methods ({', '.join(known)})")
+    for m in methods:
+        if m not in known:
+            raise SuiteError(f"{where}: 'methods' has '{m}', which convert does not offer ({', '.join(known)})")
+    return tuple(ks), tuple(methods)

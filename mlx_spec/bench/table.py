@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Optional
 
 from ..errors import MlxSpecError
 from ..make.progress import progress
+from . import grids
 from .common import first_mismatch, folder_sha256, free, median, ours_stream, params_gb, time_stream
 from .prompts import WARMUP_PROMPT, build, chat_ids
 from .report import M3MAX_COLUMNS, _acceptance, aligned_table, improvement
@@ -22,15 +23,14 @@ from .suite import ModelRef, Suite
 
 Log = Callable[[str], None]
 WARMUP_TOKENS = 8
-QUANT_VARIANT = {"float32": "f32", "int8": "int8", "int4": "int4"}  # ModelRef quant -> decode.variant_folder's names
 
 
 def folder_of(ref: ModelRef, log: Log) -> Path:
     """The folder a suite's model name means: fetched and converted as `generate` would, then quantized if asked."""
     from ..make.resolve import resolve
-    from .decode import variant_folder
+    from .variants import variant_folder
 
-    return resolve(ref.spec, log) if ref.quant is None else variant_folder(ref.spec, QUANT_VARIANT[ref.quant], log)
+    return resolve(ref.spec, log) if ref.quant is None else variant_folder(ref.spec, ref.quant, log)
 
 
 def folder_quant(folder: Path) -> str:
@@ -123,7 +123,8 @@ class TableRun:
                                             "quantization": quantization(model), "sha256": folder_sha256(folder)}
         for row in rows:
             row["target_quant"] = quantization(model)
-        prompts = build(tok, s.prompts["humaneval"], s.prompts["edit"], n_prose=s.prompts["prose"])
+        prompts = build(tok, s.prompts["humaneval"], s.prompts["edit"], n_prose=s.prompts["prose"],
+                        n_prefix=s.prompts["prefix"])
         eos = tuple(tok.eos_token_ids)
         drafters: Dict[str, tuple] = {base["key"]: (None, None)}  # row key -> (drafter, K)
         loaded: Dict[str, tuple] = {}  # draft folder -> (model, tokenizer): one copy serves every row using it
@@ -261,29 +262,9 @@ def markdown(data: dict) -> str:
         from . import roofline
 
         out += "\n" + roofline.markdown(data)
-    if s["kind"] == "ngram":
-        out += "\n" + sweep_markdown(data)
+    if s["kind"] in grids.GRIDS:
+        out += "\n" + grids.GRIDS[s["kind"]](data)
     if detail:
         out += "\n" + aligned_table(("Target", "Draft", "Speed-up per prompt: median (min–max)", "Acceptance",
                                      "Mean accepted", "Identical to the target alone"), detail) + "\n"
     return out
-
-
-def sweep_markdown(data: dict) -> str:
-    """ANPD §4.4's view: per target and prompt set, speed-up by K (columns) and N (rows), the bound beside each."""
-    from ..named import short_name
-
-    parts = ["Speed-up over the target alone by K (most drafted per round, fixed) and N (longest n-gram), "
-             "with ANPD's bound (α·K)+1 in brackets, α = accepted / drafted tokens:", ""]
-    entries = [e for e in data["summary"] if e.get("k") is not None]
-    for target in dict.fromkeys(e["target"] for e in entries):
-        mine = [e for e in entries if e["target"] == target]
-        ks = sorted({e["k"] for e in mine})
-        ns = sorted({int(e["draft"].partition(":")[2] or 0) for e in mine})
-        for name in dict.fromkeys(x for e in mine for x in e["by_set"]):
-            cells = {(e["k"], int(e["draft"].partition(":")[2] or 0)): e["by_set"].get(name, {}) for e in mine}
-            rows = [[f"N={n}"] + [(f"{c['speedup']:.2f}× ({c['bound']:.2f})" if c.get("bound") else
-                                   f"{c['speedup']:.2f}×" if c.get("speedup") else "")
-                                  for c in (cells.get((k, n), {}) for k in ks)] for n in ns]
-            parts += [f"**{short_name(target)}, {name}**", "", aligned_table(["", *(f"K={k}" for k in ks)], rows), ""]
-    return "\n".join(parts)

@@ -19,6 +19,20 @@ DEFAULT_GROUP_SIZE = 64  # mlx-lm's default: the usual accuracy/size balance for
 HEAD_KEYS = ("embed_tokens", "lm_head")  # modules --head-bits applies to
 
 
+def draft_methods() -> dict:
+    """Every way `convert` shrinks a model into a draft, by name, as `convert` options.
+
+    `keep_fraction` stands for --keep-layers at that share of the source's blocks (rounded, at least
+    one). Benchmarks (the compression suite, MODEL@METHOD names) take their methods from here, so a
+    method added to `convert` is measured without touching them.
+    """
+    methods = {dtype: {"dtype": dtype} for dtype in DTYPES if dtype != "auto"}
+    methods.update({f"int{bits}": {"dtype": "float32", "quantize": bits} for bits in sorted(SUPPORTED_BITS, reverse=True)})
+    methods.update({"layers-half": {"dtype": "float32", "keep_fraction": 0.5},
+                    "layers-quarter": {"dtype": "float32", "keep_fraction": 0.25}})
+    return methods
+
+
 def auto_dtype() -> str:
     """float16 where MLX runs on a GPU (Metal); float32 on the CPU backend, where half types are slow."""
     import mlx.core as mx

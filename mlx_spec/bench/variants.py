@@ -1,0 +1,48 @@
+"""`MODEL@METHOD`: a model shrunk by one of `convert`'s draft methods, converted once into the cache.
+
+The methods are `mlx_spec.make.convert.draft_methods()` (float16, int4, layers-half, ...): suites name
+them, they never list them.
+"""
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Callable
+
+from ..errors import MlxSpecError
+
+Log = Callable[[str], None]
+
+
+def methods() -> dict:
+    from ..make.convert import draft_methods
+
+    return draft_methods()
+
+
+def variant_folder(spec: str, method: str, log: Log = lambda _m: None) -> Path:
+    """The folder of `spec` shrunk by `method`: the source itself when it already is that, else a cached conversion."""
+    from ..make.paths import home
+    from ..make.recipes import find
+    from ..make.resolve import convert, resolve
+    from .decode import _all_float32
+
+    options = dict(methods().get(method) or {})
+    if not options:
+        raise MlxSpecError(f"unknown method '{method}' (one of {', '.join(methods())})")
+    src = resolve(spec, log)
+    if options == {"dtype": "float32"} and _all_float32(src):
+        return src
+    fraction = options.pop("keep_fraction", None)
+    if fraction is not None:
+        cfg = json.loads((src / "config.json").read_text())
+        n = cfg.get("num_hidden_layers") or cfg.get("text_config", {}).get("num_hidden_layers")
+        if not n:
+            raise MlxSpecError(f"{spec}: its config says no num_hidden_layers, so '{method}' has no layer count")
+        options["keep_layers"] = max(1, round(n * fraction))
+    base = spec if find(spec) else f"{src.name}-{hashlib.sha1(str(src.resolve()).encode()).hexdigest()[:8]}"
+    out = home() / "bench" / "variants" / f"{base}-{method}"
+    if not (out / "config.json").is_file():
+        log(f"converting {spec} to {method} into {out}")
+        convert(str(src), out, force=out.exists(), log=log, **options)
+    return out
