@@ -3,7 +3,6 @@
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -39,18 +38,6 @@ class DecodeSettings:
 
 
 # --------------------------------------------------------------------------- model variants
-
-
-def _all_float32(folder: Path) -> bool:
-    """Whether every tensor in the folder's safetensors is F32 (read from the headers, not the names)."""
-    files = sorted(folder.glob("*.safetensors"))
-    for f in files:
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        if any(v.get("dtype") != "F32" for k, v in header.items() if k != "__metadata__"):
-            return False
-    return bool(files)
 
 
 def variant_folder(spec: str, variant: str, log: Log) -> Path:

@@ -6,7 +6,6 @@ is appended to the result file as it finishes; a resumed run skips the ones it h
 draft that cannot be fetched or loaded marks its rows unavailable, with why, and the rest goes on.
 """
 
-import json
 import time
 import zlib
 from pathlib import Path
@@ -31,17 +30,6 @@ def folder_of(ref: ModelRef, log: Log) -> Path:
     from .variants import variant_folder
 
     return resolve(ref.spec, log) if ref.quant is None else variant_folder(ref.spec, ref.quant, log)
-
-
-def folder_quant(folder: Path) -> str:
-    """'int4', 'float32', ... of a converted folder, from its config and weights headers (nothing is loaded)."""
-    from .decode import _all_float32
-
-    cfg = json.loads((Path(folder) / "config.json").read_text())
-    q = cfg.get("quantization") or cfg.get("quantization_config")
-    if isinstance(q, dict) and q.get("bits"):
-        return f"int{q['bits']}"
-    return "float32" if _all_float32(Path(folder)) else str(cfg.get("torch_dtype", "16-bit"))
 
 
 def draft_folder_spec(draft: str, log: Log):

@@ -6,12 +6,25 @@ them, they never list them.
 
 import hashlib
 import json
+import struct
 from pathlib import Path
 from typing import Callable
 
 from ..errors import MlxSpecError
 
 Log = Callable[[str], None]
+
+
+def all_float32(folder: Path) -> bool:
+    """Whether every tensor in the folder's safetensors is F32 (read from the headers, not the names)."""
+    files = sorted(folder.glob("*.safetensors"))
+    for f in files:
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        if any(v.get("dtype") != "F32" for k, v in header.items() if k != "__metadata__"):
+            return False
+    return bool(files)
 
 
 def methods() -> dict:
@@ -25,13 +38,12 @@ def variant_folder(spec: str, method: str, log: Log = lambda _m: None) -> Path:
     from ..make.paths import home
     from ..make.recipes import find
     from ..make.resolve import convert, resolve
-    from .decode import _all_float32
 
     options = dict(methods().get(method) or {})
     if not options:
         raise MlxSpecError(f"unknown method '{method}' (one of {', '.join(methods())})")
     src = resolve(spec, log)
-    if options == {"dtype": "float32"} and _all_float32(src):
+    if options == {"dtype": "float32"} and all_float32(src):
         return src
     fraction = options.pop("keep_fraction", None)
     if fraction is not None:
