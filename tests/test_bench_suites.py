@@ -47,7 +47,7 @@ def target(tiny_models, tmp_path):
 def test_bench_list_shows_every_builtin_suite_and_each_loads():
     r = cli("list", timeout=120)
     assert r.returncode == 0, r.stderr
-    for name in ("quick", "m3max", "roofline", "ngram", "compression"):
+    for name in ("quick", "m3max", "roofline", "ngram", "compression", "quant-quality"):
         assert any(line.split()[:1] == [name] for line in r.stdout.splitlines())
         assert suites.load(name).targets  # a built-in suite is valid as shipped
     m3 = suites.load("m3max")
@@ -265,3 +265,30 @@ def test_the_compression_suite_takes_its_methods_from_the_converter(target, tmp_
     assert half["weights_gb"] < data["models"][str(target)]["weights_gb"]
     md = result.md_path.read_text()
     assert "K=2: accepted · speed-up" in md and "layers-half" in md and " of 4 · " in md
+
+
+def test_duplicate_content_words_ignores_stop_words():
+    from mlx_spec.bench.quality import duplicate_content_words
+
+    assert duplicate_content_words("London bridge, London tower; the bridge in London.") == 3
+    assert duplicate_content_words("the the the of of and") == 0  # stop words only
+    assert duplicate_content_words("") == 0
+
+
+def test_the_quality_suite_samples_a_temperature_by_top_k_grid_per_model(target, tmp_path):
+    path = tmp_path / "q.toml"
+    path.write_text(f'kind = "quality"\nmax_tokens = 12\ntemps = [0.5, 1.0]\ntop_ks = [2, 50]\n'
+                    f'prompts = {{ ptq = 2 }}\n[[targets]]\nmodel = "{target}"\n[[targets]]\nmodel = "{target}@int8"\n'
+                    f'[[targets]]\nmodel = "not-a-model-here"\n')
+    result = runner.run_suite(str(path), str(tmp_path / "runs"))
+    data = json.loads(result.path.read_text())
+    assert data["complete"]
+    rows = [e for e in data["summary"] if e["target"] == str(target)]
+    assert {(e["temp"], e["top_k"]) for e in rows} == {(0.5, 2), (0.5, 50), (1.0, 2), (1.0, 50)}
+    for e in rows:
+        assert e["measurements"] == 2 and e["tps_min"] <= e["tps_max"] and e["duplicates_mean"] >= 0
+    recs = [r for r in data["records"] if r["row"] == rows[0]["key"]]
+    assert all(r["prompt"].startswith("ptq/") and isinstance(r["text"], str) for r in recs)
+    assert data["models"][f"{target}@int8"]["quantization"] == "int8"
+    md = result.md_path.read_text()
+    assert "Duplicate content words" in md and "top-k 50" in md and "unavailable:" in md

@@ -40,7 +40,7 @@ WARMUP_PROMPT = "def add(a, b):"
 class Prompt:
     """One benchmark prompt: where it comes from, its text and its chat-templated ids."""
 
-    set: str  # "humaneval", "edit", "prose" or "prefix"
+    set: str  # "humaneval", "edit", "prose", "prefix" or "ptq"
     id: str  # e.g. "HumanEval/0" or "HumanEval/0:rename"
     text: str  # the user message
     ids: List[int]
@@ -93,17 +93,34 @@ PREFIXES = (
 )
 
 
+# The 10 prompts of the PTQ paper's Table 5 (ptq-impact-nf4-fp4-int8), continued as plain text.
+PTQ_PROMPTS = (
+    "Life in London",
+    "It is easy to be a techie",
+    "Stock brokers are earning",
+    "It looks like written by Shakespeare",
+    "Hello, my name is",
+    "Global warming and AI",
+    "Current world order",
+    "Percentage of people adore actors and singers",
+    "Exercise and eating habits for",
+    "Millennial and genz",
+)
+PLAIN_SETS = {"prefix": PREFIXES, "ptq": PTQ_PROMPTS}  # sets read as plain text (no chat template)
+
+
 def build(tokenizer, n_humaneval: int, n_edit: int, path: Optional[str] = None, n_prose: int = 0,
-          n_prefix: int = 0) -> List[Prompt]:
+          n_prefix: int = 0, n_ptq: int = 0) -> List[Prompt]:
     """The first `n_humaneval` tasks as completion requests, `n_edit` edits of the first tasks' solutions,
-    `n_prose` open prose questions and `n_prefix` sentence prefixes, interleaved (one of each kind in turn) so noise falls on all sets.
+    `n_prose` open prose questions, `n_prefix` sentence prefixes and `n_ptq` PTQ prompts, interleaved (one of each kind in turn) so noise falls on all sets.
 
     Edit i uses task i's prompt + canonical solution and cycles through EDIT_TEMPLATES.
     """
     if n_prose > len(PROSE_QUESTIONS):
         raise ValueError(f"at most {len(PROSE_QUESTIONS)} prose questions, got {n_prose}")
-    if n_prefix > len(PREFIXES):
-        raise ValueError(f"at most {len(PREFIXES)} sentence prefixes, got {n_prefix}")
+    for name, n in (("prefix", n_prefix), ("ptq", n_ptq)):
+        if n > len(PLAIN_SETS[name]):
+            raise ValueError(f"at most {len(PLAIN_SETS[name])} {name} prompts, got {n}")
     tasks = humaneval_tasks(path) if n_humaneval or n_edit else []
     out = []
     for t in tasks[:n_humaneval]:
@@ -116,7 +133,8 @@ def build(tokenizer, n_humaneval: int, n_edit: int, path: Optional[str] = None, 
         out.append(Prompt("edit", f"{t['task_id']}:{name}", text, chat_ids(tokenizer, text)))
     for i, text in enumerate(PROSE_QUESTIONS[:n_prose]):
         out.append(Prompt("prose", f"prose/{i}", text, chat_ids(tokenizer, text)))
-    for i, text in enumerate(PREFIXES[:n_prefix]):
-        out.append(Prompt("prefix", f"prefix/{i}", text, list(tokenizer.encode(text))))
-    sets = [[p for p in out if p.set == kind] for kind in ("humaneval", "edit", "prose", "prefix")]
+    for name, n in (("prefix", n_prefix), ("ptq", n_ptq)):
+        for i, text in enumerate(PLAIN_SETS[name][:n]):
+            out.append(Prompt(name, f"{name}/{i}", text, list(tokenizer.encode(text))))
+    sets = [[p for p in out if p.set == kind] for kind in ("humaneval", "edit", "prose", "prefix", "ptq")]
     return [p for group in itertools.zip_longest(*sets) for p in group if p is not None]

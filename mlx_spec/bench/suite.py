@@ -13,13 +13,14 @@ from typing import Dict, List, Optional, Tuple
 from ..errors import MlxSpecError
 
 SUITES_DIR = Path(__file__).parent / "suites"
-PROMPT_SETS = ("humaneval", "edit", "prose", "prefix")
+PROMPT_SETS = ("humaneval", "edit", "prose", "prefix", "ptq")
 # table: the M3 Max layout (target alone, then each draft); roofline: plain decoding against the memory roofline;
 # ngram: ANPD's sweep of the n-gram drafter's K and N (its rows come from `sweeps`, at fixed K: adaptive = false);
-# compression: drafts made from the target by each of convert's methods, at each K of `k`
-KINDS = ("table", "roofline", "ngram", "compression")
+# compression: drafts made from the target by each of convert's methods, at each K of `k`;
+# quality: plain sampling of each target over `temps` x `top_ks` (memory, speed, duplicate content words)
+KINDS = ("table", "roofline", "ngram", "compression", "quality")
 TOP = {"description", "kind", "max_tokens", "repeats", "temp", "top_p", "top_k", "num_draft", "adaptive", "prompts",
-       "targets", "sweeps", "k", "methods"}
+       "targets", "sweeps", "k", "methods", "temps", "top_ks"}
 TARGET = {"model", "drafts"}
 SWEEP = {"k", "n"}
 
@@ -72,6 +73,8 @@ class Suite:
     sweeps: List[Tuple[Tuple[int, ...], Tuple[int, ...]]] = field(default_factory=list)  # ngram: (K values, N values)
     ks: Tuple[int, ...] = ()  # compression: the fixed K of each row
     methods: Tuple[str, ...] = ()  # compression: convert's draft methods to measure (default: all of them)
+    temps: Tuple[float, ...] = ()  # quality: the temperatures ...
+    top_ks: Tuple[int, ...] = ()  # ... and top-k values of its grid
     prompts: Dict[str, int] = field(default_factory=lambda: {"humaneval": 1, "edit": 1, "prose": 1})
     targets: List[Target] = field(default_factory=list)
 
@@ -80,17 +83,21 @@ class Suite:
                 "max_tokens": self.max_tokens, "repeats": self.repeats, "temp": self.temp, "top_p": self.top_p,
                 "top_k": self.top_k, "num_draft": self.num_draft, "adaptive": self.adaptive,
                 "prompts": dict(self.prompts), "sweeps": [{"k": list(k), "n": list(n)} for k, n in self.sweeps],
-                "k": list(self.ks), "methods": list(self.methods),
+                "k": list(self.ks), "methods": list(self.methods), "temps": list(self.temps),
+                "top_ks": list(self.top_ks),
                 "targets": [{"model": str(t.model), "drafts": list(t.drafts)} for t in self.targets]}
 
-    def rows(self, target: Target) -> List[Tuple[str, Optional[int]]]:
-        """(drafter spec, K or None for the suite's) of each row after the target alone, in order."""
+    def rows(self, target: Target) -> List[dict]:
+        """Each row after the target alone (quality suites: every row), in order: its drafter spec (`draft`),
+        and where the row sets its own, its K (`k`) and sampling (`temp`, `top_k`)."""
         if self.kind == "compression":
-            return [(f"{target.model.spec}@{m}", k) for m in self.methods for k in self.ks]
-        if self.kind != "ngram":
-            return [(d, None) for d in target.drafts]
-        grid = [(f"ngram:{n}", k) for ks, ns in self.sweeps for n in ns for k in ks]
-        return list(dict.fromkeys(grid))
+            return [{"draft": f"{target.model.spec}@{m}", "k": k} for m in self.methods for k in self.ks]
+        if self.kind == "ngram":
+            grid = dict.fromkeys((f"ngram:{n}", k) for ks, ns in self.sweeps for n in ns for k in ks)
+            return [{"draft": d, "k": k} for d, k in grid]
+        if self.kind == "quality":
+            return [{"draft": None, "temp": t, "top_k": k} for t in self.temps for k in self.top_ks]
+        return [{"draft": d} for d in target.drafts]
 
 
 def builtin() -> List[Path]:
@@ -156,6 +163,7 @@ def load(name_or_path: str) -> Suite:
         s.adaptive = data["adaptive"]
     s.sweeps = _sweeps(data, kind, where)
     s.ks, s.methods = _compression(data, kind, where)
+    s.temps, s.top_ks = _quality(data, kind, where)
     if s.top_p > 1.0:
         raise SuiteError(f"{where}: 'top_p' must be at most 1, got {s.top_p}")
     prompts = data.get("prompts", s.prompts)
@@ -163,9 +171,9 @@ def load(name_or_path: str) -> Suite:
         raise SuiteError(f"{where}: 'prompts' must be a table like {{ humaneval = 2, edit = 1, prose = 1 }}")
     _unknown(prompts, set(PROMPT_SETS), f"{where}, [prompts]")
     s.prompts = {k: _number(prompts, k, int, 0, f"{where}, [prompts]", 0) for k in PROMPT_SETS}
-    from .prompts import PREFIXES, PROSE_QUESTIONS
+    from .prompts import PREFIXES, PROSE_QUESTIONS, PTQ_PROMPTS
 
-    for name, have in (("prose", len(PROSE_QUESTIONS)), ("prefix", len(PREFIXES))):
+    for name, have in (("prose", len(PROSE_QUESTIONS)), ("prefix", len(PREFIXES)), ("ptq", len(PTQ_PROMPTS))):
         if s.prompts[name] > have:
             raise SuiteError(f"{where}, [prompts]: '{name}' can be at most {have}, got {s.prompts[name]}")
     if not sum(s.prompts.values()):
@@ -180,7 +188,7 @@ def load(name_or_path: str) -> Suite:
         _unknown(t, TARGET, tw)
         if kind != "table" and t.get("drafts"):
             why = {"ngram": "its rows come from 'sweeps'", "compression": "its drafts are made from the target",
-                   "roofline": "it measures plain decoding"}[kind]
+                   "roofline": "it measures plain decoding", "quality": "it measures plain sampling"}[kind]
             raise SuiteError(f"{tw}: a {kind} suite has no 'drafts' ({why})")
         if not isinstance(t.get("model"), str):
             raise SuiteError(f"{tw}: 'model' must be a model name, e.g. \"qwen2.5-coder-1.5b@int8\"")
@@ -242,3 +250,19 @@ def _compression(data: dict, kind: str, where: str) -> Tuple[Tuple[int, ...], Tu
         if m not in known:
             raise SuiteError(f"{where}: 'methods' has '{m}', which convert does not offer ({', '.join(known)})")
     return tuple(ks), tuple(methods)
+
+
+def _quality(data: dict, kind: str, where: str) -> Tuple[Tuple[float, ...], Tuple[int, ...]]:
+    if kind != "quality":
+        for name in ("temps", "top_ks"):
+            if name in data:
+                raise SuiteError(f"{where}: '{name}' belongs to quality suites, not {kind}")
+        return (), ()
+    temps, top_ks = data.get("temps"), data.get("top_ks")
+    if not isinstance(temps, list) or not temps or not all(
+            isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 for t in temps):
+        raise SuiteError(f"{where}: 'temps' must be a list of temperatures > 0, e.g. temps = [0.2, 0.6, 1.0]")
+    if not isinstance(top_ks, list) or not top_ks or not all(
+            isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in top_ks):
+        raise SuiteError(f"{where}: 'top_ks' must be a list of integers >= 1, e.g. top_ks = [1, 20, 200]")
+    return tuple(float(t) for t in temps), tuple(top_ks)

@@ -54,7 +54,7 @@ class TableRun:
     def __init__(self, suite: Suite, result: ResultFile, log: Log = lambda _m: None):
         self.suite, self.result, self.log = suite, result, log
         self.per_row = suite.repeats * sum(suite.prompts.values())
-        total = sum(len(suite.rows(t)) + 1 for t in suite.targets) * self.per_row
+        total = sum(len(suite.rows(t)) + (suite.kind != "quality") for t in suite.targets) * self.per_row
         self.bar = progress(total=total, initial=len(result.done), desc=f"bench {suite.name}", unit="gen")
 
     def run(self) -> None:
@@ -72,16 +72,24 @@ class TableRun:
             from . import roofline
 
             roofline.summarize(self.result.data, self.result.data["summary"])
+        if self.suite.kind == "quality":
+            from . import quality
+
+            quality.summarize(self.result.data, self.result.data["summary"])
         self.result.flush()
         md = markdown(self.result.data)
         self.result.write_markdown(md)
         return md
 
-    def _row(self, target: str, draft: Optional[str], k: Optional[int] = None, **labels) -> dict:
+    def _row(self, target: str, draft: Optional[str], k: Optional[int] = None, temp: Optional[float] = None,
+             top_k: Optional[int] = None, **labels) -> dict:
         label = draft or "none"
         if k is not None:
             label += f" K={k}"
-        row = {"key": key(target, label), "target": target, "draft": draft or "none", "k": k, **labels}
+        if temp is not None:
+            label += f" temp={temp} top_k={top_k}"
+        row = {"key": key(target, label), "target": target, "draft": draft or "none", "k": k, "temp": temp,
+               "top_k": top_k, **labels}
         self.result.set_row(row)
         return row
 
@@ -98,8 +106,8 @@ class TableRun:
 
         s = self.suite
         name = str(t.model)
-        base = self._row(name, None, draft_quant="N/A", status="ok")
-        rows = [base] + [self._row(name, d, k, status="ok") for d, k in s.rows(t)]
+        rows = [self._row(name, None, draft_quant="N/A", status="ok")] if s.kind != "quality" else []
+        rows += [self._row(name, **r, status="ok") for r in s.rows(t)]
         try:
             folder = folder_of(t.model, self.log)
             model, tok, _ = load_model(str(folder), self.log)
@@ -112,11 +120,14 @@ class TableRun:
         for row in rows:
             row["target_quant"] = quantization(model)
         prompts = build(tok, s.prompts["humaneval"], s.prompts["edit"], n_prose=s.prompts["prose"],
-                        n_prefix=s.prompts["prefix"])
+                        n_prefix=s.prompts["prefix"], n_ptq=s.prompts["ptq"])
         eos = tuple(tok.eos_token_ids)
-        drafters: Dict[str, tuple] = {base["key"]: (None, None)}  # row key -> (drafter, K)
+        drafters: Dict[str, tuple] = {}  # row key -> (drafter, K)
         loaded: Dict[str, tuple] = {}  # draft folder -> (model, tokenizer): one copy serves every row using it
-        for row in rows[1:]:
+        for row in rows:
+            if row["draft"] == "none":
+                drafters[row["key"]] = (None, None)
+                continue
             try:
                 spec, dfolder = draft_folder_spec(row["draft"], self.log)
                 if dfolder is not None and str(dfolder) not in loaded:
@@ -135,7 +146,7 @@ class TableRun:
         for row in rows:
             if row["key"] in drafters:
                 self.result.set_row(row)
-                self._generate(model, *drafters[row["key"]], chat_ids(tok, WARMUP_PROMPT), WARMUP_TOKENS, eos)
+                self._generate(model, *drafters[row["key"]], row, chat_ids(tok, WARMUP_PROMPT), WARMUP_TOKENS, eos)
         self.result.flush()
         live = [r for r in rows if r["key"] in drafters]
         for rep in range(s.repeats):
@@ -145,7 +156,12 @@ class TableRun:
                     k = key(row["key"], p.id, rep)
                     if k in self.result.done:
                         continue
-                    rec = self._measure(model, *drafters[row["key"]], p, rep, eos)
+                    rec = self._measure(model, *drafters[row["key"]], row, p, rep, eos)
+                    if s.kind == "quality":
+                        from .quality import duplicate_content_words
+
+                        rec["text"] = tok.decode(rec["tokens"])
+                        rec["duplicate_content_words"] = duplicate_content_words(rec["text"])
                     rec.update(key=k, row=row["key"])
                     self.result.add(rec)
                     self.bar.update(1)
@@ -154,20 +170,22 @@ class TableRun:
         del model
         free()
 
-    def _generate(self, model, drafter, k, ids, max_tokens: int, eos, stats=None):
+    def _generate(self, model, drafter, k, row: dict, ids, max_tokens: int, eos, stats=None):
         s = self.suite
+        temp = s.temp if row.get("temp") is None else row["temp"]  # a quality row samples its own way
+        top_k = s.top_k if row.get("top_k") is None else row["top_k"]
         return time_stream(lambda: ours_stream(ids, model, drafter, stats=stats, max_tokens=max_tokens,
-                                               eos_token_ids=eos, temp=s.temp, top_p=s.top_p, top_k=s.top_k,
+                                               eos_token_ids=eos, temp=temp, top_p=s.top_p, top_k=top_k,
                                                num_draft=k, adaptive=s.adaptive), max_tokens, eos)
 
-    def _measure(self, model, drafter, k, p, rep: int, eos) -> dict:
+    def _measure(self, model, drafter, k, row: dict, p, rep: int, eos) -> dict:
         import mlx.core as mx
 
         from ..gen.engine import Stats
 
         stats = Stats()
         mx.random.seed(zlib.crc32(f"{p.id}|{rep}".encode()))  # sampling: the same seed for every row
-        t = self._generate(model, drafter, k, p.ids, self.suite.max_tokens, eos, stats)
+        t = self._generate(model, drafter, k, row, p.ids, self.suite.max_tokens, eos, stats)
         return {"prompt": p.id, "set": p.set, "repeat": rep, "prompt_tokens": len(p.ids), **t.as_dict(),
                 "stats": stats.as_dict(), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
@@ -221,11 +239,17 @@ def markdown(data: dict) -> str:
             f"`{' '.join(data['command'])}`", "", f"- machine: {machine_line(data['machine'])}",
             f"- {sum(s['prompts'].values())} prompts ({', '.join(f'{v} {k}' for k, v in s['prompts'].items() if v)}), "
             f"{s['repeats']} repeat(s), at most {s['max_tokens']} new tokens, "
-            + ("greedy" if greedy else f"temp {s['temp']}, top_p {s['top_p']}, top_k {s['top_k']}")
-            + "; Token/s = generated tokens / end-to-end time (prefill included); Relative Improvement = over the "
-              "target alone on the same prompts in this run"]
+            + (f"sampling every temperature of {s['temps']} with every top-k of {s['top_ks']}; tokens/s = generated "
+               "tokens / end-to-end time (prefill included)" if s["kind"] == "quality" else
+               ("greedy" if greedy else f"temp {s['temp']}, top_p {s['top_p']}, top_k {s['top_k']}")
+               + "; Token/s = generated tokens / end-to-end time (prefill included); Relative Improvement = over "
+                 "the target alone on the same prompts in this run")]
     if not data.get("complete"):
         head += ["", "**Incomplete run** (continue it with `--resume`): the rows below cover what was measured."]
+    if s["kind"] == "quality":
+        from . import quality
+
+        return "\n".join(head) + "\n\n" + quality.markdown(data)
     table, detail = [], []
     for e in data["summary"]:
         target = f"{short_name(e['target'])} {e.get('target_quant') or ''}".strip()
