@@ -14,7 +14,7 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 @pytest.fixture(scope="module")
 def runs(tiny_models, tmp_path_factory):
-    """A table, a roofline and an n-gram sweep result, from real runs of small suites on the tiny models."""
+    """A result of every suite kind, from real runs of small suites on the tiny models."""
     root = tmp_path_factory.mktemp("nb")
     target = long_context(tiny_models["qwen2"], root / "target")
     prompts = "prompts = { humaneval = 0, edit = 0, prose = 2 }\nmax_tokens = 6\n"
@@ -24,13 +24,19 @@ def runs(tiny_models, tmp_path_factory):
                                  f'[[targets]]\nmodel = "{tiny_models["qwen2_draft"]}"\n')
     (root / "n.toml").write_text(f'kind = "ngram"\nadaptive = false\n{prompts}[[targets]]\nmodel = "{target}"\n'
                                  f'[[sweeps]]\nk = [1, 2]\nn = [2, 3]\n')
-    for name in ("t", "r", "n"):
+    (root / "q.toml").write_text(f'kind = "quality"\nmax_tokens = 6\ntemps = [0.5, 1.0]\ntop_ks = [2, 20]\n'
+                                 f'prompts = {{ ptq = 2 }}\n[[targets]]\nmodel = "{target}"\n')
+    (root / "c.toml").write_text(f'kind = "compression"\nadaptive = false\nk = [2, 4]\nmax_tokens = 6\n'
+                                 f'methods = ["float32", "int8"]\nprompts = {{ prefix = 2 }}\n'
+                                 f'[[targets]]\nmodel = "{target}"\n')
+    for name in ("t", "r", "n", "q", "c"):
         runner.run_suite(str(root / f"{name}.toml"), str(root / "runs"))
     return root
 
 
 def test_there_are_notebooks():
-    assert {p.name for p in NOTEBOOKS} >= {"m3max_table.ipynb", "roofline.ipynb", "ngram_sweep.ipynb"}
+    assert {p.name for p in NOTEBOOKS} >= {"m3max_table.ipynb", "roofline.ipynb", "ngram_sweep.ipynb",
+                                           "quant_quality.ipynb", "compression.ipynb"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
