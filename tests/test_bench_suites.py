@@ -71,6 +71,8 @@ def test_bench_list_shows_every_builtin_suite_and_each_loads():
     ('kind = "compression"\nk = [5]\nmethods = ["int5"]\n[[targets]]\nmodel = "m"\n', "'int5'"),
     ('kind = "compression"\n[[targets]]\nmodel = "m"\n', "'k'"),
     ('kind = "table"\nprompts = { prose = 9 }\n[[targets]]\nmodel = "m"\n', "'prose'"),
+    ('kind = "table"\ntemps = [0.5]\n[[targets]]\nmodel = "m"\n', "'temps' belongs to quality suites"),
+    ('kind = "quality"\ntemps = [0.5]\ntop_ks = [0]\n[[targets]]\nmodel = "m"\n', "'top_ks'"),
 ])
 def test_a_suite_file_with_a_mistake_is_one_line_naming_the_file_and_field(tmp_path, text, field):
     path = tmp_path / "mine.toml"

@@ -161,6 +161,7 @@ def load(name_or_path: str) -> Suite:
         if not isinstance(data["adaptive"], bool):
             raise SuiteError(f"{where}: 'adaptive' must be true or false, got {data['adaptive']!r}")
         s.adaptive = data["adaptive"]
+    _kind_fields(data, kind, where)
     s.sweeps = _sweeps(data, kind, where)
     s.ks, s.methods = _compression(data, kind, where)
     s.temps, s.top_ks = _quality(data, kind, where)
@@ -202,13 +203,30 @@ def load(name_or_path: str) -> Suite:
     return s
 
 
+
+KIND_FIELDS = {"ngram": ("sweeps",), "compression": ("k", "methods"), "quality": ("temps", "top_ks")}
+
+
+def _kind_fields(data: dict, kind: str, where: str) -> None:
+    """A field of another kind of suite is a mistake, not something to ignore."""
+    for other, names in KIND_FIELDS.items():
+        for name in names:
+            if other != kind and name in data:
+                raise SuiteError(f"{where}: '{name}' belongs to {other} suites, not {kind}")
+
+
+def _numbers(v, kind, lo: float, hi: float = float("inf")) -> bool:
+    """Whether v is a non-empty list of `kind` (int or float: ints welcome) values in [lo, hi]."""
+    ok = (int,) if kind is int else (int, float)
+    return (isinstance(v, list) and bool(v)
+            and all(isinstance(x, ok) and not isinstance(x, bool) and lo <= x <= hi for x in v))
+
+
 def _sweeps(data: dict, kind: str, where: str) -> List[Tuple[Tuple[int, ...], Tuple[int, ...]]]:
     from ..gen.registry import NGRAM_N
 
     raw = data.get("sweeps")
     if kind != "ngram":
-        if raw is not None:
-            raise SuiteError(f"{where}: 'sweeps' belongs to ngram suites, not {kind}")
         return []
     if not isinstance(raw, list) or not raw:
         raise SuiteError(f"{where}: an ngram suite needs [[sweeps]] tables with 'k' and 'n' lists")
@@ -218,15 +236,11 @@ def _sweeps(data: dict, kind: str, where: str) -> List[Tuple[Tuple[int, ...], Tu
         if not isinstance(sw, dict):
             raise SuiteError(f"{sw_where}: must be a table with 'k' and 'n' lists")
         _unknown(sw, SWEEP, sw_where)
-        lists = {}
         for name, lo, hi in (("k", 1, 64), ("n", NGRAM_N[0], NGRAM_N[1])):
-            v = sw.get(name)
-            if not isinstance(v, list) or not v or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-                raise SuiteError(f"{sw_where}: '{name}' must be a list of integers, e.g. {name} = [2, 3]")
-            if not all(lo <= x <= hi for x in v):
-                raise SuiteError(f"{sw_where}: '{name}' values must be in [{lo}, {hi}], got {v}")
-            lists[name] = tuple(v)
-        out.append((lists["k"], lists["n"]))
+            if not _numbers(sw.get(name), int, lo, hi):
+                raise SuiteError(f"{sw_where}: '{name}' must be a list of integers in [{lo}, {hi}], "
+                                 f"got {sw.get(name)!r}")
+        out.append((tuple(sw["k"]), tuple(sw["n"])))
     return out
 
 
@@ -234,13 +248,8 @@ def _compression(data: dict, kind: str, where: str) -> Tuple[Tuple[int, ...], Tu
     from .variants import methods as all_methods
 
     if kind != "compression":
-        for name in ("k", "methods"):
-            if name in data:
-                raise SuiteError(f"{where}: '{name}' belongs to compression suites, not {kind}")
         return (), ()
-    ks = data.get("k")
-    if not isinstance(ks, list) or not ks or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
-                                                     for x in ks):
+    if not _numbers(data.get("k"), int, 1):
         raise SuiteError(f"{where}: 'k' must be a list of draft lengths >= 1, e.g. k = [5, 10]")
     known = all_methods()
     methods = data.get("methods", list(known))
@@ -249,20 +258,14 @@ def _compression(data: dict, kind: str, where: str) -> Tuple[Tuple[int, ...], Tu
     for m in methods:
         if m not in known:
             raise SuiteError(f"{where}: 'methods' has '{m}', which convert does not offer ({', '.join(known)})")
-    return tuple(ks), tuple(methods)
+    return tuple(data["k"]), tuple(methods)
 
 
 def _quality(data: dict, kind: str, where: str) -> Tuple[Tuple[float, ...], Tuple[int, ...]]:
     if kind != "quality":
-        for name in ("temps", "top_ks"):
-            if name in data:
-                raise SuiteError(f"{where}: '{name}' belongs to quality suites, not {kind}")
         return (), ()
-    temps, top_ks = data.get("temps"), data.get("top_ks")
-    if not isinstance(temps, list) or not temps or not all(
-            isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 for t in temps):
+    if not _numbers(data.get("temps"), float, 1e-6):
         raise SuiteError(f"{where}: 'temps' must be a list of temperatures > 0, e.g. temps = [0.2, 0.6, 1.0]")
-    if not isinstance(top_ks, list) or not top_ks or not all(
-            isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in top_ks):
+    if not _numbers(data.get("top_ks"), int, 1):
         raise SuiteError(f"{where}: 'top_ks' must be a list of integers >= 1, e.g. top_ks = [1, 20, 200]")
-    return tuple(float(t) for t in temps), tuple(top_ks)
+    return tuple(float(t) for t in data["temps"]), tuple(data["top_ks"])
