@@ -1,9 +1,12 @@
-"""Table suites (`quick`, `m3max`): each target alone, then each draft, in the M3 Max paper's layout.
+"""Running a suite: per target, its rows (the target alone first, then each draft) on every prompt.
 
-Per target: every row (the target alone first, then each drafter) runs every prompt, repeat after
-repeat, in an order rotated per prompt so the machine's noise falls on all rows. Each measurement
-is appended to the result file as it finishes; a resumed run skips the ones it has. A target or
-draft that cannot be fetched or loaded marks its rows unavailable, with why, and the rest goes on.
+Every kind runs here; what differs is where the rows come from (`Suite.rows`: the drafts listed, an
+n-gram K x N sweep, convert's methods, a sampling grid) and how the result is summarized and shown
+(the M3 Max table, plus roofline.py, grids.py, quality.py). Each row runs every prompt, repeat after
+repeat, in an order rotated per prompt so the machine's noise falls on all rows, after one untimed
+warm-up. Each measurement is appended to the result file as it finishes; a resumed run skips the
+ones it has. A target or draft that cannot be fetched or loaded marks its rows unavailable, with
+why, and the rest goes on.
 """
 
 import time
@@ -49,7 +52,7 @@ def spec_model(draft: str) -> str:
 
 
 class TableRun:
-    """One run of a table suite into a result file."""
+    """One run of a suite into a result file."""
 
     def __init__(self, suite: Suite, result: ResultFile, log: Log = lambda _m: None):
         self.suite, self.result, self.log = suite, result, log
