@@ -153,3 +153,19 @@ def test_missing_weights_and_unsupported_architecture(tiny_models, tmp_path):
     (alien / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedError, match="not_a_model"):
         conv.convert(alien, tmp_path / "out")
+
+
+def test_an_atomically_written_file_has_the_usual_permissions(tmp_path):
+    import os
+    import stat
+
+    from mlx_spec.make.paths import atomic_file
+
+    old = os.umask(0o022)
+    try:
+        tmp = atomic_file(tmp_path / "result.json")
+        tmp.write_text("{}")
+        tmp.replace(tmp_path / "result.json")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "result.json").stat().st_mode) == 0o644  # not mkstemp's 0600

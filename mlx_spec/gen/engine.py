@@ -2,7 +2,7 @@
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, List, NamedTuple, Optional, Sequence
+from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
@@ -109,6 +109,20 @@ def _record(stats: Stats, n: int, a: int) -> None:
         stats.accepted_by_position[i] += i < a
 
 
+def shadow_judgement(draft: List[int], produced: List[int]) -> Tuple[int, int]:
+    """(proposed, accepted) of a draft that was not verified, judged against the tokens the round produced.
+
+    A draft token is "accepted" where it equals the produced token: under greedy decoding that is the
+    verifier's own rule, and under sampling a fixed token is accepted with the target's probability of
+    it, which is also the chance that the sampled token equals it. Draft tokens beyond the produced
+    ones were never judged, so they count as not proposed.
+    """
+    m = 0
+    while m < len(draft) and m < len(produced) and draft[m] == produced[m]:
+        m += 1
+    return (len(draft) if m < len(produced) else m), m
+
+
 class _Peak:
     """The peak allocation above the start, without resetting the process-wide peak (the caller's)."""
 
@@ -198,10 +212,13 @@ def speculative_generate_step(
 
     produced, first_at = 0, None
     while produced < budget:
-        source, k = "", 0
+        source, k, shadows = "", 0, {}
         if drafter is not None:
             if can_trim_prompt_cache(cache):
-                source, k = policy.choose(drafter.sources(context), budget - produced - 1)
+                offers = drafter.sources(context)
+                source, k = policy.choose(offers, budget - produced - 1)
+                shadows = {s: drafter.propose(context, min(cap, policy.k_max), None, s).tokens
+                           for s, cap in offers.items() if s != source and s in drafter.free_sources()}
             elif stats.fallback is None:
                 stats.fallback = "target cache not trimmable: plain decoding from here"
         base = len(context)  # the cache holds base - 1 tokens
@@ -230,8 +247,12 @@ def speculative_generate_step(
         policy.update(source, n, a, t2 - t1, t1 - t0, draft.catch_up_s)
         if n and drafter is not None:
             drafter.feedback(source, n, a)
-
         new = draft.tokens[:a] + [nxt]
+        for s, tokens in shadows.items():
+            judged, matched = shadow_judgement(tokens, new)
+            policy.observe(s, judged, matched)
+            drafter.feedback(s, judged, matched)
+
         context.extend(new)  # the cache now holds base + a tokens: context[:-1]
         delivered = 0
         try:

@@ -81,4 +81,7 @@ def atomic_file(out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{out.name}.tmp-", dir=out.parent)
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(name, 0o666 & ~umask)  # mkstemp makes 0600; the result should read like any file the user writes
     return Path(name)

@@ -1,7 +1,7 @@
 """The one interface every drafter implements; the verifier never knows which drafter it has."""
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Set
 
 import mlx.core as mx
 
@@ -52,6 +52,15 @@ class Drafter:
         proposing, gives the same answer. An empty dict means nothing to draft this round.
         """
         return {self.name: NO_LIMIT}
+
+    def free_sources(self) -> Set[str]:
+        """The sources whose drafts cost nothing worth measuring (an n-gram lookup, not a forward pass).
+
+        The engine also asks a free source for a draft in rounds it was not chosen for and judges that
+        draft against the tokens the round produced, so its acceptance is measured every round (a
+        "shadow" draft) and it never needs a probe round.
+        """
+        return set()
 
     def propose(self, context: List[int], k: int, probs_fn=None, source: Optional[str] = None) -> Draft:
         """At most k tokens continuing `context` from `source` (default: the drafter's first).

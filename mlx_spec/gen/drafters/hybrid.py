@@ -1,6 +1,6 @@
 """Hybrid drafting: an n-gram source and a model (or self) source; the engine's policy picks one each round."""
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Set
 
 from .base import Draft, Drafter
 
@@ -24,6 +24,9 @@ class HybridDrafter(Drafter):
     def sources(self, context: List[int]) -> Dict[str, int]:
         """The n-gram source first (where it matches), then the fallback's sources."""
         return {**self.ngram.sources(context), **self.fallback.sources(context)}
+
+    def free_sources(self) -> Set[str]:
+        return self.ngram.free_sources() | self.fallback.free_sources()
 
     def propose(self, context: List[int], k: int, probs_fn=None, source: Optional[str] = None) -> Draft:
         """From `source`; with none given, the n-gram draft, else the fallback's."""

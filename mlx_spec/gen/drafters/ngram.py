@@ -1,6 +1,6 @@
 """ANPD: the adaptive multi-level N-gram drafter (Ou et al. 2024, arXiv:2404.08698), no model needed."""
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from ...errors import GenerationError
 from .base import Draft, Drafter
@@ -133,6 +133,9 @@ class NGramDrafter(Drafter):
         """{'ngram': the draft length available here} where a level matches, else {}."""
         n = len(self._chain(context, self.k)[0])
         return {self.name: n} if n else {}
+
+    def free_sources(self) -> Set[str]:
+        return {self.name}  # dictionary lookups: microseconds against a forward pass
 
     def propose(self, context: List[int], k: int, probs_fn=None, source: Optional[str] = None) -> Draft:
         """Draft up to min(k, self.k) tokens continuing `context`; empty when no level matches.
