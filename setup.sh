@@ -16,14 +16,21 @@ if [ "$(uname -s)" = "Linux" ] && ! ls /usr/lib/*-linux-gnu/openblas-pthread/lib
   fi
 fi
 
-if [ -n "$extras" ] && [ "$(uname -s)" = "Linux" ] && ! command -v chromium >/dev/null; then
-  # The web app's end-to-end test drives Debian's Chromium (Playwright's own browser download does not work here).
+dev_package() {  # dev_package CMD WHAT: install Debian's package CMD for a test that needs it, or say why not
+  command -v "$1" >/dev/null && return 0
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
-      || echo "setup: could not install chromium; the web app's browser test will skip"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1") >/dev/null 2>&1 \
+      || echo "setup: could not install $1; $2 will skip"
   else
-    echo "setup: the web app's browser test needs Chromium: sudo apt-get install chromium (it skips without)"
+    echo "setup: $2 needs $1: sudo apt-get install $1 (it skips without)"
   fi
+}
+
+if [ -n "$extras" ] && [ "$(uname -s)" = "Linux" ]; then
+  # The web app's end-to-end test drives Debian's Chromium (Playwright's own browser download does not work here);
+  # the terminal chat's test drives the real `mlx-spec chat` under tmux.
+  dev_package chromium "the web app's browser test"
+  dev_package tmux "the terminal chat's test"
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv

@@ -143,6 +143,29 @@ def test_an_interrupted_run_resumes_without_redoing_a_measurement(target, tmp_pa
     assert len({x["key"] for x in done["records"]}) == 12 and len(done["resumed"]) == 1
 
 
+def test_kill_ends_a_run_of_mlx_spec_bench_with_its_results_kept(target, tmp_path):
+    """SIGTERM (`kill`, a closing terminal) stops `mlx-spec bench run` like Ctrl-C: results so far stay, marked incomplete."""
+    import signal
+    import time
+
+    path = suite_file(tmp_path / "k.toml", target, drafts=["ngram", "self"], max_tokens=40, repeats=20)
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "mlx_spec.cli", "bench", "run", str(path), "--out", str(runs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        files = list(runs.glob("k-*.json"))
+        if files and json.loads(files[0].read_text() or "{}").get("records"):
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    data = json.loads(files[0].read_text())
+    assert data["records"] and not data["complete"]
+    assert "Incomplete run" in files[0].with_suffix(".md").read_text()
+
+
 def test_resume_refuses_another_suite_and_a_file_that_is_not_a_result(target, tmp_path):
     a = suite_file(tmp_path / "a.toml", target, drafts=["ngram"], repeats=1, max_tokens=3)
     assert cli("run", str(a), "--out", str(tmp_path / "runs")).returncode == 0
@@ -211,9 +234,9 @@ def test_roofline_reports_each_model_as_a_share_of_the_measured_bandwidth(target
     result = runner.run_suite(str(path), str(tmp_path / "runs"))
     data = json.loads(result.path.read_text())
     bw = data["bandwidth"]
-    assert bw["gbs"] == max(bw["gemv_gbs"], bw["sum_gbs"]) > 0
+    assert bw["gbs"] == max(bw["gemv_gbs"], bw["sum_gbs"], *bw["shapes"].values()) > 0
     [row] = data["summary"]
-    assert row["roofline_tps"] == pytest.approx(bw["gbs"] / row["weights_gb"])
+    assert row["roofline_tps"] == pytest.approx(bw["gbs"] / row["read_gb"])
     assert row["roofline_share"] == pytest.approx(row["decode_tps"] / row["roofline_tps"])
     assert "Roofline tok/s" in result.md_path.read_text()
 
@@ -294,3 +317,25 @@ def test_the_quality_suite_samples_a_temperature_by_top_k_grid_per_model(target,
     assert data["models"][f"{target}@int8"]["quantization"] == "int8"
     md = result.md_path.read_text()
     assert "Duplicate content words" in md and "top-k 50" in md and "unavailable:" in md
+
+
+def test_bytes_read_per_token_leave_out_an_untied_embedding_table():
+    """Decoding reads one row of an untied embedding table, but the whole of a tied one (it is the output head)."""
+    from mlx_lm.models import qwen2
+
+    from mlx_spec.bench.roofline import bytes_per_token
+
+    def model(tied):
+        return qwen2.Model(qwen2.ModelArgs(model_type="qwen2", hidden_size=32, num_hidden_layers=1, intermediate_size=64,
+                                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+                                           vocab_size=1000, tie_word_embeddings=tied))
+    tied, untied = model(True), model(False)
+    table = 1000 * 32 * 4  # float32 bytes of the embedding table
+    assert bytes_per_token(untied) == bytes_per_token(tied)  # the untied head replaces the table that is read whole
+    assert params_total(untied) - params_total(tied) == table
+
+
+def params_total(m):
+    from mlx.utils import tree_flatten
+
+    return sum(v.nbytes for _, v in tree_flatten(m.parameters()))

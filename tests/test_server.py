@@ -172,13 +172,19 @@ def test_bad_input_gets_400s_with_openai_error_bodies_while_a_generation_runs(cl
     assert httpx.get(server.url + "health").json()["failed"] == 0
 
 
-def test_api_key_guards_v1_but_not_the_page(pair):
+def test_api_key_guards_v1_but_not_the_page_while_a_generation_runs(pair):
     with Running(build_app(pair, api_key="sekret", max_concurrency=1, max_tokens=4)) as srv:
+        good = openai.OpenAI(base_url=srv.url + "v1", api_key="sekret", max_retries=0)
+        alone = good.chat.completions.create(model="tiny", messages=HI, max_tokens=200).choices[0].message.content
+        during = {}
+        t = threading.Thread(target=lambda: during.update(text=stream_chat(good, messages=HI, max_tokens=200)[1]))
+        t.start()
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
             for method, path in (("GET", "v1/models"), ("POST", "v1/chat/completions"), ("POST", "v1/completions")):
                 r = httpx.request(method, srv.url + path, headers=headers, json={"messages": HI}, timeout=30)
                 assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
-        good = openai.OpenAI(base_url=srv.url + "v1", api_key="sekret", max_retries=0)
+        t.join(60)
+        assert during["text"] == alone  # the refused requests never disturbed the one in flight
         assert good.chat.completions.create(model="tiny", messages=HI).usage.completion_tokens == 4
         assert httpx.get(srv.url).status_code == 200 and httpx.get(srv.url + "health").status_code == 200
         with pytest.raises(openai.AuthenticationError):

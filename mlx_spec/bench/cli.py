@@ -14,6 +14,18 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Benchmarks: every speed is a ratio against a baseline run in the same process.")
 
 
+def _interrupt(_sig, _frame):
+    raise KeyboardInterrupt
+
+
+@app.callback()
+def _bench() -> None:
+    """Benchmarks: every speed is a ratio against a baseline run in the same process."""
+    # Under `mlx-spec bench ...` as under `python -m mlx_spec.bench`: `kill` ends a run like Ctrl-C, with the
+    # results so far kept and the partial report written (the serving bench's server installs its own handlers).
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
 def _log(msg: str) -> None:
     typer.echo(f"[bench] {msg}", err=True)
 
@@ -136,15 +148,10 @@ def ngram_cost():
     typer.echo(ngram.report(ngram.run()))
 
 
-def _interrupt(_sig, _frame):
-    raise KeyboardInterrupt
-
-
 def main() -> None:
     """Entry point: one-line errors for what the user can fix."""
     from ..errors import MlxSpecError
 
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` too ends with the partial report written
     try:
         app()
     except MlxSpecError as e:

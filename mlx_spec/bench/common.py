@@ -26,8 +26,13 @@ def machine_info() -> dict:
     from .. import __version__
 
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
+        here = Path(__file__).parent
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here,
                              capture_output=True, text=True, timeout=10).stdout.strip() or None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", str(here.parent)],
+                               cwd=here, capture_output=True, text=True, timeout=10).stdout.strip()
+        if rev and dirty:
+            rev += "-dirty"  # the package's code differs from that revision: the numbers are not its
     except (OSError, subprocess.SubprocessError):
         rev = None
     return {

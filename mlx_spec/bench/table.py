@@ -118,7 +118,10 @@ class TableRun:
             for row in rows:
                 self._unavailable(row, e)
             return
+        from .roofline import bytes_per_token
+
         self.result.data["models"][name] = {"folder": str(folder), "weights_gb": params_gb(model),
+                                            "read_gb": bytes_per_token(model) / 1e9,
                                             "quantization": quantization(model), "sha256": folder_sha256(folder)}
         for row in rows:
             row["target_quant"] = quantization(model)
@@ -265,7 +268,9 @@ def markdown(data: dict) -> str:
             continue
         tps = e["tokens_per_second"]
         gain = improvement(e["speedup"], 1.0) if e["draft"] != "none" and e.get("speedup") else "0%"
-        table.append([target, draft, e.get("draft_quant") or "N/A", f"{tps:.2f}", gain])
+        differs = greedy and e["draft"] != "none" and e.get("compared") and e["identical"] < e["compared"]
+        flag = f" (differs from the target alone on {e['compared'] - e['identical']}/{e['compared']})" if differs else ""
+        table.append([target, draft, e.get("draft_quant") or "N/A", f"{tps:.2f}{flag}", gain])
         if e["draft"] != "none" and e.get("compared"):
             same = f"{e['identical']}/{e['compared']}" if greedy else "n/a (sampling)"
             acc = e.get("acceptance_rate")

@@ -8,14 +8,15 @@ decoding, so speculation switches itself off wherever it would make the user slo
 passed over (for plain decoding or for another source) gets a one-token probe round now and then, so
 a stale estimate is corrected and drafting switches back on when it pays. Probes are paid from a
 budget: while a source is passed over it earns PROBE_BUDGET of each round's time, and it probes once
-its credit covers what a probe is expected to lose against the round chosen instead. So probes cost
-at most ~2 % of the time wherever drafting does not pay, however costly the source: on this CPU a
-one-token probe of the 0.5B draft model costs 0.8 s (verifying 2 tokens instead of 1 costs 1.45x a
-plain step, plus the draft's catch-up and step) against 0.55 s per plain step, and probing every 8
-steps cost 5-7 % on open prose questions. A cheap source with good odds probes more often, a costly
-one with poor odds rarely, and an accepted probe raises the odds, so the next probe comes sooner. Acceptance and draft cost are
-kept per source (a hybrid's free n-gram drafts and its costly model drafts differ); the verify
-cost belongs to the target.
+its credit covers what a probe is expected to lose against the round chosen instead, so probes aim to cost
+about 2 % of the time wherever drafting does not pay, however costly the source: on this CPU a
+one-token probe of the 0.5B draft model costs about 1.1 s (verifying 2 tokens costs 1.2-1.45x
+verifying 1, plus the draft's catch-up and step) against 0.55-0.65 s per plain step, and probing
+every 8 steps cost 5-7 % on open prose questions. A cheap source with good odds probes more often, a
+costly one with poor odds rarely, and an accepted probe raises the odds, so the next probe comes
+sooner. A free source (the n-gram) is judged every round by the engine's shadow drafts
+(`Policy.observe`) and needs no probes. Acceptance and draft cost are kept per source (a hybrid's
+free n-gram drafts and its costly model drafts differ); the verify cost belongs to the target.
 A source never measured gets a short probe round first, so an expensive drafter shows its cost
 before it is trusted with a long draft.
 
