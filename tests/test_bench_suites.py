@@ -115,6 +115,24 @@ def test_a_table_suite_runs_every_row_and_marks_an_unavailable_model(target, tin
     assert table[0].split("|")[2].strip() == "N/A"  # the target alone first, as in the paper's tables
 
 
+def test_a_row_whose_outputs_differ_is_flagged_in_the_main_table(target, tiny_models, tmp_path):
+    """A lossless break must show where people look (the M3 Max table), not only in the detail table."""
+    from mlx_spec.bench import table
+
+    path = suite_file(tmp_path / "f.toml", target, drafts=["ngram"], repeats=1)
+    runner.run_suite(str(path), str(tmp_path / "runs"))
+    [file] = list((tmp_path / "runs").glob("f-*.json"))
+    data = json.loads(file.read_text())
+    ngram = next(r for r in data["records"] if r["row"].endswith("|ngram"))
+    ngram["tokens"] = [t + 1 for t in ngram["tokens"]]  # as if the drafter had changed the output
+    data["summary"] = table.summarize(data)
+    row = next(x for x in table.markdown(data).splitlines() if x.startswith("|") and "ngram" in x)
+    assert "differs from the target alone on 1/3" in row
+    data["records"] = json.loads(file.read_text())["records"]
+    data["summary"] = table.summarize(data)
+    assert "differs" not in table.markdown(data)
+
+
 def test_an_interrupted_run_resumes_without_redoing_a_measurement(target, tmp_path, monkeypatch):
     path = suite_file(tmp_path / "r.toml", target, drafts=["ngram"])
     real_add = ResultFile.add
