@@ -236,11 +236,16 @@ def first_mismatch(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def params_gb(model) -> float:
-    """Bytes of a model's parameters (its weights in memory), in GB."""
+def params_bytes(module) -> int:
+    """Bytes of a module's parameters (a model's weights in memory)."""
     from mlx.utils import tree_flatten
 
-    return sum(v.nbytes for _, v in tree_flatten(model.parameters())) / 1e9
+    return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
+
+
+def params_gb(model) -> float:
+    """Bytes of a model's parameters (its weights in memory), in GB."""
+    return params_bytes(model) / 1e9
 
 
 def median(xs: Sequence[float]) -> float:

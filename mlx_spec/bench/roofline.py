@@ -15,7 +15,7 @@ it (several tokens per read).
 import time
 from typing import List
 
-from .common import median, md_table
+from .common import median, md_table, params_bytes
 
 BANDWIDTH_GB = 1.0  # bytes read per pass: well above any CPU cache or GPU's last-level cache
 PASSES = 7
@@ -64,12 +64,10 @@ def measure_bandwidth(size_gb: float = BANDWIDTH_GB, passes: int = PASSES) -> di
 
 def bytes_per_token(model) -> int:
     """Weight bytes one decoded token reads: every parameter, less an untied embedding table (one row is read)."""
-    from mlx.utils import tree_flatten
-
-    total = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    total = params_bytes(model)
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
     if embed is not None and getattr(model, "lm_head", None) is not None:
-        total -= sum(v.nbytes for _, v in tree_flatten(embed.parameters()))
+        total -= params_bytes(embed)
     return total
 
 

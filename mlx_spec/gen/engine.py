@@ -210,6 +210,7 @@ def speculative_generate_step(
         rewind(cache, cached)  # an interrupted prefill leaves the cache as it came
         raise
 
+    free = drafter.free_sources() if drafter is not None else set()  # judged every round (shadow drafts)
     produced, first_at = 0, None
     while produced < budget:
         source, k, shadows = "", 0, {}
@@ -218,7 +219,7 @@ def speculative_generate_step(
                 offers = drafter.sources(context)
                 source, k = policy.choose(offers, budget - produced - 1)
                 shadows = {s: drafter.propose(context, min(cap, policy.k_max), None, s).tokens
-                           for s, cap in offers.items() if s != source and s in drafter.free_sources()}
+                           for s, cap in offers.items() if s != source and s in free}
             elif stats.fallback is None:
                 stats.fallback = "target cache not trimmable: plain decoding from here"
         base = len(context)  # the cache holds base - 1 tokens
