@@ -168,3 +168,31 @@ def test_a_costly_source_must_beat_a_free_one_by_a_margin():
     model.draft_per_token = 0.05  # cheap enough that its higher rate is real
     assert p.choose({"ngram": 2, "model": 4}, 100) == ("model", 4)
     assert p.choose({"model": 4}, 100) == ("model", 4)  # alone, its length is not shortened by the margin
+
+
+def test_a_fully_accepted_probe_is_followed_at_once_by_a_longer_one_until_one_fails():
+    p = Policy(8)
+    feed(p, "model", 4, 0, STEP * 0.4)  # off: nothing accepted
+    lengths = []
+    for _ in range(400):
+        src, k = p.choose({"model": 1 << 30}, 1000)
+        if k:
+            lengths.append(k)
+            p.update(src, k, k if len(lengths) < 3 else 0, STEP * 1.45, STEP * 0.4 * k)
+            if len(lengths) == 4:
+                break
+        else:
+            p.update("", 0, 0, STEP, 0.0)
+    # 1 accepted -> 2 at once, accepted -> 4 at once, rejected -> back to a budgeted one-token probe
+    assert lengths[:3] == [PROBE_K, 2 * PROBE_K, 4 * PROBE_K] and lengths[3] == PROBE_K
+
+
+def test_a_source_whose_probes_keep_failing_is_probed_on_its_recent_acceptance_not_its_prior():
+    p = Policy(6)
+    p.update("", 0, 0, STEP, 0.0)
+    for _ in range(3):  # three probes rejected: recent acceptance near 0, long-run still lifted by the prior
+        p.update("self", 1, 0, STEP * 1.45, STEP * 0.5)
+    s = p.stats("self")
+    assert s.accept < s.long_run_accept
+    whole = p.round_cost(PROBE_K, "self")[0]
+    assert p.probe_loss("self", ("", 0)) == pytest.approx(whole - (1 + s.accept) * p.verify_cost(0))
