@@ -146,7 +146,7 @@ def test_marginal_drafting_is_not_worth_it():
     p = Policy(1)
     p.verify = {0: 1.0, 1: 1.0}
     m = p.stats("m")
-    m.draft_per_token = 0.0
+    m.draft_per_token, m.rounds = 0.0, 1  # measured
     gain = 1.0 + MARGIN / 2  # expected tokens per round with k=1: 1 + accept
     m.accepted_w, m.judged_w = (gain - 1) * 10, 10.0
     m.off_steps = -1000  # no probe in this test
@@ -160,6 +160,7 @@ def test_a_costly_source_must_beat_a_free_one_by_a_margin():
     p = Policy(7)
     p.verify = {0: 1.0, 1: 1.0, 2: 1.0, 4: 1.0}
     ngram, model = p.stats("ngram"), p.stats("model")
+    ngram.rounds = model.rounds = 1  # both measured
     ngram.draft_per_token, ngram.accepted_w, ngram.judged_w = 0.0, 7.0, 10.0  # 2 drafts: 1 + .7 + .49 = 2.19
     model.draft_per_token = 0.2  # 4 drafts: the round costs 1.8, 44 % of it drafting
     model.accepted_w, model.judged_w = 9.0, 10.0  # 1 + .9 + ... + .9^4 = 4.1 tokens -> 2.28 per unit: slightly more
@@ -196,3 +197,20 @@ def test_a_source_whose_probes_keep_failing_is_probed_on_its_recent_acceptance_n
     assert s.accept < s.long_run_accept
     whole = p.round_cost(PROBE_K, "self")[0]
     assert p.probe_loss("self", ("", 0)) == pytest.approx(whole - (1 + s.accept) * p.verify_cost(0))
+
+
+def test_a_source_that_cannot_pay_back_its_catch_up_is_not_fed_it():
+    """A draft model 100 tokens behind (its prompt not fed yet): fed when the reply is long enough to repay it."""
+    p = Policy(6)
+    p.update("", 0, 0, STEP, 0.0)
+    p.seed("model", STEP * 0.2, STEP * 0.1)  # a draft step at 0.2 steps; a token of catch-up at 0.1
+    assert p.choose({"model": 1 << 30}, 1000, {"model": 100}) == ("model", PROBE_K)  # a long reply repays it
+    q = Policy(6)
+    q.update("", 0, 0, STEP, 0.0)
+    q.seed("model", STEP * 0.2, STEP * 0.1)
+    assert q.choose({"model": 1 << 30}, 10, {"model": 100}) == ("", 0)  # 11 tokens cannot repay 10 steps
+    assert q.choose({"model": 1 << 30}, 10, {"model": 2}) == ("model", PROBE_K)  # a short catch-up can
+    r = Policy(6)
+    r.update("", 0, 0, STEP, 0.0)
+    r.seed("model", STEP * 1.1, 0.0)  # a draft step dearer than a target step: no reply repays it
+    assert all(r.choose({"model": 1 << 30}, 1000, {"model": 0}) == ("", 0) for _ in range(300))

@@ -326,3 +326,44 @@ def test_a_free_source_is_judged_in_rounds_it_was_not_chosen_for(target):
     assert chosen[0] == "" and judged[0] == ("free", 1, 1)  # the first (plain) round produced one token: one judged
     assert len(judged) > chosen.count("free")  # judged in rounds it was not chosen for
     assert policy.sources["free"].accept > 0.9 and chosen.count("free") > chosen.count("costly")
+
+
+class SlowModel:
+    """The real tiny draft model, made slower than a target step (a quantized draft on a CPU without fast kernels)."""
+
+    def __init__(self, model, delay):
+        self._model, self.delay = model, delay
+
+    def __call__(self, inputs, cache=None, **kw):
+        time.sleep(self.delay)
+        return self._model(inputs, cache=cache, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+def test_a_draft_model_fed_its_prompt_only_when_the_policy_first_drafts(target):
+    model, tok = target
+    prompt = tok.encode(PROMPTS[2])
+    ref = plain_greedy(model, prompt, 30)
+    drafter = ModelDrafter(model, model.args.vocab_size)  # the target as its own draft: every draft accepted
+    drafter.reset(prompt, None)
+    assert drafter.fed_total == 0 and drafter.lag("model", prompt) == len(prompt) - 1  # deferred
+    assert all(c is not None and c > 0 for c in drafter.step_cost("model"))  # timed on a scratch cache
+    out, stats = spec(model, prompt, drafter, max_tokens=30, adaptive=False)  # drafts every round, whatever the timing
+    assert out == ref and stats.draft_share > 0.5
+    assert drafter.fed_total >= len(prompt) - 1 and drafter.lag("model", prompt + out) <= 2
+
+
+def test_a_draft_model_too_slow_to_pay_is_never_fed_nor_probed(target, draft_model):
+    """Its own step costs more than a target step: even with every draft accepted it cannot pay."""
+    model, tok = target
+    prompt = tok.encode(PROMPTS[2])
+    ref = plain_greedy(model, prompt, 60)
+    drafter = ModelDrafter(SlowModel(draft_model[0], 0.05), model.args.vocab_size)
+    out, stats = spec(model, prompt, drafter, max_tokens=60)
+    assert out == ref
+    assert stats.spec_rounds == 0 and drafter.fed_total == 0
+    fast = ModelDrafter(draft_model[0], model.args.vocab_size)  # control: the same draft at its own speed is tried
+    out, stats = spec(model, prompt, fast, max_tokens=60)
+    assert out == ref and stats.spec_rounds >= 1 and fast.fed_total >= len(prompt) - 1

@@ -211,13 +211,17 @@ def speculative_generate_step(
         raise
 
     free = drafter.free_sources() if drafter is not None else set()  # judged every round (shadow drafts)
+    if drafter is not None:
+        for s in drafter.sources(context):  # a draft model's own timing, before it is fed the prompt
+            policy.seed(s, *drafter.step_cost(s))
     produced, first_at = 0, None
     while produced < budget:
         source, k, shadows = "", 0, {}
         if drafter is not None:
             if can_trim_prompt_cache(cache):
                 offers = drafter.sources(context)
-                source, k = policy.choose(offers, budget - produced - 1)
+                lags = {s: drafter.lag(s, context) for s in offers}
+                source, k = policy.choose(offers, budget - produced - 1, lags)
                 shadows = {s: drafter.propose(context, min(cap, policy.k_max), None, s).tokens
                            for s, cap in offers.items() if s != source and s in free}
             elif stats.fallback is None:
@@ -245,7 +249,7 @@ def speculative_generate_step(
         stats.draft_time += t1 - t0
         stats.verify_time += t2 - t1
         _record(stats, n, a)
-        policy.update(source, n, a, t2 - t1, t1 - t0, draft.catch_up_s)
+        policy.update(source, n, a, t2 - t1, t1 - t0, draft.catch_up_s, draft.catch_up_tokens)
         if n and drafter is not None:
             drafter.feedback(source, n, a)
         new = draft.tokens[:a] + [nxt]

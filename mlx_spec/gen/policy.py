@@ -62,7 +62,7 @@ class SourceStats:
     accepted_w: float = PRIOR_ACCEPT * PRIOR_TRIALS  # discounted accepted draft tokens
     judged_w: float = PRIOR_TRIALS  # discounted judged draft tokens (accepted + the first rejected)
     draft_per_token: Optional[float] = None  # seconds per drafted token (EMA); None: never measured
-    catch_up: float = 0.0  # seconds per round before the first token (a draft model feeding what it missed; EMA)
+    catch_up: float = 0.0  # seconds per token the source was behind before drafting (a draft model feeding what it missed; EMA)
     rounds: int = 0
     proposed: int = 0
     accepted: int = 0
@@ -126,34 +126,69 @@ class Policy:
         ref = lo if lo is not None else hi
         return self.verify[ref] * (1 + PRIOR_VERIFY_SLOPE * k) / (1 + PRIOR_VERIFY_SLOPE * ref)
 
-    def round_cost(self, k: int, source: str = "") -> Tuple[float, float]:
-        """(whole round, drafting part) of a round drafting k tokens from `source`, in verify_cost's units."""
+    def round_cost(self, k: int, source: str = "", lag: int = 0) -> Tuple[float, float]:
+        """(whole round, drafting part) of a round drafting k tokens from `source`, in verify_cost's units.
+
+        lag: the tokens the source must feed before it drafts (`Drafter.lag`), costed at its measured catch-up
+        per token: after a long pause (or before its first use, when it has the whole prompt to feed) a draft
+        model's round costs far more than the one before.
+        """
         if k == 0:
             return self.verify_cost(0), 0.0
         s = self.stats(source)
-        drafting = s.catch_up + k * (s.draft_per_token or 0.0)
+        drafting = s.catch_up * lag + k * (s.draft_per_token or 0.0)
         return self.verify_cost(k) + drafting, drafting
 
-    def expected_rate(self, k: int, source: str = "") -> float:
-        """Expected tokens per second (or per relative unit) of a round drafting k tokens from `source`."""
+    def expected_rate(self, k: int, source: str = "", lag: int = 0, accept: Optional[float] = None) -> float:
+        """Expected tokens per second (or per relative unit) of a round drafting k tokens from `source`
+        (at `accept`, default the source's estimated acceptance)."""
         if k == 0:
             return 1.0 / self.verify_cost(0)
-        a = min(self.stats(source).accept, 0.999)
+        a = min(self.stats(source).accept if accept is None else accept, 0.999)
         tokens = (1 - a ** (k + 1)) / (1 - a)
-        return tokens / self.round_cost(k, source)[0]
+        return tokens / self.round_cost(k, source, lag)[0]
 
-    def ranked_rate(self, k: int, source: str) -> float:
+    def ranked_rate(self, k: int, source: str, lag: int = 0) -> float:
         """expected_rate discounted by the share of the round spent drafting (COST_MARGIN): ranks sources only."""
-        whole, drafting = self.round_cost(k, source)
-        return self.expected_rate(k, source) / (1 + COST_MARGIN * drafting / whole)
+        whole, drafting = self.round_cost(k, source, lag)
+        return self.expected_rate(k, source, lag) / (1 + COST_MARGIN * drafting / whole)
 
-    def choose(self, offers: Dict[str, int], limit: int) -> Tuple[str, int]:
+    def pays_back(self, source: str, lag: int, remaining: int) -> bool:
+        """Could drafting from `source` for the `remaining` tokens save more than its catch-up of `lag` tokens costs?
+
+        An upper bound: every draft accepted, at the best length. A draft model whose own step costs about a
+        target step (an int8 or int4 draft on a CPU without fast quantized matmuls) cannot save anything, and
+        one whose prompt costs more to feed than the rest of the reply could save is not worth feeding it:
+        such a source is neither probed nor fed (on this CPU the int8 0.5B's prompt took 57 s of a 102 s
+        reply that drafted 1-25 tokens). Unknown costs: assume it pays.
+        """
+        s = self.stats(source)
+        if s.draft_per_token is None or 0 not in self.verify:
+            return True
+        plain = self.verify_cost(0)
+        best = max(self.expected_rate(k, source, accept=1.0) for k in range(1, self.k_max + 1))
+        saving = remaining * (plain - (1 + MARGIN) / best)
+        return saving > s.catch_up * lag
+
+    def seed(self, source: str, draft_per_token: Optional[float], catch_up: Optional[float]) -> None:
+        """A source's costs as the drafter measured them before drafting (`Drafter.step_cost`): seconds per
+        drafted token and per token of catch-up, so the policy can rule out a source before it pays for
+        feeding the prompt. Measurements made while drafting take over from these."""
+        s = self.stats(source)
+        if s.draft_per_token is None and draft_per_token is not None:
+            s.draft_per_token = draft_per_token
+        if not s.catch_up and catch_up is not None:
+            s.catch_up = catch_up
+
+    def choose(self, offers: Dict[str, int], limit: int, lags: Optional[Dict[str, int]] = None) -> Tuple[str, int]:
         """(source, k) for the next round; ("", 0) is a plain step.
 
         offers: each source that could draft now -> the most tokens it could draft (`Drafter.sources`).
         limit: the most draft tokens the round may have (tokens left to generate minus one).
+        lags: each source -> the tokens it must feed before drafting (`Drafter.lag`); missing: 0.
         """
         self.probing = None
+        lags, remaining = lags or {}, limit + 1
         limit = min(limit, self.k_max)
         caps = {src: min(cap, limit) for src, cap in offers.items() if min(cap, limit) > 0}
         if not caps:
@@ -166,20 +201,22 @@ class Policy:
             # verify of several tokens misleads (on this CPU verifying 2 tokens costs 1.2-1.45x verifying 1, so a
             # policy that started by drafting guessed plain steps too slow and kept drafting at a loss).
             return "", 0
-        for src, cap in caps.items():  # measure a new source's cost with a short draft first
-            if self.stats(src).draft_per_token is None:
+        caps = {src: cap for src, cap in caps.items() if self.pays_back(src, lags.get(src, 0), remaining)}
+        for src, cap in caps.items():  # a new source drafts a short probe first: its cost, then its odds
+            if self.stats(src).rounds == 0:
                 return self._probe(src, min(PROBE_K, cap))
         floor = self.expected_rate(0) * (1 + MARGIN)  # drafting at all must beat plain by MARGIN
         best, best_rank = ("", 0), 0.0
         for src, cap in caps.items():  # each source's best length, then the sources ranked against each other
-            k = max(range(1, cap + 1), key=lambda j: self.expected_rate(j, src))
-            rank = self.ranked_rate(k, src)
-            if rank > best_rank and self.expected_rate(k, src) > floor:
+            lag = lags.get(src, 0)
+            k = max(range(1, cap + 1), key=lambda j: self.expected_rate(j, src, lag))
+            rank = self.ranked_rate(k, src, lag)
+            if rank > best_rank and self.expected_rate(k, src, lag) > floor:
                 best, best_rank = (src, k), rank
         if best[1] > 0:
             s = self.stats(best[0])
             s.off_steps, s.credit, s.follow = 0, 0.0, 0
-        spent = self.round_cost(best[1], best[0])[0]
+        spent = self.round_cost(best[1], best[0], lags.get(best[0], 0))[0]
         for src in caps:
             if src != best[0]:
                 s = self.stats(src)
@@ -192,7 +229,8 @@ class Policy:
                 return self._probe(src, min(s.follow, cap))
         for src, cap in caps.items():  # probe a source passed over once its credit pays for the probe
             s = self.stats(src)
-            if src != best[0] and s.off_steps >= PROBE_MIN and s.credit >= self.probe_loss(src, best):
+            if (src != best[0] and s.off_steps >= PROBE_MIN
+                    and s.credit >= self.probe_loss(src, best, lags.get(src, 0))):
                 return self._probe(src, min(PROBE_K, cap))
         return best
 
@@ -202,7 +240,7 @@ class Policy:
         self.probing = source
         return source, k
 
-    def probe_loss(self, source: str, instead: Tuple[str, int]) -> float:
+    def probe_loss(self, source: str, instead: Tuple[str, int], lag: int = 0) -> float:
         """Expected time a probe round of `source` loses against the round `instead` (src, k) for the same tokens.
 
         Costed at the lower of the recent and the long-run acceptance: the long-run one starts from the
@@ -211,7 +249,7 @@ class Policy:
         """
         s = self.stats(source)
         a = min(s.accept, s.long_run_accept)
-        whole = self.round_cost(PROBE_K, source)[0]
+        whole = self.round_cost(PROBE_K, source, lag)[0]
         return max(0.0, whole - (1 + a) / self.expected_rate(instead[1], instead[0]))
 
     def observe(self, source: str, proposed: int, accepted: int) -> None:
@@ -222,9 +260,9 @@ class Policy:
         s.off_steps, s.credit = 0, 0.0
 
     def update(self, source: str, proposed: int, accepted: int, verify_s: float, draft_s: float,
-               catch_up_s: float = 0.0) -> None:
+               catch_up_s: float = 0.0, catch_up_tokens: int = 0) -> None:
         """Record one round: `accepted` of `proposed` drafts from `source`, and what verify and drafting cost
-        (draft_s includes catch_up_s, the part paid once per round rather than per drafted token)."""
+        (draft_s includes catch_up_s, the time feeding the catch_up_tokens the source was behind)."""
         self.rounds += 1
         old = self.verify.get(proposed)
         self.verify[proposed] = verify_s if old is None else (1 - EMA) * old + EMA * verify_s
@@ -238,4 +276,6 @@ class Policy:
         per_tok = max(draft_s - catch_up_s, 0.0) / proposed
         first = s.draft_per_token is None
         s.draft_per_token = per_tok if first else (1 - EMA) * s.draft_per_token + EMA * per_tok
-        s.catch_up = catch_up_s if first else (1 - EMA) * s.catch_up + EMA * catch_up_s
+        if catch_up_tokens:
+            per_tok = catch_up_s / catch_up_tokens
+            s.catch_up = per_tok if not s.catch_up else (1 - EMA) * s.catch_up + EMA * per_tok

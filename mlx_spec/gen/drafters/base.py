@@ -1,7 +1,7 @@
 """The one interface every drafter implements; the verifier never knows which drafter it has."""
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 import mlx.core as mx
 
@@ -16,13 +16,15 @@ class Draft:
     temperature/top-p/top-k transform the target uses. None means deterministic: the
     verifier treats each token as drawn from a one-hot distribution.
     catch_up_s: seconds spent bringing the drafter's state up to date with the context before
-    drafting (a draft model feeding the tokens accepted since it last ran); the policy counts it
-    as a cost per round, not per drafted token.
+    drafting (a draft model feeding the catch_up_tokens it had not seen: the prompt on its first
+    round, the tokens accepted since it last ran after that); the policy costs it per token behind,
+    not per drafted token.
     """
 
     tokens: List[int]
     probs: Optional[mx.array] = None
     catch_up_s: float = 0.0
+    catch_up_tokens: int = 0
 
 
 class Drafter:
@@ -61,6 +63,23 @@ class Drafter:
         "shadow" draft) and it never needs a probe round.
         """
         return set()
+
+    def lag(self, source: str, context: List[int]) -> int:
+        """How many tokens `source` would have to feed before drafting at `context` (side-effect free).
+
+        A draft model with its own cache is behind by the whole prompt until it first drafts (its prompt is
+        fed then, not in `reset`, so a draft the policy never uses costs nothing) and by the tokens produced
+        since it last drafted after that. 0 for sources with no state to bring up to date.
+        """
+        return 0
+
+    def step_cost(self, source: str) -> Tuple[Optional[float], Optional[float]]:
+        """(seconds per drafted token, seconds per token of catch-up) as the drafter measured them, or None.
+
+        A draft model times a short pass of its own when it starts, so the policy can tell before feeding it
+        the prompt whether it can pay at all.
+        """
+        return None, None
 
     def propose(self, context: List[int], k: int, probs_fn=None, source: Optional[str] = None) -> Draft:
         """At most k tokens continuing `context` from `source` (default: the drafter's first).

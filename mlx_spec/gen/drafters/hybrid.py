@@ -1,6 +1,6 @@
 """Hybrid drafting: an n-gram source and a model (or self) source; the engine's policy picks one each round."""
 
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 from .base import Draft, Drafter
 
@@ -27,6 +27,12 @@ class HybridDrafter(Drafter):
 
     def free_sources(self) -> Set[str]:
         return self.ngram.free_sources() | self.fallback.free_sources()
+
+    def lag(self, source: str, context: List[int]) -> int:
+        return self._owner[source].lag(source, context)
+
+    def step_cost(self, source: str) -> Tuple[Optional[float], Optional[float]]:
+        return self._owner[source].step_cost(source)
 
     def propose(self, context: List[int], k: int, probs_fn=None, source: Optional[str] = None) -> Draft:
         """From `source`; with none given, the n-gram draft, else the fallback's."""

@@ -1,7 +1,7 @@
 """A separate small model drafts autoregressively with its own KV cache (e.g. an int4 0.5B for a 1.5B)."""
 
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
@@ -17,6 +17,7 @@ DEFAULT_MIN_CONFIDENCE = 0.5
 PREFILL_STEP = 512  # prompt tokens per forward pass: bounds the attention scratch memory
 ONE_PASS = 8  # catch-up tokens fed in the same pass as the token drafting continues from (see _forward)
 STEP_EMA = 0.3  # weight of the newest one-token draft step time (splits a round's catch-up from its steps)
+CALIBRATE_TOKENS = 16  # prompt tokens fed on a scratch cache when a drafter starts, to time its catch-up per token
 
 
 def common_prefix(a: List[int], b: List[int]) -> int:
@@ -51,6 +52,7 @@ class ModelDrafter(Drafter):
         self.cache = None
         self._fed: List[int] = []
         self._step_s: Optional[float] = None  # seconds per one-token draft pass (EMA)
+        self._catch_up_s: Optional[float] = None  # seconds per token fed without logits (timed once, at start)
 
     def _new_cache(self):
         cache = make_prompt_cache(self.model)
@@ -59,11 +61,46 @@ class ModelDrafter(Drafter):
         return cache  # a sliding-window cache may stop being trimmable later: _sync rebuilds it then
 
     def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
-        """Bring the cache to `prompt[:-1]` during prompt processing, keeping the prefix it already holds."""
+        """Keep the prefix of `prompt` the cache already holds; the rest is fed when the policy first drafts.
+
+        Deferred so that a draft the policy never uses (one too slow to pay on this machine) costs nothing:
+        an int8 0.5B's prompt took 57 s of a 102 s reply on this CPU. On its first start the drafter times a
+        short pass instead (`step_cost`), which is what the policy needs to decide.
+        """
         if self.cache is None:
             self.cache, self._fed = self._new_cache(), []
         if len(prompt) > 1:
-            self._guarded(lambda: self._feed(self._sync(prompt)[:-1]))
+            self._guarded(lambda: self._sync(prompt))
+        if self._step_s is None:
+            self._calibrate(prompt)
+
+    def _calibrate(self, prompt: List[int]) -> None:
+        """Time a catch-up pass (CALIBRATE_TOKENS of the prompt, no logits) and a one-token draft step, on a scratch
+        cache: the drafter's own cache is untouched."""
+        cache = make_prompt_cache(self.model)
+        tokens = prompt[-CALIBRATE_TOKENS - 1:]
+        mx.eval(self.model(mx.array(tokens[:1])[None], cache=cache))  # warm-up: first-call allocations
+        t0 = time.perf_counter()
+        self.model(mx.array(tokens[1:-1] or tokens[:1])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+        t1 = time.perf_counter()
+        mx.eval(self.model(mx.array(tokens[-1:])[None], cache=cache)[0, -1])
+        t2 = time.perf_counter()
+        self._catch_up_s, self._step_s = (t1 - t0) / max(1, len(tokens) - 2), t2 - t1
+
+    def lag(self, source: str, context: List[int]) -> int:
+        """Context tokens (all but the last, which drafting starts from) the cache does not hold yet.
+
+        Cheap: the cache holds a prefix of the context plus at most the drafts rejected last round, so only
+        its tail is compared (a rejected draft equal to the context token there is missed: an estimate).
+        """
+        i = min(len(self._fed), len(context) - 1)
+        while i > 0 and self._fed[i - 1] != context[i - 1]:
+            i -= 1
+        return max(0, len(context) - 1 - i)
+
+    def step_cost(self, source: str) -> Tuple[Optional[float], Optional[float]]:
+        return self._step_s, self._catch_up_s
 
     def _guarded(self, fn):
         """Run fn; if it is interrupted (Ctrl-C, a closed generator), rewind the cache to `_fed`."""
@@ -131,7 +168,7 @@ class ModelDrafter(Drafter):
 
     def _draft(self, context: List[int], k: int, probs_fn) -> Draft:
         todo = self._sync(context)  # what the cache lacks, ending with the token to continue from
-        tokens, rows, catch_up = [], [], 0.0
+        tokens, rows, catch_up, behind = [], [], 0.0, len(todo) - 1
         for i in range(k):
             t0 = time.perf_counter()
             logits = self._forward(todo)
@@ -155,4 +192,4 @@ class ModelDrafter(Drafter):
             tokens.append(tok_id)
             rows.append(probs)
             todo = [tok_id]
-        return Draft(tokens, mx.stack(rows) if probs_fn is not None else None, catch_up)
+        return Draft(tokens, mx.stack(rows) if probs_fn is not None else None, catch_up, behind)

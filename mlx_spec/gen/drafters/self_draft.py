@@ -65,6 +65,9 @@ class SelfDrafter(ModelDrafter):
         self.target_cache = target_cache
         self.cache = [target_cache[i] for i in self.layers]
 
+    def lag(self, source: str, context: List[int]) -> int:
+        return 0  # the target's cache is ours: nothing to catch up
+
     def propose(self, context: List[int], k: int, probs_fn=None, source: Optional[str] = None) -> Draft:
         if self.target_cache is None:
             raise GenerationError("self drafter used before reset(prompt, target_cache)")
