@@ -1,6 +1,7 @@
 """The `mlx-spec` command line: thin typer commands over the library."""
 
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -14,6 +15,8 @@ from .gen.drafters.model import DEFAULT_MIN_CONFIDENCE
 from .gen.engine import DEFAULT_MAX_TOKENS
 from .gen.registry import DEFAULT_K
 from .make.convert import DEFAULT_GROUP_SIZE
+from .make.prune import SPEC_HELP as PRUNE_HELP
+from .make.quant import QUANTIZE_HELP, parse_quantize
 from .named import DEFAULT_DRAFT, DEFAULT_MODEL, DEFAULT_PROMPT
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -27,17 +30,6 @@ def _log(msg: str) -> None:
 def _hint() -> None:
     if h := blas.hint():
         typer.echo(h, err=True)
-
-
-def _bits(text: Optional[str]) -> Optional[int]:
-    if text is None:
-        return None
-    from .errors import ConvertError
-
-    try:
-        return int(text.lower().removeprefix("int"))
-    except ValueError:
-        raise ConvertError(f"--quantize must be int2/int3/int4/int6/int8 or a bit count, got '{text}'") from None
 
 
 def _layer_list(text: Optional[str]):
@@ -79,19 +71,28 @@ def convert(
     source: str = typer.Argument(..., help="HF repo id, local HF/MLX folder, .gguf file or recipe"),
     out: str = typer.Argument(..., help="Output MLX folder (must not exist unless --force)"),
     dtype: str = typer.Option("auto", help="auto|float32|float16|bfloat16 (auto: float16 on GPU, float32 on CPU)"),
-    quantize: Optional[str] = typer.Option(None, "--quantize", "-q", help="int4|int8 (or 2/3/4/6/8 bits), MLX affine"),
-    group_size: int = typer.Option(DEFAULT_GROUP_SIZE, help="Quantization group size: 32|64|128"),
+    quantize: Optional[str] = typer.Option(None, "--quantize", "-q", help=QUANTIZE_HELP),
+    group_size: int = typer.Option(DEFAULT_GROUP_SIZE, help="Affine quantization group size: 32|64|128"),
     head_bits: Optional[int] = typer.Option(None, help="Bits for embedding and lm_head (16 keeps them float)"),
-    keep_layers: Optional[int] = typer.Option(None, help="Keep K evenly spaced blocks (first and last kept)"),
-    layers: Optional[str] = typer.Option(None, help="Explicit blocks to keep, e.g. 0,4,8,11"),
+    keep_layers: Optional[int] = typer.Option(None, help="Keep K blocks, picked by --layer-pick"),
+    layer_pick: str = typer.Option("even", help="How --keep-layers picks: even (first and last kept), first (the "
+                                   "first K), importance (the K that change their input most on --calibration)"),
+    layers: Optional[str] = typer.Option(None, help="Explicit blocks to keep, e.g. 0,4,8,11 or 0-5"),
+    prune: Optional[str] = typer.Option(None, help=f"Magnitude pruning of the blocks' linear weights: {PRUNE_HELP}. "
+                                        "MLX has no sparse kernels: pruned weights are stored and run dense "
+                                        "(quantized if asked), so pruning alone saves no memory or time"),
+    calibration: Optional[Path] = typer.Option(None, help="Calibration text for --layer-pick importance "
+                                               "(passages split by two blank lines; default: the project's own)"),
     force: bool = typer.Option(False, help="Replace an existing output folder"),
 ):
-    """Convert a model into an MLX folder, optionally quantized and layer-dropped into a draft."""
+    """Convert a model into an MLX folder, optionally shrunk into a draft: layer-drop, prune, quantize."""
     from .make.resolve import convert as run
 
     _hint()
-    path = run(source, out, dtype=dtype, quantize=_bits(quantize), group_size=group_size, head_bits=head_bits,
-               keep_layers=keep_layers, layers=_layer_list(layers), force=force, log=_log)
+    bits, mode = parse_quantize(quantize)
+    path = run(source, out, dtype=dtype, quantize=bits, quant_mode=mode, group_size=group_size, head_bits=head_bits,
+               keep_layers=keep_layers, layer_pick=layer_pick, layers=_layer_list(layers), prune=prune,
+               calibration=calibration, force=force, log=_log)
     typer.echo(str(path))
 
 

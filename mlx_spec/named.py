@@ -14,6 +14,7 @@ from .gen import registry
 from .gen.drafters.hybrid import HybridDrafter
 from .gen.drafters.model import ModelDrafter
 from .gen.load import load_folder
+from .make.quant import format_name
 from .make.resolve import resolve
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b"
@@ -97,11 +98,13 @@ def draft_model(drafter, target):
 
 
 def quantization(model) -> str:
-    """'int4' etc. from the quantized layers mlx-lm built from the config's `quantization`, else the weights' dtype."""
+    """'int4', 'mxfp4' etc. from the quantized layers mlx-lm built from the config's `quantization`, else the
+    weights' dtype."""
     if model is None:
         return "N/A"
-    bits = sorted({m.bits for _, m in model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))})
-    if bits:
-        return "/".join(f"int{b}" for b in bits)
+    formats = sorted({format_name(m.bits, getattr(m, "mode", "affine")) for _, m in model.named_modules()
+                      if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))})
+    if formats:
+        return "/".join(formats)
     weights = tree_flatten(model.parameters())
     return str(weights[0][1].dtype).rpartition(".")[2] if weights else "N/A"

@@ -43,10 +43,29 @@ def test_convert_cli_and_generate_from_result(tiny_models, tmp_path):
     one_line_error(run("convert", str(tiny_models["qwen2"]), str(out)), "already exists")
 
 
+def test_convert_cli_composes_the_draft_lab_methods(tiny_models, tmp_path):
+    out = tmp_path / "lab"
+    res = run("convert", str(tiny_models["qwen2"]), str(out), "-q", "mxfp4", "--prune", "2:4", "--keep-layers", "2",
+              "--layer-pick", "importance", "--dtype", "float32")
+    assert res.returncode == 0, res.stderr
+    ops = json.loads((out / "config.json").read_text())["mlx_spec"]["operations"]
+    assert [o["op"] for o in ops] == ["layer_drop", "dtype", "prune", "quantize"]
+    assert ops[0]["pick"] == "importance" and ops[3]["mode"] == "mxfp4"
+    assert run("generate", "--model", str(out), "--prompt", "x", "--max-tokens", "4").returncode == 0
+    res = run("convert", str(tiny_models["qwen2"]), str(tmp_path / "gptq"), "-q", "gptq-int4", "--group-size", "32")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == str(tmp_path / "gptq")  # mlx-lm's prints and bars stay out of pipes and logs
+    assert "Quantizing" not in res.stderr and "Hessians" not in res.stderr
+
+
 @pytest.mark.parametrize("args,match", [
     (["convert", "SRC", "OUT", "--quantize", "int5"], "bits"),
     (["convert", "SRC", "OUT", "--quantize", "fp4"], "--quantize"),
     (["convert", "SRC", "OUT", "--keep-layers", "0"], "keep-layers"),
+    (["convert", "SRC", "OUT", "--prune", "5:4"], "--prune"),
+    (["convert", "SRC", "OUT", "--layer-pick", "importance"], "needs --keep-layers"),
+    (["convert", "SRC", "OUT", "--keep-layers", "2", "--layer-pick", "importance", "--calibration", "/no/such.txt"],
+     "calibration file"),
     (["convert", "SRC", "OUT", "--keep-layers", "99"], "keep-layers"),
     (["convert", "no-such-recipe", "OUT"], "unknown model"),
     (["fetch", "tinyllama-int4"], "HF_HUB_OFFLINE"),

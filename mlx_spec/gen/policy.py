@@ -16,13 +16,20 @@ every 8 steps cost 5-7 % on open prose questions. A cheap source with good odds 
 costly one with poor odds rarely, and an accepted probe raises the odds, so the next probe comes
 sooner. While plain decoding is chosen, a probe whose every token is accepted is followed at once by
 another of twice its length (`SourceStats.follow`), so a source that has become good is back on within
-a few rounds instead of ramping up one token per probe interval; the probe's expected loss uses the lower of the recent and the
-long-run acceptance, so a source that keeps failing its probes is not re-probed on the hope of its
-prior. A free source (the n-gram) is judged every round by the engine's shadow drafts
+a few rounds instead of ramping up one token per probe interval; the probe's expected loss uses the
+lower of the recent and the long-run acceptance, so a source that keeps failing its probes is not
+re-probed on the hope of its prior. A free source (the n-gram) is judged every round by the engine's shadow drafts
 (`Policy.observe`) and needs no probes. Acceptance and draft cost are kept per source (a hybrid's
 free n-gram drafts and its costly model drafts differ); the verify cost belongs to the target.
-A source never measured gets a short probe round first, so an expensive drafter shows its cost
-before it is trusted with a long draft.
+A source that has not drafted yet gets a short probe round first, so an expensive drafter shows its
+cost before it is trusted with a long draft.
+
+A draft model's catch-up (the tokens it must feed before drafting: the whole prompt before its first
+round, which it is fed only then, and after that what was produced since it last drafted) is costed per
+token behind (`Drafter.lag`). A source that could not repay its catch-up even with every draft accepted
+over the rest of the reply (`pays_back`), such as a draft whose own step costs about a target step, is
+neither probed nor fed; its costs come from a short timed pass the drafter makes when it starts
+(`Drafter.step_cost`, `Policy.seed`).
 
 Acceptance is estimated per drafted token from discounted counts (accepted / judged tokens, older
 rounds weighing less): a round of 7 accepted drafts says more than a round rejected at its first
@@ -62,7 +69,7 @@ class SourceStats:
     accepted_w: float = PRIOR_ACCEPT * PRIOR_TRIALS  # discounted accepted draft tokens
     judged_w: float = PRIOR_TRIALS  # discounted judged draft tokens (accepted + the first rejected)
     draft_per_token: Optional[float] = None  # seconds per drafted token (EMA); None: never measured
-    catch_up: float = 0.0  # seconds per token the source was behind before drafting (a draft model feeding what it missed; EMA)
+    catch_up: float = 0.0  # seconds per token fed before drafting (a draft model catching up; EMA)
     rounds: int = 0
     proposed: int = 0
     accepted: int = 0

@@ -8,15 +8,20 @@ from typing import Callable, Optional, Sequence
 
 from .. import __version__
 from ..errors import ConvertError, MlxSpecError, SourceError, UnsupportedError
+from .importance import PICKS, block_similarity, calibration_texts, calibration_tokens, most_important
 from .layers import check_layers, keep_layer_indices, kept_config
 from .paths import atomic_dir, ensure_free_space
 from .progress import progress
+from .prune import parse_prune, prune_model
+from .calibrated import quantize_calibrated, samples
+from .quant import AFFINE_BITS, CALIBRATED, FP_MODES, check_mode, format_name, nf4_model
 
-SUPPORTED_BITS = (2, 3, 4, 6, 8)  # what MLX affine quantization implements
+SUPPORTED_BITS = AFFINE_BITS
 SUPPORTED_GROUP_SIZES = (32, 64, 128)
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEFAULT_GROUP_SIZE = 64  # mlx-lm's default: the usual accuracy/size balance for affine int4
 HEAD_KEYS = ("embed_tokens", "lm_head")  # modules --head-bits applies to
+CALIBRATED_TOKENS = 4096  # calibration tokens for GPTQ/AWQ/DWQ (the shipped text has about 1.2k Qwen tokens)
 
 
 def draft_methods() -> dict:
@@ -28,8 +33,18 @@ def draft_methods() -> dict:
     """
     methods = {dtype: {"dtype": dtype} for dtype in DTYPES if dtype != "auto"}
     methods.update({f"int{bits}": {"dtype": "float32", "quantize": bits} for bits in sorted(SUPPORTED_BITS, reverse=True)})
+    methods.update({mode: {"dtype": "float32", "quantize": bits, "quant_mode": mode}
+                    for mode, (_group, bits) in FP_MODES.items()})
+    methods["nf4"] = {"dtype": "float32", "quantize": 4, "quant_mode": "nf4"}
+    methods.update({f"{m}-int4": {"dtype": "float32", "quantize": 4, "quant_mode": m} for m in CALIBRATED})
     methods.update({"layers-half": {"dtype": "float32", "keep_fraction": 0.5},
-                    "layers-quarter": {"dtype": "float32", "keep_fraction": 0.25}})
+                    "layers-quarter": {"dtype": "float32", "keep_fraction": 0.25},
+                    "layers-half-first": {"dtype": "float32", "keep_fraction": 0.5, "layer_pick": "first"},
+                    "layers-half-importance": {"dtype": "float32", "keep_fraction": 0.5, "layer_pick": "importance"}})
+    methods.update({"prune-0.25": {"dtype": "float32", "prune": "unstructured:0.25"},
+                    "prune-block16-0.25": {"dtype": "float32", "prune": "block:16:0.25"},
+                    "prune-2:4": {"dtype": "float32", "prune": "2:4"},
+                    "prune-4:8": {"dtype": "float32", "prune": "4:8"}})
     return methods
 
 
@@ -40,8 +55,14 @@ def auto_dtype() -> str:
     return "float32" if mx.default_device() == mx.cpu else "float16"
 
 
-def validate(dtype: str, quantize: Optional[int], group_size: int, head_bits: Optional[int]) -> None:
+def validate(dtype: str, quantize: Optional[int], group_size: int, head_bits: Optional[int],
+             quant_mode: str = "affine") -> None:
     """Reject bad options before anything is read or written."""
+    check_mode(quant_mode, group_size, DEFAULT_GROUP_SIZE, head_bits)
+    if quant_mode != "affine" and quantize is None:
+        raise ConvertError(f"quantization mode {quant_mode} needs --quantize")
+    if quant_mode in FP_MODES or quant_mode == "nf4":
+        quantize = None  # its bits are the format's
     if dtype not in DTYPES:
         raise ConvertError(f"--dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
     for flag, bits in (("--quantize", quantize), ("--head-bits", head_bits)):
@@ -55,11 +76,20 @@ def validate(dtype: str, quantize: Optional[int], group_size: int, head_bits: Op
 
 def check_options(out, *, dtype: str = "auto", quantize: Optional[int] = None, group_size: int = DEFAULT_GROUP_SIZE,
                   head_bits: Optional[int] = None, keep_layers: Optional[int] = None,
-                  layers: Optional[Sequence[int]] = None, force: bool = False, **_ignored) -> None:
-    """Every check that needs no model: options, and an existing output folder."""
-    validate(dtype, quantize, group_size, head_bits)
+                  layers: Optional[Sequence[int]] = None, force: bool = False, quant_mode: str = "affine",
+                  prune: Optional[str] = None, layer_pick: str = "even", calibration=None, **_ignored) -> None:
+    """Every check that needs no model: options, the calibration file, and an existing output folder."""
+    validate(dtype, quantize, group_size, head_bits, quant_mode)
     if keep_layers is not None and layers is not None:
         raise ConvertError("pass either --keep-layers or --layers, not both")
+    if layer_pick not in PICKS:
+        raise ConvertError(f"--layer-pick must be one of {', '.join(PICKS)}, got '{layer_pick}'")
+    if layer_pick != "even" and keep_layers is None:
+        raise ConvertError(f"--layer-pick {layer_pick} needs --keep-layers K")
+    if prune is not None:
+        parse_prune(prune)
+    if calibration is not None or layer_pick == "importance" or quant_mode in CALIBRATED:
+        calibration_texts(calibration)
     if Path(out).exists() and not force:
         raise ConvertError(f"output folder {out} already exists (pass --force to replace it)")
 
@@ -81,6 +111,10 @@ def convert_folder(
     keep_layers: Optional[int] = None,
     layers: Optional[Sequence[int]] = None,
     force: bool = False,
+    quant_mode: str = "affine",
+    prune: Optional[str] = None,
+    layer_pick: str = "even",
+    calibration=None,
     recipe: Optional[str] = None,
     log: Callable[[str], None] = lambda _m: None,
 ) -> Path:
@@ -88,8 +122,12 @@ def convert_folder(
 
     source / source_sha256: where `src` came from, for the provenance block (`make.resolve.convert`
     resolves any model spec and passes them).
-    quantize: bits for MLX affine quantization; head_bits: bits for the embedding and lm_head
-    (16 keeps them unquantized). keep_layers / layers: layer-drop (mutually exclusive).
+    quantize: bits for MLX affine quantization (quant_mode "affine"), or the bits of quant_mode's format
+    (mxfp4, nvfp4, mxfp8; nf4 is rounded and stored dequantized: `make.quant`); head_bits: bits for
+    the embedding and lm_head (16 keeps them unquantized). keep_layers / layers: layer-drop (mutually
+    exclusive); layer_pick: how keep_layers picks its blocks (even, first, importance on the
+    `calibration` file, default convert/calibration.txt). prune: a `make.prune` spec ('2:4', ...),
+    applied before quantization. Operations run in the order drop, dtype, prune, quantize.
     Returns `out`. Provenance goes into config.json under "mlx_spec".
     """
     import mlx.core as mx
@@ -97,7 +135,8 @@ def convert_folder(
     from mlx_lm.utils import dequantize_model, load_model, load_tokenizer, quantize_model, save_config, save_model
 
     check_options(out, dtype=dtype, quantize=quantize, group_size=group_size, head_bits=head_bits,
-                  keep_layers=keep_layers, layers=layers, force=force)
+                  keep_layers=keep_layers, layers=layers, force=force, quant_mode=quant_mode, prune=prune,
+                  layer_pick=layer_pick, calibration=calibration)
     out = Path(out)
 
     started = time.perf_counter()
@@ -124,7 +163,14 @@ def convert_folder(
     n_layers = len(model.layers)
     try:
         if keep_layers is not None:
-            layers = keep_layer_indices(n_layers, keep_layers)
+            layers = keep_layer_indices(n_layers, keep_layers)  # "even"; also checks the count
+            if layer_pick == "first":
+                layers = list(range(keep_layers))
+            elif layer_pick == "importance":
+                tokens = calibration_tokens(tokenizer, calibration_texts(calibration))
+                log(f"ranking {n_layers} blocks on {sum(map(len, tokens))} calibration tokens")
+                similarity = block_similarity(model, tokens)
+                layers = most_important(similarity, keep_layers)
         elif layers is not None:
             check_layers(layers, n_layers)
     except ConvertError as e:
@@ -135,11 +181,12 @@ def convert_folder(
             raise ConvertError(f"layer-drop: mlx-lm's {config.get('model_type')} keeps its blocks elsewhere")
         config = kept_config(config, layers)
 
-    steps = 2 + (layers is not None) + (quantize is not None)  # [drop], dtype, [quantize], save
+    steps = 2 + (layers is not None) + (quantize is not None) + (prune is not None)  # [drop], dtype, [prune], [quantize], save
     with progress(total=steps, desc=f"converting {src.name}", unit="step") as bar:
         if layers is not None:
             model.model.layers = [model.model.layers[i] for i in layers]  # saving renumbers them 0..K-1
-            ops.append({"op": "layer_drop", "kept": layers, "of": n_layers})
+            ops.append({"op": "layer_drop", "kept": layers, "of": n_layers, "pick": layer_pick if keep_layers else "list",
+                        **({"similarity": [round(v, 5) for v in similarity]} if layer_pick == "importance" else {})})
             bar.update()
 
         if any(getattr(m, "bits", None) for _, m in model.named_modules()):
@@ -156,14 +203,35 @@ def convert_folder(
         ops.append({"op": "dtype", "dtype": target})
         bar.update()
 
-        if quantize is not None:
+        if prune is not None:
+            op, _sparsity = prune_model(model, parse_prune(prune))
+            ops.append(op)
+            bar.update()
+
+        if quantize is not None and quant_mode == "nf4":
+            ops.append({"op": "quantize", "mode": "nf4", "bits": 4, "block": 64, "linear_layers": nf4_model(model),
+                        "stored": target, "note": "simulated: rounded to NF4 and stored dequantized, no memory saved"})
+            bar.update()
+        elif quantize is not None and quant_mode in CALIBRATED:
+            data = samples(calibration_tokens(tokenizer, calibration_texts(calibration), CALIBRATED_TOKENS))
+            log(f"{quant_mode}: calibrating on {data.size} tokens")
+            model, config = quantize_calibrated(quant_mode, model, config, data, quantize, group_size)
+            ops.append({"op": "quantize", "bits": quantize, "group_size": group_size, "mode": "affine",
+                        "method": quant_mode, "format": format_name(quantize, quant_mode),
+                        "calibration_tokens": data.size})
+            bar.update()
+        elif quantize is not None:
+            fp = quant_mode in FP_MODES
+            group = FP_MODES[quant_mode][0] if fp else group_size
+
             def predicate(path, _module):
                 if head_bits is not None and any(k in path for k in HEAD_KEYS):
                     return False if head_bits == 16 else {"group_size": group_size, "bits": head_bits, "mode": "affine"}
                 return True
 
-            model, config = quantize_model(model, config, group_size, quantize, quant_predicate=predicate)
-            ops.append({"op": "quantize", "bits": quantize, "group_size": group_size, "mode": "affine",
+            model, config = quantize_model(model, config, group, quantize, mode=quant_mode, quant_predicate=predicate)
+            ops.append({"op": "quantize", "bits": quantize, "group_size": group, "mode": quant_mode,
+                        "format": format_name(quantize, quant_mode),
                         **({"head_bits": head_bits} if head_bits is not None else {})})
             bar.update()
 

@@ -1,0 +1,101 @@
+"""Which transformer blocks matter: the cosine similarity of each block's input and output on calibration text.
+
+A block whose output is nearly its input (cosine close to 1) changes the hidden state least, so
+dropping it changes the network least (the training-free layer ranking of ShortGPT-style pruning,
+and the measured-importance layer skipping of SWIFT and Draft & Verify). `convert --keep-layers K
+--layer-pick importance` keeps the K blocks that change their input most.
+"""
+
+import copy
+from pathlib import Path
+from typing import Iterable, List, Sequence
+
+import mlx.core as mx
+
+from ..errors import ConvertError
+
+CALIBRATION = Path(__file__).resolve().parents[2] / "convert" / "calibration.txt"  # ships with the project
+CALIBRATION_TOKENS = 1024  # tokens of calibration text per ranking: enough for a stable order, cheap to run
+PICKS = ("even", "first", "importance")  # how --keep-layers K chooses its blocks
+
+
+def calibration_texts(path=None) -> List[str]:
+    """The calibration passages (separated by two blank lines); a clear error for a missing, empty or binary file."""
+    path = Path(path) if path is not None else CALIBRATION
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConvertError(f"calibration file {path}: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConvertError(f"calibration file {path}: not UTF-8 text") from None
+    if "\x00" in text:
+        raise ConvertError(f"calibration file {path}: not text (it contains NUL bytes)")
+    passages = [p.strip() for p in text.split("\n\n\n") if p.strip()]
+    if not passages:
+        raise ConvertError(f"calibration file {path}: empty")
+    return passages
+
+
+class _Probe:
+    """Stands in for one block: runs it and records how far its output turned from its input."""
+
+    def __init__(self, layer, sink: list):
+        self._layer, self._sink = layer, sink
+
+    def __call__(self, x, *args, **kwargs):
+        y = self._layer(x, *args, **kwargs)
+        a, b = x.astype(mx.float32), y.astype(mx.float32)
+        cos = (a * b).sum(-1) / (mx.linalg.norm(a, axis=-1) * mx.linalg.norm(b, axis=-1) + 1e-6)
+        self._sink.append(cos.mean())
+        return y
+
+    def __getattr__(self, name):  # models that read a block's attributes (e.g. its attention type) still can
+        return getattr(self._layer, name)
+
+
+def block_similarity(model, token_lists: Iterable[Sequence[int]]) -> List[float]:
+    """Per block, the mean cosine similarity of its input and output hidden states over the given token lists.
+
+    The shared `model` is not changed: a shallow copy runs with probes in place of its blocks.
+    """
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers"):
+        raise ConvertError(f"importance ranking: mlx-lm's {type(model).__module__} keeps its blocks elsewhere")
+    sinks = [[] for _ in inner.layers]
+    view_inner = copy.copy(inner)
+    view_inner.layers = [_Probe(layer, sink) for layer, sink in zip(inner.layers, sinks)]
+    view = copy.copy(model)
+    view.model = view_inner
+    seen = 0
+    for tokens in token_lists:
+        if len(tokens) < 2:
+            continue
+        view(mx.array(list(tokens))[None])
+        mx.eval([s[-1] for s in sinks])
+        seen += 1
+    if not seen:
+        raise ConvertError("importance ranking: no calibration text of at least 2 tokens")
+    return [mx.stack(s).mean().item() for s in sinks]
+
+
+def calibration_tokens(tokenizer, texts: Sequence[str], budget: int = CALIBRATION_TOKENS) -> List[List[int]]:
+    """Token lists from the passages, in order, until `budget` tokens (each passage cut to fit)."""
+    out, used = [], 0
+    for text in texts:
+        ids = tokenizer.encode(text)[: budget - used]
+        if len(ids) >= 2:
+            out.append(ids)
+            used += len(ids)
+        if used >= budget:
+            break
+    return out
+
+
+def most_important(similarity: Sequence[float], k: int) -> List[int]:
+    """The k blocks that change their input most (lowest similarity), in block order."""
+    if not 1 <= k <= len(similarity):
+        raise ConvertError(f"the number of layers to keep must be between 1 and the layer count {len(similarity)}, got {k}")
+    order = sorted(range(len(similarity)), key=lambda i: similarity[i])
+    return sorted(order[:k])
