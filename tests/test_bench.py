@@ -39,3 +39,22 @@ class _Tok:
 def test_prompt_sets_are_interleaved():
     prompts = build(_Tok(), 0, 0, n_prose=3)
     assert [p.set for p in prompts] == ["prose"] * 3 and prompts[0].text == PROSE_QUESTIONS[0]
+
+
+def test_the_spec_benchmark_runs_every_drafter_kind_on_tiny_models(tiny_models, tmp_path):
+    """Each config of `bench spec` (but mlx-lm's and the quantized drafts, which need the real pair) on a tiny
+    target: every output token-identical to plain decoding, every ratio computed."""
+    import json
+
+    from mlx_spec.bench.spec import SpecSettings, run_spec
+
+    draft = str(tiny_models["qwen2_draft"])
+    s = SpecSettings(target=str(tiny_models["qwen2"]), drafts={"f32": draft, "int8": draft, "int4": draft},
+                     configs=["plain", "model-f32", "ngram", "self", "quant-self", "hybrid"],
+                     humaneval=1, edit=0, prose=1, max_tokens=12)  # the edits outgrow the tiny context
+    run = run_spec(s, str(tmp_path))
+    data = json.loads(run.json_path.read_text())
+    assert data["complete"] and not data["errors"]
+    configs = {r["config"] for r in data["records"]}
+    assert configs == set(s.configs)
+    assert all(r["identical"] for r in data["records"] if r["config"] != "plain")

@@ -21,6 +21,8 @@ def target(tiny_models):
     ("self:14", "self", "14"), ("self:0-3,7", "self", "0-3,7"), ("hybrid", "hybrid", ""),
     ("hybrid:qwen2.5-coder-0.5b", "hybrid", "qwen2.5-coder-0.5b"), ("hybrid:self:2", "hybrid", "self:2"),
     ("./models/draft", "model", "./models/draft"), ("org/name", "model", "org/name"),
+    ("quant-self", "quant-self", ""), ("quant-self:mxfp4", "quant-self", "mxfp4"),
+    ("hybrid:quant-self:int8", "hybrid", "quant-self:int8"),
 ])
 def test_parse(spec, kind, arg):
     s = registry.parse(spec)
@@ -30,7 +32,8 @@ def test_parse(spec, kind, arg):
 @pytest.mark.parametrize("spec,match", [("hybrid:ngram", "fall back"), ("hybrid:hybrid", "fall back"),
                                         ("self:", "nothing after"), ("hybrid:none", "fall back"),
                                         ("ngram:1", "N must be"), ("ngram:x", "N must be"), ("ngram:", "N must be"),
-                                        ("ngram:17", "N must be"), ("hybrid:ngram:3", "fall back")])
+                                        ("ngram:17", "N must be"), ("hybrid:ngram:3", "fall back"),
+                                        ("quant-self:", "nothing after")])
 def test_parse_errors(spec, match):
     with pytest.raises(GenerationError, match=match):
         registry.parse(spec)
@@ -38,8 +41,10 @@ def test_parse_errors(spec, match):
 
 def test_default_k_lives_in_one_place():
     assert registry.DEFAULT_K == {"model": model_drafter.DEFAULT_K, "self": model_drafter.DEFAULT_K,
-                                  "ngram": ngram.DEFAULT_K, "hybrid": ngram.DEFAULT_K}
-    for spec, kind in (("ngram", "ngram"), ("hybrid:x", "hybrid"), ("self:3", "self"), ("some/model", "model")):
+                                  "quant-self": model_drafter.DEFAULT_K, "ngram": ngram.DEFAULT_K,
+                                  "hybrid": ngram.DEFAULT_K}
+    for spec, kind in (("ngram", "ngram"), ("hybrid:x", "hybrid"), ("self:3", "self"), ("some/model", "model"),
+                       ("quant-self:int8", "quant-self")):
         assert registry.default_num_draft(spec) == registry.DEFAULT_K[kind]
 
 
@@ -106,3 +111,15 @@ def test_ngram_n_sets_the_longest_ngram(target):
     d = registry.build("ngram:3", model, tok, num_draft=4)
     assert (d.n, d.k, d.min_n) == (3, 4, 2)
     assert registry.build("ngram", model, tok).n == ngram.DEFAULT_N
+
+
+def test_quant_self_builds_from_a_spec_and_refuses_a_quantized_target(target, tiny_models, tmp_path):
+    from mlx_spec.make import resolve
+
+    model, tok = target
+    d = registry.build("hybrid:quant-self:int8", model, tok)
+    assert d.fallback.name == "quant-self" and d.fallback.format == "int8"
+    q = resolve.convert(tiny_models["qwen2"], tmp_path / "q8", quantize=8, group_size=32, dtype="float32")
+    qmodel, qtok, _ = load_model(str(q))
+    with pytest.raises(GenerationError, match="already quantized"):
+        registry.build("quant-self", qmodel, qtok)

@@ -4,6 +4,7 @@ import time
 
 import mlx.core as mx
 import pytest
+from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
@@ -11,6 +12,7 @@ from mlx_spec.gen.drafters.base import Draft, Drafter
 from mlx_spec.gen.drafters.hybrid import HybridDrafter
 from mlx_spec.gen.drafters.model import ModelDrafter
 from mlx_spec.gen.drafters.ngram import NGramDrafter
+from mlx_spec.gen.drafters.quant_self import QuantSelfDrafter
 from mlx_spec.gen.drafters.self_draft import SelfDrafter
 from mlx_spec.errors import GenerationError, UnsupportedError
 from mlx_spec.gen.engine import Stats, shadow_judgement, speculative_generate_step
@@ -80,10 +82,13 @@ def drafters(target, draft_model):
         "model": lambda: ModelDrafter(draft_model[0], v),
         "hybrid-model": lambda: HybridDrafter(NGramDrafter(), ModelDrafter(draft_model[0], v)),
         "hybrid-self": lambda: HybridDrafter(NGramDrafter(), SelfDrafter(model, [1], v)),
+        "quant-self-int4": lambda: QuantSelfDrafter(model, "int4", v),
+        "quant-self-mxfp4": lambda: QuantSelfDrafter(model, "mxfp4", v),
     }
 
 
-@pytest.mark.parametrize("name", ["ngram", "self-half", "model", "hybrid-model", "hybrid-self"])
+@pytest.mark.parametrize("name", ["ngram", "self-half", "model", "hybrid-model", "hybrid-self", "quant-self-int4",
+                                  "quant-self-mxfp4"])
 @pytest.mark.parametrize("k", [1, 4, 16])
 def test_greedy_equals_plain(target, draft_model, name, k):
     model, tok = target
@@ -367,3 +372,32 @@ def test_a_draft_model_too_slow_to_pay_is_never_fed_nor_probed(target, draft_mod
     fast = ModelDrafter(draft_model[0], model.args.vocab_size)  # control: the same draft at its own speed is tried
     out, stats = spec(model, prompt, fast, max_tokens=60)
     assert out == ref and stats.spec_rounds >= 1 and fast.fed_total >= len(prompt) - 1
+
+
+def test_quant_self_drafts_in_the_target_cache_and_leaves_the_target_alone(target):
+    model, tok = target
+    before = dict(tree_flatten(model.parameters()))
+    drafter = QuantSelfDrafter(model, "int8", model.args.vocab_size)
+    prompt = tok.encode(PROMPTS[0])
+    ref = plain_greedy(model, prompt, 30)
+    cache = make_prompt_cache(model)
+    out = [s.token for s in speculative_generate_step(prompt, model, drafter, prompt_cache=cache, max_tokens=30,
+                                                      adaptive=False)]
+    assert out == ref
+    assert all(a is b for a, b in zip(drafter.cache, cache)) and len(drafter.cache) == len(cache)  # no cache of its own
+    assert drafter.fed_total > 0 and drafter.model.model.layers[0].mlp.up_proj.bits == 8
+    assert not hasattr(model.model.layers[0].mlp.up_proj, "bits")  # the target stays float
+    after = dict(tree_flatten(model.parameters()))
+    assert before.keys() == after.keys() and all(before[k] is after[k] for k in before)
+    assert stats_accept(model, tok, drafter) > 0.5  # int8 of the target agrees with the target
+
+
+def stats_accept(model, tok, drafter):
+    _, stats = spec(model, tok.encode(PROMPTS[2]), drafter, max_tokens=24, adaptive=False)
+    return stats.acceptance_rate
+
+
+@pytest.mark.parametrize("fmt,match", [("nf4", "MLX kernel"), ("int5", "bits"), ("fp4", "--quantize")])
+def test_quant_self_bad_formats(target, fmt, match):
+    with pytest.raises(GenerationError, match=match):
+        QuantSelfDrafter(target[0], fmt, target[0].args.vocab_size)

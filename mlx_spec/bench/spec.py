@@ -11,7 +11,8 @@ from .prompts import WARMUP_PROMPT, Prompt, build, chat_ids
 from .report import spec_markdown, summarize
 
 BASELINE = "plain"  # our engine with no drafter: every speed ratio divides by it
-CONFIGS = ("plain", "mlx-lm", "mlx-lm-spec", "model-f32", "model-int8", "model-int4", "ngram", "self", "hybrid")
+CONFIGS = ("plain", "mlx-lm", "mlx-lm-spec", "model-f32", "model-int8", "model-int4", "ngram", "self", "quant-self",
+           "hybrid")
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFTS = {"f32": "qwen2.5-coder-0.5b", "int8": "qwen2.5-coder-0.5b-int8", "int4": "qwen2.5-coder-0.5b-int4"}
 DEFAULT_MAX_TOKENS = 128
@@ -54,7 +55,7 @@ class Config:
     def prepare(self) -> None:
         """Load what this config needs (drafter, draft model); raises if it cannot run."""
         from ..gen.load import check_tokenizers
-        from ..gen.registry import default_num_draft
+        from ..gen.registry import default_num_draft, parse as parse_spec
         from ..named import load_model, make_drafter
 
         s, b = self.bench.settings, self.bench
@@ -66,6 +67,8 @@ class Config:
             spec = "ngram"
         elif self.name == "self":
             spec = s.self_spec or "self"
+        elif self.name == "quant-self":
+            spec = "quant-self"  # int4, QSpec's draft precision
         elif self.name == "hybrid":
             spec = s.hybrid_spec or f"hybrid:{s.drafts['f32']}"
         elif self.name == "mlx-lm-spec":
@@ -83,7 +86,7 @@ class Config:
         if spec is not None and self.name != "mlx-lm-spec":
             self.k = s.num_draft or default_num_draft(spec)  # the same defaults as `mlx-spec generate`
             inner = spec.removeprefix("hybrid:")
-            if spec != "ngram" and not inner.startswith(("self", "hybrid")) and inner not in b.loaded:
+            if parse_spec(inner).kind == "model" and inner not in b.loaded:
                 model, tok, _ = load_model(inner, b.log)
                 b.loaded[inner] = (model, tok)  # one copy of each draft serves every config using it
             self.drafter = make_drafter(spec, b.target, b.tokenizer, num_draft=self.k, loaded=b.loaded, log=b.log)

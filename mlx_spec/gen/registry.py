@@ -1,4 +1,5 @@
-"""Drafter specs: parse `ngram[:N]`, `self[:LAYERS]`, `hybrid[:D]` or a model, build the drafter, and each kind's default K."""
+"""Drafter specs: parse `ngram[:N]`, `self[:LAYERS]`, `quant-self[:FORMAT]`, `hybrid[:D]` or a model, build the
+drafter, and each kind's default K."""
 
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
@@ -8,8 +9,9 @@ from .drafters import model as _model, ngram as _ngram
 from .drafters.base import Drafter
 
 # Most draft tokens per round, by kind: the one place these defaults live.
-DEFAULT_K = {"model": _model.DEFAULT_K, "self": _model.DEFAULT_K, "ngram": _ngram.DEFAULT_K, "hybrid": _ngram.DEFAULT_K}
-KINDS = ("none", "ngram", "self", "hybrid", "model")
+DEFAULT_K = {"model": _model.DEFAULT_K, "self": _model.DEFAULT_K, "quant-self": _model.DEFAULT_K,
+             "ngram": _ngram.DEFAULT_K, "hybrid": _ngram.DEFAULT_K}
+KINDS = ("none", "ngram", "self", "quant-self", "hybrid", "model")
 NGRAM_N = (2, 16)  # the longest n-gram `ngram:N` may ask for
 
 Loader = Callable[[str], Tuple[object, object]]  # model spec -> (model, tokenizer)
@@ -29,7 +31,8 @@ class DrafterSpec:
 
 
 def parse(spec: Optional[str]) -> DrafterSpec:
-    """'none'/None/'', 'ngram', 'ngram:N', 'self', 'self:LAYERS', 'hybrid', 'hybrid:D', or anything else as a model spec."""
+    """'none'/None/'', 'ngram', 'ngram:N', 'self', 'self:LAYERS', 'quant-self', 'quant-self:FORMAT', 'hybrid',
+    'hybrid:D', or anything else as a model spec."""
     spec = (spec or "").strip()
     if spec in ("", "none", "off"):
         return DrafterSpec("none")
@@ -40,7 +43,7 @@ def parse(spec: Optional[str]) -> DrafterSpec:
         if not (arg.isdigit() and NGRAM_N[0] <= int(arg) <= NGRAM_N[1]):
             raise GenerationError(f"'{spec}': N must be an integer in [{NGRAM_N[0]}, {NGRAM_N[1]}] (e.g. 'ngram:5')")
         return DrafterSpec("ngram", arg)
-    if head in ("self", "hybrid"):
+    if head in ("self", "quant-self", "hybrid"):
         if sep and not arg:
             raise GenerationError(f"'{spec}': nothing after ':' (try '{head}' alone)")
         if head == "hybrid" and parse(arg or "self").kind in ("hybrid", "ngram", "none"):
@@ -67,6 +70,7 @@ def build(spec: Optional[str], target, tokenizer, *, load: Optional[Loader] = No
     from .drafters.hybrid import HybridDrafter
     from .drafters.model import ModelDrafter
     from .drafters.ngram import NGramDrafter
+    from .drafters.quant_self import DEFAULT_FORMAT, QuantSelfDrafter
     from .drafters.self_draft import SelfDrafter, parse_layers
     from .load import check_tokenizers, load_folder, vocab_width
 
@@ -85,6 +89,8 @@ def build(spec: Optional[str], target, tokenizer, *, load: Optional[Loader] = No
     if s.kind == "hybrid":
         inner = build(s.arg or "self", target, tokenizer, load=load, num_draft=num_draft, min_confidence=conf)
         return HybridDrafter(NGramDrafter(k=num_draft or DEFAULT_K["ngram"]), inner)
+    if s.kind == "quant-self":
+        return QuantSelfDrafter(target, s.arg or DEFAULT_FORMAT, width, real, min_confidence=conf)
     if s.kind == "self":
         n = len(target.layers)
         return SelfDrafter(target, parse_layers(s.arg or str(max(1, n // 2)), n), width, real, min_confidence=conf)

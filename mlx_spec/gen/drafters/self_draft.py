@@ -47,10 +47,11 @@ class SelfDrafter(ModelDrafter):
     def __init__(self, model, layers: Sequence[int], vocab_size: int, real_vocab: Optional[int] = None,
                  min_confidence: float = DEFAULT_MIN_CONFIDENCE):
         model_type = getattr(getattr(model, "args", None), "model_type", "")
-        if model_type in INDEX_DEPENDENT:
-            raise UnsupportedError(f"self drafting is not supported for {model_type}: its layers depend on their index")
         if not hasattr(model, "model") or not hasattr(model.model, "layers"):
-            raise UnsupportedError("self drafting needs an mlx-lm model with model.model.layers")
+            raise UnsupportedError(f"{self.name} drafting needs an mlx-lm model with model.model.layers")
+        if model_type in INDEX_DEPENDENT and list(layers) != list(range(len(model.model.layers))):
+            raise UnsupportedError(f"self drafting with a subset of layers is not supported for {model_type}: "
+                                   "its layers depend on their index")
         self.layers = list(layers)
         self.target_cache = None
         super().__init__(layer_view(model, self.layers), vocab_size, real_vocab, min_confidence)
