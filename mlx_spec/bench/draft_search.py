@@ -1,0 +1,351 @@
+"""`mlx-spec draft-search`: which drafter pays best for a target on this machine, measured, then saved.
+
+draft-model-generation-compression concludes that the best draft balances size against acceptance;
+where that balance lies depends on the machine (on this project's Linux CPU float32 is fast and
+MLX's int4 slow, on Metal int4 is fast), so it is measured here instead of guessed:
+
+1. Candidates: drafts made from the target by `convert`'s methods at a few strengths (a ladder of
+   `make.convert.draft_methods()` names), every cached recipe that shares the target's tokenizer,
+   and the drafters that need no draft model (ngram, self with importance-ranked layers, quant-self).
+2. A cheap estimate for each, cheapest first: one short calibration prompt drafted at a fixed
+   K = 5, giving the average accepted tokens per round and the cost per draft token, and from
+   them (with a plain step timed in the same process) an estimated speed-up.
+3. The most promising ones measured in full while the time budget lasts: every calibration prompt,
+   average accepted tokens at K = 5 (Figure 2 of the paper), and the end-to-end speed-up of the
+   engine (adaptive, as users run it) against plain decoding run right after it on the same prompt.
+4. The best one measured is recommended; a converted draft is saved as a user recipe (and its
+   folder) so that `mlx-spec chat --draft NAME` uses it; a hybrid of the n-gram and the best model
+   draft is measured too when time allows.
+
+Drafts converted for the search are cached (`bench.variants.variant_folder`), so a rerun reuses them.
+Algorithms return data; the CLI prints.
+"""
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+from ..errors import MlxSpecError
+
+K = 5  # draft length of the acceptance measurement (the paper's Figure 2)
+DEFAULT_LADDER = ("int8", "int4", "mxfp4", "nf4", "layers-half", "layers-half-importance", "layers-quarter",
+                  "prune-0.25")
+QUANT_SELF = ("int4", "int8")
+DEFAULT_PROMPTS = 3
+DEFAULT_MAX_TOKENS = 48
+QUICK_TOKENS = 24  # tokens drafted for a candidate's cheap estimate
+PROMPT_TOKENS = 256  # each calibration prompt is cut to this many tokens
+BUILD_S_PER_GB = 60.0  # assumed conversion time per GB of target weights, before one is measured
+
+Log = Callable[[str], None]
+
+
+class DraftSearchError(MlxSpecError):
+    pass
+
+
+@dataclass
+class Candidate:
+    name: str  # row label: a method ('int4'), a recipe, or a drafter spec ('ngram', 'quant-self:int4')
+    kind: str  # "variant" (made from the target), "recipe", "drafter" or "hybrid"
+    spec: str = ""  # the drafter spec the engine runs (a folder for model drafts)
+    method: Optional[str] = None  # the draft_methods() name of a variant
+    size_gb: float = 0.0  # weights the draft adds in memory
+    status: str = "pending"
+    estimate: Optional[float] = None  # estimated speed-up from the quick run
+    accepted: Optional[float] = None  # average accepted tokens per round at K
+    draft_ms: Optional[float] = None  # milliseconds per drafted token
+    tokens_per_s: Optional[float] = None  # end-to-end, adaptive engine
+    speedup: Optional[float] = None  # over plain decoding on the same prompts, same run
+    spread: List[float] = field(default_factory=list)  # per-prompt speed-ups
+    identical: Optional[bool] = None  # every greedy output equal to plain decoding's
+
+
+@dataclass
+class SearchResult:
+    target: str
+    candidates: List[Candidate]
+    plain_tokens_per_s: float
+    recommended: Optional[str]  # a candidate name, or None: plain decoding
+    saved: Optional[str] = None  # what `--draft` to pass to use it
+    notes: List[str] = field(default_factory=list)
+
+    def table(self) -> str:
+        from .common import md_table
+
+        def f(x, fmt):
+            return format(x, fmt) if x is not None else "-"
+
+        rows = [(c.name, c.kind, f(c.size_gb, ".2f"), f(c.accepted, ".2f"), f(c.draft_ms, ".0f"),
+                 f(c.tokens_per_s, ".2f"), f(c.speedup, ".2f") + ("x" if c.speedup is not None else ""),
+                 (f"{min(c.spread):.2f}-{max(c.spread):.2f}" if c.spread else "-"), f(c.estimate, ".2f"), c.status)
+                for c in self.candidates]
+        return md_table(["method", "kind", "size GB", f"avg accepted (K={K})", "ms / draft token", "tokens/s",
+                         "speed-up", "min-max", "estimate", "status"], rows)
+
+
+def minimum_seconds(step_s: float, prompts: int, max_tokens: int) -> float:
+    """The time one candidate needs: its quick estimate, then K-fixed, adaptive and plain runs on every prompt."""
+    return step_s * (QUICK_TOKENS + 3 * prompts * max_tokens) * 1.3
+
+
+class Search:
+    """One search: the loaded target, the calibration prompts, the clock."""
+
+    def __init__(self, target: str, *, calibration=None, budget_minutes: float = 60.0, prompts: int = DEFAULT_PROMPTS,
+                 max_tokens: int = DEFAULT_MAX_TOKENS, methods: Sequence[str] = DEFAULT_LADDER, log: Log = lambda _m: None):
+        from ..make.convert import draft_methods
+        from ..make.importance import calibration_texts
+
+        if budget_minutes <= 0:
+            raise DraftSearchError(f"--budget-minutes must be > 0, got {budget_minutes}")
+        if prompts < 1 or max_tokens < 1:
+            raise DraftSearchError("--prompts and --max-tokens must be >= 1")
+        unknown = [m for m in methods if m not in draft_methods()]
+        if unknown:
+            raise DraftSearchError(f"unknown method(s) {', '.join(unknown)} (known: {', '.join(draft_methods())})")
+        self.texts = calibration_texts(calibration)  # a clear error for a missing, empty or binary file
+        self.target_spec, self.methods, self.log = target, list(methods), log
+        self.prompts_n, self.max_tokens = prompts, max_tokens
+        self.deadline = time.monotonic() + budget_minutes * 60
+        self.budget_minutes = budget_minutes
+
+    # ------------------------------------------------------------------ setup
+    def load(self) -> None:
+        from ..named import load_model
+
+        try:
+            self.model, self.tokenizer, self.folder = load_model(self.target_spec, self.log)
+        except MlxSpecError as e:
+            raise DraftSearchError(f"cannot load the target '{self.target_spec}': {e}") from None
+        ids = [self.tokenizer.encode(t)[:PROMPT_TOKENS] for t in self.texts]
+        self.prompts = [p for p in ids if len(p) >= 2][: self.prompts_n]
+        if not self.prompts:
+            raise DraftSearchError("the calibration text gives no prompt of at least 2 tokens")
+        self.eos = list(getattr(self.tokenizer, "eos_token_ids", None) or [])
+        self.run(None, self.prompts[0], 4)  # warm-up
+        _, seconds, stats = self.run(None, self.prompts[0], QUICK_TOKENS)
+        self.step_s = stats.generation_time / max(1, stats.generation_tokens - 1)
+        need = minimum_seconds(self.step_s, len(self.prompts), self.max_tokens)
+        if need > self.budget_minutes * 60:
+            raise DraftSearchError(
+                f"--budget-minutes {self.budget_minutes:g} is too small: one candidate needs about "
+                f"{need / 60:.1f} minutes here (plain decoding at {1 / self.step_s:.1f} tokens/s, "
+                f"{len(self.prompts)} prompts x {self.max_tokens} tokens)")
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def run(self, drafter, prompt: List[int], max_tokens: int, *, adaptive: bool = True, k: Optional[int] = None):
+        """(tokens, seconds, stats) of one greedy generation, prompt processing included.
+
+        With adaptive off, every round drafts k tokens: the confidence stop of model drafts is off too,
+        so the acceptance measured is that of k-token drafts (the paper's measure), not of shortened ones.
+        """
+        from ..gen.engine import Stats, speculative_generate_step
+
+        inner = getattr(drafter, "fallback", drafter)
+        saved = getattr(inner, "min_confidence", None)
+        if saved is not None and not adaptive:
+            inner.min_confidence = 0.0
+        try:
+            return self._run(drafter, prompt, max_tokens, adaptive, k)
+        finally:
+            if saved is not None:
+                inner.min_confidence = saved
+
+    def _run(self, drafter, prompt, max_tokens, adaptive, k):
+        from ..gen.engine import Stats, speculative_generate_step
+
+        stats = Stats()
+        t0 = time.perf_counter()
+        out = [s.token for s in speculative_generate_step(prompt, self.model, drafter, max_tokens=max_tokens,
+                                                          eos_token_ids=self.eos, adaptive=adaptive, num_draft=k,
+                                                          stats=stats)]
+        return out, time.perf_counter() - t0, stats
+
+    # ------------------------------------------------------------------ candidates
+    def candidates(self) -> List[Candidate]:
+        """Every candidate, cheapest to try first."""
+        from ..make.importance import block_similarity, calibration_tokens, most_important
+        from ..make.recipes import all_recipes
+        from ..make.resolve import is_cached, recipe_path
+
+        out = [Candidate("ngram", "drafter", "ngram")]
+        out += [Candidate(f"quant-self:{f}", "drafter", f"quant-self:{f}") for f in QUANT_SELF]
+        n = len(self.model.model.layers) if hasattr(getattr(self.model, "model", None), "layers") else 0
+        if n > 1:
+            sims = block_similarity(self.model, calibration_tokens(self.tokenizer, self.texts))
+            layers = most_important(sims, max(1, n // 2))
+            out.append(Candidate("self:importance", "drafter", "self:" + ",".join(map(str, layers))))
+        for recipe in all_recipes():
+            folder = recipe_path(recipe.name)
+            if folder.resolve() == Path(self.folder).resolve():
+                continue
+            if not is_cached(recipe):
+                self.notes.append(f"recipe {recipe.name} not tried: not fetched (`mlx-spec fetch {recipe.name}`)")
+            elif self._same_tokenizer(folder):
+                out.append(Candidate(recipe.name, "recipe", str(folder)))
+        out += [Candidate(m, "variant", method=m) for m in self.methods]
+        return out
+
+    def _same_tokenizer(self, folder: Path) -> bool:
+        from ..gen.load import check_tokenizers, load_folder
+
+        try:
+            check_tokenizers(self.tokenizer, load_folder(folder)[1])
+            return True
+        except MlxSpecError:
+            return False
+
+    def drafter(self, c: Candidate):
+        from ..bench.variants import variant_folder
+        from ..named import make_drafter
+
+        if c.kind == "variant" and not c.spec:
+            c.spec = str(variant_folder(str(self.folder), c.method, self.log))
+        return make_drafter(c.spec, self.model, self.tokenizer, log=self.log)
+
+    # ------------------------------------------------------------------ measuring
+    def quick(self, c: Candidate) -> None:
+        """The cheap estimate: one prompt at K fixed."""
+        from .common import params_gb
+        from ..named import draft_model
+
+        drafter = self.drafter(c)
+        own = draft_model(drafter, self.model)
+        c.size_gb = 0.0 if own is None or c.spec.startswith(("ngram", "self")) else params_gb(own)
+        _, _, stats = self.run(drafter, self.prompts[0], QUICK_TOKENS, adaptive=False, k=K)
+        c.accepted = stats.mean_accepted
+        step = drafter.step_cost(drafter.name)[0] if c.kind != "hybrid" else None  # a draft pass, no catch-up
+        c.draft_ms = 1000 * (step if step is not None else stats.draft_time / max(1, stats.proposed))
+        # Steady state: a verify plus K draft passes per round. The first round's catch-up (the draft's prompt,
+        # fed once per generation) is left out, as a reply longer than this short run amortizes it.
+        round_s = stats.verify_time / max(1, stats.rounds) + (stats.proposed / max(1, stats.rounds)) * c.draft_ms / 1000
+        tokens_per_round = stats.generation_tokens / max(1, stats.rounds)
+        c.estimate = (tokens_per_round / round_s) * self.step_s if round_s else None
+        c.status = "estimated"
+        self._drafters[c.name] = drafter
+
+    def full(self, c: Candidate) -> None:
+        """Every prompt: acceptance at K fixed, then the adaptive engine and plain decoding back to back."""
+        drafter = self._drafters.get(c.name) or self.drafter(c)
+        accepted, rounds, ratios, spec_s, spec_tokens, same = 0, 0, [], 0.0, 0, True
+        for prompt in self.prompts:
+            out_k, _, st = self.run(drafter, prompt, self.max_tokens, adaptive=False, k=K)
+            accepted, rounds = accepted + st.accepted, rounds + st.spec_rounds
+            out_a, t_spec, _ = self.run(drafter, prompt, self.max_tokens)
+            out_p, t_plain, _ = self.run(None, prompt, self.max_tokens)
+            same = same and out_k == out_p and out_a == out_p
+            ratios.append(t_plain / t_spec)
+            spec_s, spec_tokens = spec_s + t_spec, spec_tokens + len(out_a)
+            self._plain_s += t_plain
+            self._plain_tokens += len(out_p)
+        c.accepted = accepted / rounds if rounds else 0.0
+        c.speedup = sum(ratios) / len(ratios)
+        c.spread, c.identical = ratios, same
+        c.tokens_per_s = spec_tokens / spec_s
+        c.status = "measured" if same else "WRONG OUTPUT"
+
+    def cost_of(self, c: Candidate, full: bool) -> float:
+        """Seconds this step is expected to take (building a variant that is not cached yet included)."""
+        from .common import params_gb
+        from .variants import cached_variant
+
+        seconds = 0.0
+        if c.kind == "variant" and not c.spec and cached_variant(str(self.folder), c.method) is None:
+            seconds += BUILD_S_PER_GB * params_gb(self.model)
+        if full:
+            return seconds + minimum_seconds(self.step_s, len(self.prompts), self.max_tokens)
+        return seconds + self.step_s * QUICK_TOKENS * 2
+
+    # ------------------------------------------------------------------ the search
+    def search(self, progress=None) -> SearchResult:
+        self._drafters: Dict[str, object] = {}
+        self._plain_s, self._plain_tokens = 0.0, 0
+        self.notes: List[str] = []
+        cands = self.candidates()
+        notes = self.notes
+        reserve = minimum_seconds(self.step_s, len(self.prompts), self.max_tokens)  # at least one full measurement
+        for c in cands:
+            if self.left() - reserve < self.cost_of(c, full=False):
+                c.status = "skipped: budget"
+                continue
+            try:
+                self.quick(c)
+            except MlxSpecError as e:
+                c.status = f"failed: {e}"
+            if progress:
+                progress(c)
+        ranked = sorted((c for c in cands if c.estimate is not None), key=lambda c: -c.estimate)
+        for c in ranked:
+            if self.left() < self.cost_of(c, full=True) and c is not ranked[0]:
+                break
+            self.full(c)
+            if progress:
+                progress(c)
+        best = self._best(cands)
+        if best is not None and best.kind in ("variant", "recipe") and self.left() > self.cost_of(best, full=True):
+            hybrid = Candidate(f"hybrid:{best.name}", "hybrid", f"hybrid:{best.spec}", size_gb=best.size_gb)
+            cands.append(hybrid)
+            self.full(hybrid)
+            best = self._best(cands)
+        plain_tps = self._plain_tokens / self._plain_s if self._plain_s else 1 / self.step_s
+        result = SearchResult(str(self.target_spec), cands, plain_tps, best.name if best else None, notes=notes)
+        if best is None:
+            notes.append("no candidate was faster than plain decoding on this machine: use no --draft")
+        return result
+
+    @staticmethod
+    def _best(cands: List[Candidate]) -> Optional[Candidate]:
+        ok = [c for c in cands if c.speedup is not None and c.identical and c.speedup > 1.0]
+        return max(ok, key=lambda c: c.speedup) if ok else None
+
+
+def save(search: Search, result: SearchResult, name: Optional[str] = None) -> Optional[str]:
+    """Make the recommendation usable as `--draft X`; returns X. A converted draft becomes a user recipe whose
+    folder is the search's own conversion (nothing is converted twice)."""
+    from ..make.convert import draft_methods
+    from ..make.paths import atomic_dir
+    from ..make.recipes import find, write_user_recipe
+    from ..make.resolve import recipe_path
+
+    best = next((c for c in result.candidates if c.name == result.recommended), None)
+    if best is None:
+        return None
+    if best.kind in ("drafter", "recipe"):
+        result.saved = best.spec if best.kind == "drafter" else best.name
+        return result.saved
+    if best.kind == "hybrid":
+        inner = next(c for c in result.candidates if f"hybrid:{c.name}" == best.name)
+    else:
+        inner = best
+    if inner.kind == "recipe":
+        result.saved = f"hybrid:{inner.name}"
+        return result.saved
+    options = dict(draft_methods()[inner.method])
+    if (fraction := options.pop("keep_fraction", None)) is not None:
+        options["keep_layers"] = max(1, round(len(search.model.model.layers) * fraction))
+    recipe_name = name or f"{Path(str(search.folder)).name}-draft"
+    target_recipe = search.target_spec if find(search.target_spec) else None
+    write_user_recipe(recipe_name, f"draft-search: {inner.method} of {search.target_spec}", options,
+                      base=target_recipe, source=None if target_recipe else str(search.folder))
+    dest = recipe_path(recipe_name)
+    with atomic_dir(dest, force=True) as tmp:
+        shutil.copytree(inner.spec, tmp, dirs_exist_ok=True)
+    result.saved = recipe_name if best is inner else f"hybrid:{recipe_name}"
+    return result.saved
+
+
+def write_json(result: SearchResult, out) -> Path:
+    from ..make.paths import atomic_file
+    from .common import machine_info
+
+    path = Path(out) / f"draft-search-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    tmp = atomic_file(path)
+    tmp.write_text(json.dumps({"kind": "draft-search", "machine": machine_info(), **asdict(result)}, indent=1))
+    tmp.replace(path)
+    return path

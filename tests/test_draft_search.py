@@ -1,0 +1,110 @@
+"""`mlx-spec draft-search` on tiny models: it ranks by measurement, keeps its budget, reuses its drafts, saves a recipe."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from mlx_spec.bench import draft_search as ds
+from mlx_spec.make.recipes import write_user_recipe
+from mlx_spec.make.resolve import recipe_path
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLX_SPEC_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def plant(name, folder):
+    """A cached user recipe whose folder is `folder`."""
+    write_user_recipe(name, "planted", {"dtype": "float32"}, source=str(folder))
+    shutil.copytree(folder, recipe_path(name))
+
+
+def test_a_planted_good_draft_ranks_above_a_planted_bad_one(tiny_models, home):
+    plant("good", tiny_models["qwen2"])  # the target itself: every draft token accepted
+    plant("bad", tiny_models["qwen2_draft"])  # random weights, same tokenizer: almost nothing accepted
+    search = ds.Search(str(tiny_models["qwen2"]), budget_minutes=10, prompts=2, max_tokens=12, methods=[])
+    search.load()
+    result = search.search()
+    rows = {c.name: c for c in result.candidates}
+    good, bad = rows["good"], rows["bad"]
+    assert good.accepted == pytest.approx(ds.K) and bad.accepted < 1.0
+    assert good.estimate > bad.estimate
+    measured = [c for c in result.candidates if c.speedup is not None]
+    assert measured and all(c.identical for c in measured)  # lossless, every candidate
+    ranked = sorted((c for c in result.candidates if c.estimate is not None), key=lambda c: -c.estimate)
+    assert ranked.index(good) < ranked.index(bad)
+    assert {"ngram", "quant-self:int4", "self:importance"} <= set(rows)
+    assert "good" in result.table() and "avg accepted (K=5)" in result.table()
+
+
+def test_a_rerun_reuses_the_drafts_it_built(tiny_models, home):
+    search = ds.Search(str(tiny_models["qwen2"]), budget_minutes=10, prompts=1, max_tokens=6, methods=["layers-half"])
+    search.load()
+    first = {c.name: c for c in search.search().candidates}["layers-half"]
+    folder = next((home / "bench" / "variants").iterdir())
+    stamp = (folder / "config.json").stat().st_mtime_ns
+    assert search.cost_of(ds.Candidate("layers-half", "variant", method="layers-half"), full=False) < 1.0  # cached
+    again = ds.Search(str(tiny_models["qwen2"]), budget_minutes=10, prompts=1, max_tokens=6, methods=["layers-half"])
+    again.load()
+    second = {c.name: c for c in again.search().candidates}["layers-half"]
+    assert (folder / "config.json").stat().st_mtime_ns == stamp and first.spec == second.spec
+
+
+def test_the_recommendation_is_saved_as_a_recipe_that_draft_accepts(tiny_models, home):
+    from mlx_spec.named import load_model, make_drafter
+
+    search = ds.Search(str(tiny_models["qwen2"]), budget_minutes=10, prompts=1, max_tokens=6, methods=["int8"])
+    search.load()
+    result = search.search()
+    int8 = next(c for c in result.candidates if c.name == "int8")
+    result.recommended = "int8"  # whatever won on this machine, saving works the same way
+    saved = ds.save(search, result, name="tiny-draft")
+    assert saved == "tiny-draft" and (recipe_path("tiny-draft") / "config.json").is_file()
+    assert json.loads((recipe_path("tiny-draft") / "config.json").read_text())["quantization"]["bits"] == 8
+    target, tok, _ = load_model(str(tiny_models["qwen2"]))
+    assert make_drafter("tiny-draft", target, tok).model is not None
+    assert int8.size_gb > 0
+
+
+def test_a_budget_too_small_for_one_candidate_names_the_minimum(tiny_models, home):
+    search = ds.Search(str(tiny_models["qwen2"]), budget_minutes=1e-5, prompts=2, max_tokens=32, methods=[])
+    with pytest.raises(ds.DraftSearchError, match=r"too small: one candidate needs about [\d.]+ minutes"):
+        search.load()
+
+
+@pytest.mark.parametrize("content,match", [(b"", "empty"), (b"\x00\x00", "not text")])
+def test_bad_calibration_file(tiny_models, home, tmp_path, content, match):
+    cal = tmp_path / "cal.txt"
+    cal.write_bytes(content)
+    with pytest.raises(Exception, match=match):
+        ds.Search(str(tiny_models["qwen2"]), calibration=cal)
+
+
+def test_bad_options_and_target(tiny_models, home, tmp_path):
+    with pytest.raises(ds.DraftSearchError, match="unknown method"):
+        ds.Search(str(tiny_models["qwen2"]), methods=["int5"])
+    with pytest.raises(ds.DraftSearchError, match="budget-minutes"):
+        ds.Search(str(tiny_models["qwen2"]), budget_minutes=0)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{}")
+    with pytest.raises(ds.DraftSearchError, match="cannot load the target"):
+        ds.Search(str(tmp_path / "broken")).load()
+
+
+def test_cli(tiny_models, home, tmp_path):
+    env = {"MLX_SPEC_HOME": str(home), "PATH": "/usr/bin:/bin"}
+    res = subprocess.run([sys.executable, "-m", "mlx_spec.cli", "draft-search", "--target", str(tiny_models["qwen2"]),
+                          "--prompts", "1", "--max-tokens", "6", "--methods", "", "--budget-minutes", "5",
+                          "--out", str(tmp_path / "runs")], capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    assert "| method |" in res.stdout and "ngram" in res.stdout
+    data = json.loads(next((tmp_path / "runs").glob("draft-search-*.json")).read_text())
+    assert data["kind"] == "draft-search" and data["candidates"]
+    bad = subprocess.run([sys.executable, "-m", "mlx_spec.cli", "draft-search", "--target", "/no/such/model"],
+                         capture_output=True, text=True, env=env)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].startswith("error:")
