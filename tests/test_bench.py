@@ -50,7 +50,7 @@ def test_the_spec_benchmark_runs_every_drafter_kind_on_tiny_models(tiny_models, 
 
     draft = str(tiny_models["qwen2_draft"])
     s = SpecSettings(target=str(tiny_models["qwen2"]), drafts={"f32": draft, "int8": draft, "int4": draft},
-                     configs=["plain", "model-f32", "ngram", "self", "quant-self", "hybrid"],
+                     configs=["plain", "model-f32", "ngram", "suffix", "self", "quant-self", "hybrid"],
                      humaneval=1, edit=0, prose=1, max_tokens=12)  # the edits outgrow the tiny context
     run = run_spec(s, str(tmp_path))
     data = json.loads(run.json_path.read_text())

@@ -4,7 +4,7 @@ import pytest
 
 from mlx_spec.errors import GenerationError
 from mlx_spec.gen import registry
-from mlx_spec.gen.drafters import model as model_drafter, ngram
+from mlx_spec.gen.drafters import model as model_drafter, ngram, suffix
 from mlx_spec.gen.drafters.self_draft import SelfDrafter
 from mlx_spec.gen.engine import speculative_generate_step
 from mlx_spec.named import load_model
@@ -21,7 +21,7 @@ def target(tiny_models):
     ("self:14", "self", "14"), ("self:0-3,7", "self", "0-3,7"), ("hybrid", "hybrid", ""),
     ("hybrid:qwen2.5-coder-0.5b", "hybrid", "qwen2.5-coder-0.5b"), ("hybrid:self:2", "hybrid", "self:2"),
     ("./models/draft", "model", "./models/draft"), ("org/name", "model", "org/name"),
-    ("quant-self", "quant-self", ""), ("quant-self:mxfp4", "quant-self", "mxfp4"),
+    ("quant-self", "quant-self", ""), ("quant-self:mxfp4", "quant-self", "mxfp4"), ("suffix", "suffix", ""),
     ("hybrid:quant-self:int8", "hybrid", "quant-self:int8"),
 ])
 def test_parse(spec, kind, arg):
@@ -33,7 +33,7 @@ def test_parse(spec, kind, arg):
                                         ("self:", "nothing after"), ("hybrid:none", "fall back"),
                                         ("ngram:1", "N must be"), ("ngram:x", "N must be"), ("ngram:", "N must be"),
                                         ("ngram:17", "N must be"), ("hybrid:ngram:3", "fall back"),
-                                        ("quant-self:", "nothing after")])
+                                        ("quant-self:", "nothing after"), ("hybrid:suffix", "fall back")])
 def test_parse_errors(spec, match):
     with pytest.raises(GenerationError, match=match):
         registry.parse(spec)
@@ -42,7 +42,7 @@ def test_parse_errors(spec, match):
 def test_default_k_lives_in_one_place():
     assert registry.DEFAULT_K == {"model": model_drafter.DEFAULT_K, "self": model_drafter.DEFAULT_K,
                                   "quant-self": model_drafter.DEFAULT_K, "ngram": ngram.DEFAULT_K,
-                                  "hybrid": ngram.DEFAULT_K}
+                                  "suffix": suffix.DEFAULT_K, "hybrid": ngram.DEFAULT_K}
     for spec, kind in (("ngram", "ngram"), ("hybrid:x", "hybrid"), ("self:3", "self"), ("some/model", "model"),
                        ("quant-self:int8", "quant-self")):
         assert registry.default_num_draft(spec) == registry.DEFAULT_K[kind]

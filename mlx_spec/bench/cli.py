@@ -141,11 +141,14 @@ def compare(a: str = typer.Argument(..., help="Result JSON of the first run (A)"
 
 
 @app.command("ngram-cost")
-def ngram_cost():
-    """The N-gram drafter's cost per proposal on 1k-128k token contexts, against a decode step."""
+def ngram_cost(drafter: str = typer.Option("ngram", help="ngram or suffix")):
+    """A context drafter's cost per proposal on 1k-128k token contexts, against a decode step."""
+    from ..errors import MlxSpecError
     from . import ngram
 
-    typer.echo(ngram.report(ngram.run()))
+    if drafter not in ngram.DRAFTERS:
+        raise MlxSpecError(f"--drafter must be one of {', '.join(ngram.DRAFTERS)}, got '{drafter}'")
+    typer.echo(ngram.report(ngram.run(drafter_kind=drafter), drafter))
 
 
 def main() -> None:

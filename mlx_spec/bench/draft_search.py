@@ -26,9 +26,10 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from ..errors import MlxSpecError
+from .common import free
 
 K = 5  # draft length of the acceptance measurement (the paper's Figure 2)
 DEFAULT_LADDER = ("int8", "int4", "mxfp4", "nf4", "layers-half", "layers-half-importance", "layers-quarter",
@@ -145,8 +146,6 @@ class Search:
         With adaptive off, every round drafts k tokens: the confidence stop of model drafts is off too,
         so the acceptance measured is that of k-token drafts (the paper's measure), not of shortened ones.
         """
-        from ..gen.engine import Stats, speculative_generate_step
-
         inner = getattr(drafter, "fallback", drafter)
         saved = getattr(inner, "min_confidence", None)
         if saved is not None and not adaptive:
@@ -193,12 +192,14 @@ class Search:
         return out
 
     def _same_tokenizer(self, folder: Path) -> bool:
-        from ..gen.load import check_tokenizers, load_folder
+        from mlx_lm.utils import load_tokenizer
+
+        from ..gen.load import check_tokenizers
 
         try:
-            check_tokenizers(self.tokenizer, load_folder(folder)[1])
+            check_tokenizers(self.tokenizer, load_tokenizer(folder))  # the tokenizer only: no weights read
             return True
-        except MlxSpecError:
+        except (MlxSpecError, OSError, ValueError):
             return False
 
     def drafter(self, c: Candidate):
@@ -228,11 +229,10 @@ class Search:
         tokens_per_round = stats.generation_tokens / max(1, stats.rounds)
         c.estimate = (tokens_per_round / round_s) * self.step_s if round_s else None
         c.status = "estimated"
-        self._drafters[c.name] = drafter
 
     def full(self, c: Candidate) -> None:
         """Every prompt: acceptance at K fixed, then the adaptive engine and plain decoding back to back."""
-        drafter = self._drafters.get(c.name) or self.drafter(c)
+        drafter = self.drafter(c)  # loaded again: keeping every candidate's draft would not fit in memory
         accepted, rounds, ratios, spec_s, spec_tokens, same = 0, 0, [], 0.0, 0, True
         for prompt in self.prompts:
             out_k, _, st = self.run(drafter, prompt, self.max_tokens, adaptive=False, k=K)
@@ -264,7 +264,6 @@ class Search:
 
     # ------------------------------------------------------------------ the search
     def search(self, progress=None) -> SearchResult:
-        self._drafters: Dict[str, object] = {}
         self._plain_s, self._plain_tokens = 0.0, 0
         self.notes: List[str] = []
         cands = self.candidates()
@@ -278,6 +277,7 @@ class Search:
                 self.quick(c)
             except MlxSpecError as e:
                 c.status = f"failed: {e}"
+            free()  # the candidate's draft weights go before the next one loads
             if progress:
                 progress(c)
         ranked = sorted((c for c in cands if c.estimate is not None), key=lambda c: -c.estimate)
@@ -285,6 +285,7 @@ class Search:
             if self.left() < self.cost_of(c, full=True) and c is not ranked[0]:
                 break
             self.full(c)
+            free()
             if progress:
                 progress(c)
         best = self._best(cands)

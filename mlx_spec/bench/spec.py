@@ -11,8 +11,8 @@ from .prompts import WARMUP_PROMPT, Prompt, build, chat_ids
 from .report import spec_markdown, summarize
 
 BASELINE = "plain"  # our engine with no drafter: every speed ratio divides by it
-CONFIGS = ("plain", "mlx-lm", "mlx-lm-spec", "model-f32", "model-int8", "model-int4", "ngram", "self", "quant-self",
-           "hybrid")
+CONFIGS = ("plain", "mlx-lm", "mlx-lm-spec", "model-f32", "model-int8", "model-int4", "ngram", "suffix", "self",
+           "quant-self", "hybrid")
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFTS = {"f32": "qwen2.5-coder-0.5b", "int8": "qwen2.5-coder-0.5b-int8", "int4": "qwen2.5-coder-0.5b-int4"}
 DEFAULT_MAX_TOKENS = 128
@@ -63,8 +63,8 @@ class Config:
         spec = None
         if self.name.startswith("model-"):
             spec = s.drafts[self.name.removeprefix("model-")]
-        elif self.name == "ngram":
-            spec = "ngram"
+        elif self.name in ("ngram", "suffix"):
+            spec = self.name
         elif self.name == "self":
             spec = s.self_spec or "self"
         elif self.name == "quant-self":

@@ -5,13 +5,13 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
 from ..errors import GenerationError
-from .drafters import model as _model, ngram as _ngram
+from .drafters import model as _model, ngram as _ngram, suffix as _suffix
 from .drafters.base import Drafter
 
 # Most draft tokens per round, by kind: the one place these defaults live.
 DEFAULT_K = {"model": _model.DEFAULT_K, "self": _model.DEFAULT_K, "quant-self": _model.DEFAULT_K,
-             "ngram": _ngram.DEFAULT_K, "hybrid": _ngram.DEFAULT_K}
-KINDS = ("none", "ngram", "self", "quant-self", "hybrid", "model")
+             "ngram": _ngram.DEFAULT_K, "suffix": _suffix.DEFAULT_K, "hybrid": _ngram.DEFAULT_K}
+KINDS = ("none", "ngram", "suffix", "self", "quant-self", "hybrid", "model")
 NGRAM_N = (2, 16)  # the longest n-gram `ngram:N` may ask for
 
 Loader = Callable[[str], Tuple[object, object]]  # model spec -> (model, tokenizer)
@@ -31,13 +31,13 @@ class DrafterSpec:
 
 
 def parse(spec: Optional[str]) -> DrafterSpec:
-    """'none'/None/'', 'ngram', 'ngram:N', 'self', 'self:LAYERS', 'quant-self', 'quant-self:FORMAT', 'hybrid',
-    'hybrid:D', or anything else as a model spec."""
+    """'none'/None/'', 'ngram', 'ngram:N', 'suffix', 'self', 'self:LAYERS', 'quant-self', 'quant-self:FORMAT',
+    'hybrid', 'hybrid:D', or anything else as a model spec."""
     spec = (spec or "").strip()
     if spec in ("", "none", "off"):
         return DrafterSpec("none")
-    if spec == "ngram":
-        return DrafterSpec("ngram")
+    if spec in ("ngram", "suffix"):
+        return DrafterSpec(spec)
     head, sep, arg = spec.partition(":")
     if head == "ngram":  # ngram:N, the longest n-gram (ANPD's N)
         if not (arg.isdigit() and NGRAM_N[0] <= int(arg) <= NGRAM_N[1]):
@@ -46,7 +46,7 @@ def parse(spec: Optional[str]) -> DrafterSpec:
     if head in ("self", "quant-self", "hybrid"):
         if sep and not arg:
             raise GenerationError(f"'{spec}': nothing after ':' (try '{head}' alone)")
-        if head == "hybrid" and parse(arg or "self").kind in ("hybrid", "ngram", "none"):
+        if head == "hybrid" and parse(arg or "self").kind in ("hybrid", "ngram", "suffix", "none"):
             raise GenerationError(f"hybrid needs a model or self drafter to fall back on, got '{arg}'")
         return DrafterSpec(head, arg)
     return DrafterSpec("model", spec)
@@ -83,6 +83,8 @@ def build(spec: Optional[str], target, tokenizer, *, load: Optional[Loader] = No
     if not 0.0 <= conf <= 1.0:
         raise GenerationError(f"--min-confidence must be in [0, 1], got {conf}")
     width, real = vocab_width(target), len(tokenizer.get_vocab())
+    if s.kind == "suffix":
+        return _suffix.SuffixDrafter(k=num_draft or DEFAULT_K["suffix"])
     if s.kind == "ngram":
         n = int(s.arg) if s.arg else _ngram.DEFAULT_N
         return NGramDrafter(n=n, k=num_draft or DEFAULT_K["ngram"], min_n=min(_ngram.DEFAULT_MIN_N, n))

@@ -1,0 +1,133 @@
+"""Suffix drafting in the style of SuffixDecoding (arXiv 2411.04975): the longest match, the most frequent way on.
+
+The context (prompt and output so far) is indexed by a suffix automaton, built online in amortised
+O(1) per token. Each round the drafter takes the longest suffix of the context that occurred before
+(any length, not just the last N-1 tokens an n-gram table keys on), and follows the most frequent
+continuation of that match token by token, for up to ALPHA times the match length (SuffixDecoding's
+max_spec = alpha * match_length) and at most K tokens. It stops early where the continuation's
+empirical probability (occurrences of the longer string over occurrences of the shorter) multiplied
+along the draft falls under MIN_SCORE. On code edits, where the answer copies long stretches of the
+input, a long sure match drafts long.
+
+No maintained Python library builds a suffix automaton incrementally with occurrence counts over
+integer tokens, so it is written here (the textbook construction, plus a counter walk).
+"""
+
+from typing import Dict, List, Optional, Set, Tuple
+
+from ...errors import GenerationError
+from .base import Draft, Drafter
+
+DEFAULT_K = 24  # most tokens a round may draft from a long match (SuffixDecoding drafts up to 16-32)
+ALPHA = 2.0  # draft at most ALPHA * match length tokens
+MIN_MATCH = 2  # a shorter match is a coincidence, not a copy
+MIN_SCORE = 0.1  # stop where the product of the continuation probabilities falls below this
+COUNT_WALK = 64  # suffix-link steps per token spent on occurrence counts (bounds a repetitive text's cost)
+
+
+class SuffixIndex:
+    """An online suffix automaton over a token list, with occurrence counts per state.
+
+    State 0 is the root. `length[v]` is the longest string of state v, `link[v]` its suffix link,
+    `next[v]` its transitions, `count[v]` how many end positions its strings have (exact while the
+    counter walk of each new token reaches the root, which COUNT_WALK bounds).
+    """
+
+    def __init__(self):
+        self.tokens: List[int] = []
+        self.length: List[int] = [0]
+        self.link: List[int] = [-1]
+        self.next: List[Dict[int, int]] = [{}]
+        self.count: List[int] = [0]
+        self.last = 0
+
+    def _state(self, length: int, link: int, nxt: Dict[int, int], count: int) -> int:
+        self.length.append(length)
+        self.link.append(link)
+        self.next.append(nxt)
+        self.count.append(count)
+        return len(self.length) - 1
+
+    def extend(self, token: int) -> None:
+        self.tokens.append(token)
+        cur = self._state(self.length[self.last] + 1, 0, {}, 0)
+        p = self.last
+        while p != -1 and token not in self.next[p]:
+            self.next[p][token] = cur
+            p = self.link[p]
+        if p != -1:
+            q = self.next[p][token]
+            if self.length[p] + 1 == self.length[q]:
+                self.link[cur] = q
+            else:  # split q: the shorter strings now also end here
+                clone = self._state(self.length[p] + 1, self.link[q], dict(self.next[q]), self.count[q])
+                while p != -1 and self.next[p].get(token) == q:
+                    self.next[p][token] = clone
+                    p = self.link[p]
+                self.link[q] = self.link[cur] = clone
+        self.last = cur
+        v, steps = cur, 0
+        while v > 0 and steps < COUNT_WALK:  # every suffix of the text now ends here once more
+            self.count[v] += 1
+            v, steps = self.link[v], steps + 1
+
+    def match(self) -> Tuple[int, int]:
+        """(state, length) of the longest suffix of the text that also occurs earlier; (0, 0) if none."""
+        v = self.link[self.last] if self.last else 0
+        return (v, self.length[v]) if v > 0 else (0, 0)
+
+    def continuation(self, state: int, k: int) -> List[int]:
+        """Up to k tokens following `state` by the most frequent transition each step, while sure enough."""
+        out, score = [], 1.0
+        while len(out) < k and self.next[state]:
+            token, child = max(self.next[state].items(), key=lambda kv: self.count[kv[1]])
+            score *= self.count[child] / max(1, self.count[state])
+            if score < MIN_SCORE:
+                break
+            out.append(token)
+            state = child
+        return out
+
+
+class SuffixDrafter(Drafter):
+    """Drafts the most frequent continuation of the longest earlier match of the context's suffix."""
+
+    name = "suffix"
+
+    def __init__(self, k: int = DEFAULT_K, alpha: float = ALPHA, min_match: int = MIN_MATCH):
+        if k <= 0:
+            raise GenerationError(f"suffix: k must be >= 1, got {k}")
+        if alpha <= 0 or min_match < 1:
+            raise GenerationError("suffix: alpha must be > 0 and min_match >= 1")
+        self.k, self.alpha, self.min_match = k, alpha, min_match
+        self.index = SuffixIndex()
+
+    def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
+        self._sync(prompt)
+
+    def _sync(self, context: List[int]) -> None:
+        """Index what the context adds; start over when it is not an extension (a session's edited turn)."""
+        have = self.index.tokens
+        if len(context) < len(have) or context[len(have) - 1 : len(have)] != have[-1:] or \
+                context[max(0, len(have) - 8) : len(have)] != have[-8:]:
+            self.index = SuffixIndex()
+            have = self.index.tokens
+        for token in context[len(have):]:
+            self.index.extend(token)
+
+    def _draft(self, context: List[int], k: int) -> List[int]:
+        self._sync(context)
+        state, length = self.index.match()
+        if length < self.min_match:
+            return []
+        return self.index.continuation(state, min(k, self.k, max(1, int(self.alpha * length))))
+
+    def sources(self, context: List[int]) -> Dict[str, int]:
+        n = len(self._draft(context, self.k))
+        return {self.name: n} if n else {}
+
+    def free_sources(self) -> Set[str]:
+        return {self.name}  # dictionary walks: microseconds against a forward pass
+
+    def propose(self, context: List[int], k: int, probs_fn=None, source: Optional[str] = None) -> Draft:
+        return Draft(self._draft(context, k))
