@@ -168,6 +168,20 @@ def test_importance_keeps_a_planted_important_block(planted, tmp_path):
     load(str(out))
 
 
+def test_importance_self_drafting_skips_the_pass_through_blocks_of_each_prompt(planted):
+    from mlx_spec.gen import registry
+    from mlx_spec.gen.engine import speculative_generate_step
+
+    model, tok = load(str(planted))
+    drafter = registry.build("self:importance:1", model, tok)
+    prompt = tok.encode("def add(a, b):\n    return a + b\n")
+    out = [s.token for s in speculative_generate_step(prompt, model, drafter, max_tokens=8)]
+    assert drafter.layers == [2] and len(out) == 8  # block 2 alone changes the hidden state
+    assert len(model.model.layers) == 4  # the shared target keeps every block
+    with pytest.raises(Exception, match="K must be"):
+        registry.build("self:importance:9", model, tok)
+
+
 def test_importance_ranking_leaves_the_model_unchanged(tiny_models):
     model, tok = load(str(tiny_models["qwen2"]))
     layers = list(model.model.layers)

@@ -14,7 +14,7 @@ from mlx_spec.gen.drafters.model import ModelDrafter
 from mlx_spec.gen.drafters.ngram import NGramDrafter
 from mlx_spec.gen.drafters.quant_self import QuantSelfDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
-from mlx_spec.gen.drafters.self_draft import SelfDrafter
+from mlx_spec.gen.drafters.self_draft import ImportanceSelfDrafter, SelfDrafter
 from mlx_spec.errors import GenerationError, UnsupportedError
 from mlx_spec.gen.engine import Stats, shadow_judgement, speculative_generate_step
 from mlx_spec.gen.policy import Policy
@@ -85,12 +85,13 @@ def drafters(target, draft_model):
         "hybrid-self": lambda: HybridDrafter(NGramDrafter(), SelfDrafter(model, [1], v)),
         "quant-self-int4": lambda: QuantSelfDrafter(model, "int4", v),
         "suffix": lambda: SuffixDrafter(),
+        "self-importance": lambda: ImportanceSelfDrafter(model, 2, v),
         "quant-self-mxfp4": lambda: QuantSelfDrafter(model, "mxfp4", v),
     }
 
 
 @pytest.mark.parametrize("name", ["ngram", "self-half", "model", "hybrid-model", "hybrid-self", "quant-self-int4",
-                                  "quant-self-mxfp4", "suffix"])
+                                  "quant-self-mxfp4", "suffix", "self-importance"])
 @pytest.mark.parametrize("k", [1, 4, 16])
 def test_greedy_equals_plain(target, draft_model, name, k):
     model, tok = target

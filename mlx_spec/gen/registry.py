@@ -71,7 +71,7 @@ def build(spec: Optional[str], target, tokenizer, *, load: Optional[Loader] = No
     from .drafters.model import ModelDrafter
     from .drafters.ngram import NGramDrafter
     from .drafters.quant_self import DEFAULT_FORMAT, QuantSelfDrafter
-    from .drafters.self_draft import SelfDrafter, parse_layers
+    from .drafters.self_draft import ImportanceSelfDrafter, SelfDrafter, parse_layers
     from .load import check_tokenizers, load_folder, vocab_width
 
     s = parse(spec)
@@ -95,6 +95,12 @@ def build(spec: Optional[str], target, tokenizer, *, load: Optional[Loader] = No
         return QuantSelfDrafter(target, s.arg or DEFAULT_FORMAT, width, real, min_confidence=conf)
     if s.kind == "self":
         n = len(target.layers)
+        head, _, count = s.arg.partition(":")
+        if head == "importance":  # self:importance[:K], the K blocks that matter most for the prompt
+            if count and not (count.isdigit() and 1 <= int(count) <= n):
+                raise GenerationError(f"'{spec}': K must be an integer in [1, {n}]")
+            return ImportanceSelfDrafter(target, int(count) if count else max(1, n // 2), width, real,
+                                         min_confidence=conf)
         return SelfDrafter(target, parse_layers(s.arg or str(max(1, n // 2)), n), width, real, min_confidence=conf)
     draft, draft_tok = (load or (lambda p: load_folder(p)[:2]))(s.arg)
     real = check_tokenizers(tokenizer, draft_tok)

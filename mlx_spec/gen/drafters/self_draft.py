@@ -13,7 +13,8 @@ from .model import DEFAULT_MIN_CONFIDENCE, ModelDrafter
 
 
 def parse_layers(spec: str, n_layers: int) -> List[int]:
-    """'K' (K evenly spaced layers, first and last included), 'a-b', 'i,j,..' (the making layer's rule)."""
+    """'K' (K evenly spaced layers, first and last included), 'a-b', 'i,j,..' (the making layer's rule);
+    `importance[:K]` is handled by the registry (ImportanceSelfDrafter)."""
     try:
         return _parse(spec, n_layers)
     except ConvertError as e:
@@ -83,3 +84,34 @@ class SelfDrafter(ModelDrafter):
             del self._fed[offset:]
         mx.eval([c.state for c in self.cache])
         return draft
+
+
+IMPORTANCE_TOKENS = 32  # prompt tokens the layer ranking runs on: about one multi-token pass of the target
+
+
+class ImportanceSelfDrafter(SelfDrafter):
+    """Self drafting with the `keep` blocks that matter most for this context, re-chosen at every reset.
+
+    Training-free layer selection in the spirit of SWIFT and Draft & Verify: before each generation
+    the target runs the last IMPORTANCE_TOKENS prompt tokens once with probes on its blocks
+    (`make.importance.block_similarity`, on a shallow copy: the shared target is untouched), and the
+    blocks whose output changes their input least are skipped. A session's next turn ranks again on
+    its own, longer context.
+    """
+
+    def __init__(self, model, keep: int, vocab_size: int, real_vocab: Optional[int] = None,
+                 min_confidence: float = DEFAULT_MIN_CONFIDENCE):
+        from ...make.layers import keep_layer_indices
+
+        self.target, self.keep = model, keep
+        super().__init__(model, keep_layer_indices(len(model.model.layers), keep), vocab_size, real_vocab,
+                         min_confidence)
+
+    def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
+        from ...make.importance import block_similarity, most_important
+
+        tail = list(prompt[-IMPORTANCE_TOKENS:])
+        if len(tail) >= 2:
+            self.layers = most_important(block_similarity(self.target, [tail]), self.keep)
+            self.model = layer_view(self.target, self.layers)
+        super().reset(prompt, target_cache)
