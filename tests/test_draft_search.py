@@ -38,7 +38,7 @@ def test_a_planted_good_draft_ranks_above_a_planted_bad_one(tiny_models, home):
     assert measured and all(c.identical for c in measured)  # lossless, every candidate
     ranked = sorted((c for c in result.candidates if c.estimate is not None), key=lambda c: -c.estimate)
     assert ranked.index(good) < ranked.index(bad)
-    assert {"ngram", "quant-self:int4", "self:importance"} <= set(rows)
+    assert {"ngram", "suffix", "quant-self:int4", "self:importance"} <= set(rows)
     assert "good" in result.table() and "avg accepted (K=5)" in result.table()
 
 

@@ -6,7 +6,7 @@ MLX's int4 slow, on Metal int4 is fast), so it is measured here instead of guess
 
 1. Candidates: drafts made from the target by `convert`'s methods at a few strengths (a ladder of
    `make.convert.draft_methods()` names), every cached recipe that shares the target's tokenizer,
-   and the drafters that need no draft model (ngram, self with importance-ranked layers, quant-self).
+   and the drafters that need no draft model (ngram, suffix, self with importance-ranked layers, quant-self).
 2. A cheap estimate for each, cheapest first: one short calibration prompt drafted at a fixed
    K = 5, giving the average accepted tokens per round and the cost per draft token, and from
    them (with a plain step timed in the same process) an estimated speed-up.
@@ -169,17 +169,11 @@ class Search:
     # ------------------------------------------------------------------ candidates
     def candidates(self) -> List[Candidate]:
         """Every candidate, cheapest to try first."""
-        from ..make.importance import block_similarity, calibration_tokens, most_important
         from ..make.recipes import all_recipes
         from ..make.resolve import is_cached, recipe_path
 
-        out = [Candidate("ngram", "drafter", "ngram")]
+        out = [Candidate(spec, "drafter", spec) for spec in ("ngram", "suffix", "self:importance")]
         out += [Candidate(f"quant-self:{f}", "drafter", f"quant-self:{f}") for f in QUANT_SELF]
-        n = len(self.model.model.layers) if hasattr(getattr(self.model, "model", None), "layers") else 0
-        if n > 1:
-            sims = block_similarity(self.model, calibration_tokens(self.tokenizer, self.texts))
-            layers = most_important(sims, max(1, n // 2))
-            out.append(Candidate("self:importance", "drafter", "self:" + ",".join(map(str, layers))))
         for recipe in all_recipes():
             folder = recipe_path(recipe.name)
             if folder.resolve() == Path(self.folder).resolve():
