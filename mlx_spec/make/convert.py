@@ -8,12 +8,12 @@ from typing import Callable, Optional, Sequence
 
 from .. import __version__
 from ..errors import ConvertError, MlxSpecError, SourceError, UnsupportedError
+from .calibrated import quantize_calibrated, samples
 from .importance import PICKS, block_similarity, calibration_texts, calibration_tokens, most_important
 from .layers import check_layers, keep_layer_indices, kept_config
 from .paths import atomic_dir, ensure_free_space
 from .progress import progress
 from .prune import parse_prune, prune_model
-from .calibrated import quantize_calibrated, samples
 from .quant import AFFINE_BITS, CALIBRATED, FP_MODES, check_mode, format_name, nf4_model
 
 SUPPORTED_BITS = AFFINE_BITS
@@ -181,7 +181,7 @@ def convert_folder(
             raise ConvertError(f"layer-drop: mlx-lm's {config.get('model_type')} keeps its blocks elsewhere")
         config = kept_config(config, layers)
 
-    steps = 2 + (layers is not None) + (quantize is not None) + (prune is not None)  # [drop], dtype, [prune], [quantize], save
+    steps = 2 + (layers is not None) + (quantize is not None) + (prune is not None)  # [drop] dtype [prune] [quantize] save
     with progress(total=steps, desc=f"converting {src.name}", unit="step") as bar:
         if layers is not None:
             model.model.layers = [model.model.layers[i] for i in layers]  # saving renumbers them 0..K-1
