@@ -222,10 +222,17 @@ def draft_search(
     search = ds.Search(target, calibration=calibration, budget_minutes=budget_minutes, prompts=prompts,
                        max_tokens=max_tokens, methods=[m for m in methods.split(",") if m], log=_log)
     search.load()
+    path = ds.result_path(out)
+
+    def step(c):  # the result so far is on disk after every candidate, so an interrupted search keeps it
+        bar.set_postfix_str(f"{c.name}: {c.status}")
+        bar.update()
+        ds.write_json(search.result(), path, partial=True)
+
     with progress(desc="draft-search", unit="step") as bar:
-        result = search.search(progress=lambda c: (bar.set_postfix_str(f"{c.name}: {c.status}"), bar.update()))
+        result = search.search(progress=step)
     saved = ds.save(search, result, name)
-    path = ds.write_json(result, out)
+    ds.write_json(result, path)
     typer.echo(f"target {result.target}: plain decoding {result.plain_tokens_per_s:.2f} tokens/s\n")
     typer.echo(result.table())
     for note in result.notes:

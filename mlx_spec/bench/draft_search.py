@@ -260,7 +260,7 @@ class Search:
     def search(self, progress=None) -> SearchResult:
         self._plain_s, self._plain_tokens = 0.0, 0
         self.notes: List[str] = []
-        cands = self.candidates()
+        cands = self.cands = self.candidates()
         notes = self.notes
         reserve = minimum_seconds(self.step_s, len(self.prompts), self.max_tokens)  # at least one full measurement
         for c in cands:
@@ -288,11 +288,16 @@ class Search:
             cands.append(hybrid)
             self.full(hybrid)
             best = self._best(cands)
-        plain_tps = self._plain_tokens / self._plain_s if self._plain_s else 1 / self.step_s
-        result = SearchResult(str(self.target_spec), cands, plain_tps, best.name if best else None, notes=notes)
+        result = self.result(best)
         if best is None:
             notes.append("no candidate was faster than plain decoding on this machine: use no --draft")
         return result
+
+    def result(self, best: Optional[Candidate] = None) -> SearchResult:
+        """The search so far (every candidate, measured or not) with `best` recommended."""
+        plain_tps = self._plain_tokens / self._plain_s if self._plain_s else 1 / self.step_s
+        return SearchResult(str(self.target_spec), self.cands, plain_tps, best.name if best else None,
+                            notes=self.notes)
 
     @staticmethod
     def _best(cands: List[Candidate]) -> Optional[Candidate]:
@@ -335,12 +340,17 @@ def save(search: Search, result: SearchResult, name: Optional[str] = None) -> Op
     return result.saved
 
 
-def write_json(result: SearchResult, out) -> Path:
+def result_path(out) -> Path:
+    return Path(out) / f"draft-search-{time.strftime('%Y%m%d-%H%M%S')}.json"
+
+
+def write_json(result: SearchResult, path: Path, *, partial: bool = False) -> Path:
+    """Write (atomically) the result; `partial` marks a search still running, rewritten after every candidate."""
     from ..make.paths import atomic_file
     from .common import machine_info
 
-    path = Path(out) / f"draft-search-{time.strftime('%Y%m%d-%H%M%S')}.json"
     tmp = atomic_file(path)
-    tmp.write_text(json.dumps({"kind": "draft-search", "machine": machine_info(), **asdict(result)}, indent=1))
+    tmp.write_text(json.dumps({"kind": "draft-search", "partial": partial, "machine": machine_info(),
+                               **asdict(result)}, indent=1))
     tmp.replace(path)
     return path
