@@ -54,6 +54,18 @@ def tiny_config(arch: str, vocab_size: int, layers: int = 4) -> dict:
     if arch == "gemma3":
         return dict(base, model_type="gemma3_text", architectures=["Gemma3ForCausalLM"], head_dim=16,
                     query_pre_attn_scalar=16, sliding_window=32, sliding_window_pattern=2)
+    if arch == "qwen3_next":  # gated delta net layers (recurrent) with full attention every 4th layer, MoE MLPs
+        return dict(base, model_type="qwen3_next", architectures=["Qwen3NextForCausalLM"], head_dim=16,
+                    linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+                    linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+                    decoder_sparse_step=1, shared_expert_intermediate_size=64, mlp_only_layers=[],
+                    moe_intermediate_size=32, partial_rotary_factor=0.25, full_attention_interval=4)
+    if arch == "mamba2":  # recurrent only
+        return dict(model_type="mamba2", architectures=["Mamba2ForCausalLM"], hidden_size=64, num_heads=4,
+                    head_dim=32, intermediate_size=128, state_size=16, num_hidden_layers=layers,
+                    layer_norm_epsilon=1e-6, conv_kernel=4, n_groups=1, use_bias=False, use_conv_bias=True,
+                    tie_word_embeddings=True, time_step_limit=[0.0, 1000.0], time_step_rank="auto",
+                    vocab_size=vocab_size, max_position_embeddings=512, eos_token_id=2)
     raise ValueError(arch)
 
 

@@ -4,6 +4,8 @@ from typing import List, Optional
 
 from mlx_lm.models.cache import make_prompt_cache
 
+from . import recurrent
+
 
 def cache_tokens(cache: List) -> Optional[int]:
     """Tokens held by every layer of `cache`, or None if the layers disagree (an interrupted update)."""
@@ -15,19 +17,23 @@ def cache_tokens(cache: List) -> Optional[int]:
 
 def rewind(cache: List, n_tokens: int) -> bool:
     """Trim every layer back to `n_tokens` tokens (layers may be at different offsets after an
-    interrupted forward pass). False if some layer can no longer be trimmed (e.g. a sliding-window
-    cache past its window): the cache is then unusable and must be rebuilt."""
+    interrupted forward pass). False if some layer can no longer be trimmed that far (a sliding-window
+    cache past its window, a recurrent layer whose history does not reach): the cache is then unusable
+    and must be rebuilt."""
     ok = True
     for c in cache:
         extra = getattr(c, "offset", 0) - n_tokens
         if extra > 0:
             if c.is_trimmable():
-                c.trim(extra)
+                trimmed = c.trim(extra)
+                ok = ok and (trimmed is None or trimmed >= extra)
             else:
                 ok = False
     return ok
 
 
 def new_cache(model) -> List:
-    """mlx-lm's cache for `model` (one object per layer)."""
-    return make_prompt_cache(model)
+    """mlx-lm's cache for `model` (one object per layer), its recurrent layers made rewindable."""
+    cache = make_prompt_cache(model)
+    recurrent.enable(model, cache)
+    return cache

@@ -5,10 +5,11 @@ from dataclasses import dataclass, field
 from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import mlx.core as mx
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from ..errors import GenerationError
-from .cache import cache_tokens, rewind
+from . import recurrent
+from .cache import cache_tokens, new_cache, rewind
 from .drafters.base import Draft, Drafter
 from .policy import Policy
 from .registry import default_num_draft
@@ -192,7 +193,8 @@ def speculative_generate_step(
         policy = Policy(num_draft or default_num_draft(drafter), adaptive=adaptive)
     elif num_draft is not None:
         policy.k_max = num_draft
-    cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
+    cache = prompt_cache if prompt_cache is not None else new_cache(model)
+    recurrent.enable(model, cache)  # a caller's fresh mlx-lm cache: recurrent layers become rewindable
     cached = cache_tokens(cache) if prompt_cache is not None else 0
     if cached is None or cached > len(context) - 1:
         raise GenerationError(f"the prompt cache holds {cached} tokens; it must hold a prefix of the prompt "
@@ -217,6 +219,7 @@ def speculative_generate_step(
     produced, first_at = 0, None
     while produced < budget:
         source, k, shadows = "", 0, {}
+        recurrent.commit(cache)  # the cache holds the context: earlier history is no longer needed
         if drafter is not None:
             if can_trim_prompt_cache(cache):
                 offers = drafter.sources(context)

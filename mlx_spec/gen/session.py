@@ -2,9 +2,9 @@
 
 from typing import Iterator, List, Optional
 
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache
 
-from .cache import cache_tokens
+from .cache import cache_tokens, new_cache, rewind
 from .drafters.base import Drafter
 from .drafters.model import common_prefix
 from .policy import Policy
@@ -25,7 +25,7 @@ class Session:
     def __init__(self, model, tokenizer, drafter: Optional[Drafter] = None, *,
                  num_draft: Optional[int] = None, adaptive: bool = True):
         self.model, self.tokenizer = model, tokenizer
-        self.cache = make_prompt_cache(model)
+        self.cache = new_cache(model)
         self.tokens: List[int] = []  # what the target cache holds, token by token
         self.drafter: Optional[Drafter] = None
         self.policy = Policy(1)
@@ -44,7 +44,7 @@ class Session:
 
     def reset(self) -> None:
         """Forget the conversation (the drafter's own state is rebuilt on its next reset)."""
-        self.cache = make_prompt_cache(self.model)
+        self.cache = new_cache(self.model)
         self.tokens = []
 
     def _reuse(self, ids: List[int]) -> None:
@@ -55,10 +55,9 @@ class Session:
         keep = min(common_prefix(self.tokens, ids), len(ids) - 1)
         extra = len(self.tokens) - keep
         if extra > 0:
-            if can_trim_prompt_cache(self.cache):
-                trim_prompt_cache(self.cache, extra)
+            if can_trim_prompt_cache(self.cache) and rewind(self.cache, keep):
                 self.tokens = self.tokens[:keep]
-            else:  # e.g. a sliding-window cache past its window
+            else:  # a sliding-window cache past its window, a recurrent layer's history that does not reach
                 self.reset()
 
     def generate(self, prompt_ids: List[int], **kwargs) -> Iterator[Event]:

@@ -8,8 +8,10 @@ from typing import List, Sequence
 from ..errors import ConvertError
 
 # Architectures whose block i behaves by its index i (Gemma's sliding/global attention pattern is
-# derived from the index in mlx-lm), so a subset of blocks would silently change the attention.
-INDEX_DEPENDENT = ("gemma2", "gemma3", "gemma3_text", "cohere2")
+# derived from the index in mlx-lm), so a subset of blocks would silently change the attention. The hybrid
+# recurrent models take their masks from the cache at a fixed block index, so a subset would fail or mis-mask.
+INDEX_DEPENDENT = ("gemma2", "gemma3", "gemma3_text", "cohere2", "qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2",
+                   "lfm2_moe")
 # Where HF configs keep the block count, and the lists with one entry per block (transformers
 # checks len(layer_types) == num_hidden_layers; mlx-lm models index the others by block).
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")

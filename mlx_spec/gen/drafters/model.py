@@ -7,7 +7,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
 from ...errors import GenerationError
-from ..cache import rewind
+from .. import recurrent
+from ..cache import new_cache, rewind
 from .base import Draft, Drafter
 
 DEFAULT_K = 6  # most draft tokens per round for model and self drafters; the policy and the confidence stop draft fewer
@@ -55,7 +56,7 @@ class ModelDrafter(Drafter):
         self._catch_up_s: Optional[float] = None  # seconds per token fed without logits (timed once, at start)
 
     def _new_cache(self):
-        cache = make_prompt_cache(self.model)
+        cache = new_cache(self.model)
         if not can_trim_prompt_cache(cache):
             raise GenerationError(f"{self.name} drafter: its KV cache cannot be trimmed, so drafts cannot be rewound")
         return cache  # a sliding-window cache may stop being trimmable later: _sync rebuilds it then
@@ -152,11 +153,11 @@ class ModelDrafter(Drafter):
         """Rewind the cache to what it shares with `context`; return the tokens still to feed."""
         keep = min(common_prefix(self._fed, context), len(context) - 1)
         if len(self._fed) > keep:
-            if can_trim_prompt_cache(self.cache):
-                rewind(self.cache, keep)
+            if can_trim_prompt_cache(self.cache) and rewind(self.cache, keep):
                 del self._fed[keep:]
             else:  # e.g. a sliding-window cache past its window: start over (slow, but correct)
                 self.cache, self._fed, keep = self._new_cache(), [], 0
+        recurrent.commit(self.cache)  # the held prefix is the context's: only this round's drafts get trimmed
         return context[keep:]
 
     def propose(self, context: List[int], k: int, probs_fn=None, source: Optional[str] = None) -> Draft:

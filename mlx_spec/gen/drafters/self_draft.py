@@ -7,6 +7,7 @@ import mlx.core as mx
 
 from ...errors import ConvertError, GenerationError, UnsupportedError
 from ...make.layers import INDEX_DEPENDENT, parse_layers as _parse
+from .. import recurrent
 from ..cache import rewind
 from .base import Draft
 from .model import DEFAULT_MIN_CONFIDENCE, ModelDrafter
@@ -66,6 +67,10 @@ class SelfDrafter(ModelDrafter):
             raise GenerationError("the self drafter needs the target's cache: reset(prompt, target_cache)")
         self.target_cache = target_cache
         self.cache = [target_cache[i] for i in self.layers]
+        # Recurrent layers of the target (or of a quantized copy) record their calls into the shared cache,
+        # so that the draft passes can be trimmed like attention entries.
+        if not recurrent.enable(self.model, self.cache):
+            raise GenerationError(f"{self.name} drafter: the target's recurrent cache cannot be rewound")
 
     def lag(self, source: str, context: List[int]) -> int:
         return 0  # the target's cache is ours: nothing to catch up

@@ -1,0 +1,143 @@
+"""Speculation on hybrid and recurrent models: rewinding gated-delta-net and Mamba states is lossless."""
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models import mamba2
+from mlx_lm.models.cache import make_prompt_cache
+from mlx.utils import tree_map
+
+from mlx_spec.errors import UnsupportedError
+from mlx_spec.gen import recurrent
+from mlx_spec.gen.cache import new_cache, rewind
+from mlx_spec.gen.drafters.hybrid import HybridDrafter
+from mlx_spec.gen.drafters.model import ModelDrafter
+from mlx_spec.gen.drafters.ngram import NGramDrafter
+from mlx_spec.gen.drafters.quant_self import QuantSelfDrafter
+from mlx_spec.gen.drafters.self_draft import SelfDrafter
+from mlx_spec.gen.drafters.suffix import SuffixDrafter
+from mlx_spec.gen.session import Session
+from mlx_spec.named import load_model
+
+from conftest import make_model
+from test_sampling import V, check, tiny
+from test_speculative import PROMPTS, plain_greedy, spec
+
+ARCHS = ("qwen3_next", "mamba2")
+# A prompt that stops inside a repeat, so the suffix drafter (which needs a match of 2+ tokens) drafts too.
+TEXTS = PROMPTS + ["def add(a, b):\n    return a + b\ndef sub(a, b):\n    return a - b\ndef add(a, b):\n    return a"]
+
+
+@pytest.fixture(scope="module")
+def recurrent_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("recurrent")
+    out = {}
+    for arch in ARCHS:
+        model, tok, _ = load_model(str(make_model(root / arch, arch, seed=5, scale=4.0)))
+        out[arch] = (model, tok)
+    return out
+
+
+@pytest.fixture(scope="module")
+def attention_draft(tiny_models):
+    return load_model(str(tiny_models["qwen2_draft"]))[0]
+
+
+def drafters(arch, model, others, attention_draft):
+    v = model.args.vocab_size
+    out = {
+        "ngram": lambda: NGramDrafter(),
+        "suffix": lambda: SuffixDrafter(),
+        "model": lambda: ModelDrafter(attention_draft, v, min_confidence=0.0),
+        "recurrent-model": lambda: ModelDrafter(others[0], v, min_confidence=0.0),  # its own cache is recurrent
+        "hybrid": lambda: HybridDrafter(NGramDrafter(), ModelDrafter(others[0], v, min_confidence=0.0)),
+        "quant-self-int8": lambda: QuantSelfDrafter(model, "int8", v, min_confidence=0.0),
+    }
+    if arch == "mamba2":  # no model.model.layers: the self drafters do not apply (they say so)
+        del out["quant-self-int8"]
+    return out
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("k", [1, 4, 16])
+def test_greedy_equals_plain_for_every_drafter(recurrent_models, attention_draft, arch, k):
+    model, tok = recurrent_models[arch]
+    others = [m for a, (m, _) in recurrent_models.items() if a != arch]
+    for name, make in drafters(arch, model, others, attention_draft).items():
+        rounds = proposed = accepted = 0
+        for text in TEXTS:
+            prompt = tok.encode(text)
+            ref = plain_greedy(model, prompt, 40)  # mlx-lm's own loop and its own (untrimmable) caches
+            out, stats = spec(model, prompt, make(), max_tokens=40, num_draft=k, adaptive=False)
+            assert out == ref, (arch, name, k, text)
+            assert stats.fallback is None, stats.fallback
+            rounds, proposed, accepted = rounds + stats.spec_rounds, proposed + stats.proposed, accepted + stats.accepted
+        assert rounds > 0 and proposed > accepted, (arch, name)  # it drafted, and some drafts were rejected
+
+
+def test_a_broken_rewind_fails_the_same_test(recurrent_models, attention_draft, monkeypatch):
+    """Control: restoring the state without running the accepted tokens again changes the output."""
+    model, tok = recurrent_models["qwen3_next"]
+    monkeypatch.setattr(recurrent, "_replay", lambda *a: None)
+    prompt = tok.encode(PROMPTS[1])
+    out, _ = spec(model, prompt, ModelDrafter(attention_draft, model.args.vocab_size, min_confidence=0.0),
+                  max_tokens=40, num_draft=4, adaptive=False)
+    assert out != plain_greedy(model, prompt, 40)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_trim_then_regenerate_gives_the_same_tokens(recurrent_models, arch):
+    model, tok = recurrent_models[arch]
+    prompt = tok.encode(PROMPTS[1])
+    cont = plain_greedy(model, prompt, 8)
+    cache = new_cache(model)
+    model(mx.array(prompt)[None], cache=cache)
+    model(mx.array(cont)[None], cache=cache)
+    assert rewind(cache, len(prompt) + 3)  # keep 3 of the 8: the recurrent layers run those 3 again
+    assert {c.offset for c in cache} == {len(prompt) + 3}
+    again = model(mx.array(cont[3:])[None], cache=cache)
+    fresh = make_prompt_cache(model)
+    model(mx.array(prompt + cont[:3])[None], cache=fresh)
+    ref = model(mx.array(cont[3:])[None], cache=fresh)
+    assert mx.allclose(again, ref, atol=1e-4).item()
+    recurrent.commit(cache)  # history gone: no rewinding into what was committed
+    assert not rewind(cache, len(prompt))
+
+
+def test_self_subsets_refused_full_self_allowed(recurrent_models):
+    model, _ = recurrent_models["qwen3_next"]
+    with pytest.raises(UnsupportedError, match="qwen3_next"):
+        SelfDrafter(model, [0, 3], model.args.vocab_size)
+    SelfDrafter(model, range(len(model.model.layers)), model.args.vocab_size)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_session_turns_equal_fresh_runs(recurrent_models, arch):
+    model, tok = recurrent_models[arch]
+    session = Session(model, tok, HybridDrafter(NGramDrafter(), SuffixDrafter()))
+    first = tok.encode(PROMPTS[0])
+    reply = [e.token for e in session.generate(first, max_tokens=12)]
+    assert reply == plain_greedy(model, first, 12)
+    second = first + reply + tok.encode(PROMPTS[2])
+    again = [e.token for e in session.generate(second, max_tokens=12)]
+    assert again == plain_greedy(model, second, 12)
+    edited = first[:-3] + tok.encode(PROMPTS[1])  # diverges before the history: the session starts over
+    assert [e.token for e in session.generate(edited, max_tokens=12)] == plain_greedy(model, edited, 12)
+
+
+def tiny_mamba(seed, scale):
+    args = mamba2.ModelArgs(model_type="mamba2", num_heads=2, head_dim=32, vocab_size=V, hidden_size=32,
+                            intermediate_size=64, state_size=8, num_hidden_layers=1, layer_norm_epsilon=1e-6,
+                            conv_kernel=4, n_groups=1, use_bias=False, use_conv_bias=True, tie_word_embeddings=True,
+                            time_step_limit=(0.0, 1000.0), time_step_rank="auto")
+    mx.random.seed(seed)
+    model = mamba2.Model(args)
+    model.update(tree_map(lambda w: w * scale, model.parameters()))
+    mx.eval(model.parameters())
+    return model
+
+
+def test_sampling_on_a_recurrent_target_matches_its_law():
+    """Speculative sampling with K=2 on a Mamba target (rejections rewind its state) keeps the exact law."""
+    target, draft = tiny_mamba(1, 3.0), tiny(0, 1.5)
+    ok, stat, crit = check(target, ModelDrafter(draft, V, min_confidence=0.0), dict(temp=1.0))
+    assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
