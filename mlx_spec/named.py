@@ -35,7 +35,7 @@ def load_model(spec: str, log: Log = _quiet):
 
 def make_drafter(spec: Optional[str], target, tokenizer, *, num_draft: Optional[int] = None,
                  min_confidence: Optional[float] = None, loaded: Optional[Dict[str, Tuple]] = None,
-                 log: Log = _quiet):
+                 log: Log = _quiet, subset_head: bool = True):
     """A drafter from any spec (see `gen.registry`), loading draft models by name.
 
     loaded: {model spec: (model, tokenizer)} already in memory, so a draft is never loaded twice.
@@ -45,7 +45,8 @@ def make_drafter(spec: Optional[str], target, tokenizer, *, num_draft: Optional[
             return loaded[name]
         return load_model(name, log)[:2]
 
-    return registry.build(spec, target, tokenizer, load=load, num_draft=num_draft, min_confidence=min_confidence)
+    return registry.build(spec, target, tokenizer, load=load, num_draft=num_draft, min_confidence=min_confidence,
+                          subset_head=subset_head)
 
 
 def short_name(spec: Optional[str]) -> str:

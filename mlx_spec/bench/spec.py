@@ -11,8 +11,9 @@ from .prompts import WARMUP_PROMPT, Prompt, build, chat_ids
 from .report import spec_markdown, summarize
 
 BASELINE = "plain"  # our engine with no drafter: every speed ratio divides by it
-CONFIGS = ("plain", "mlx-lm", "mlx-lm-spec", "model-f32", "model-int8", "model-int4", "ngram", "suffix", "self",
-           "quant-self", "hybrid")
+CONFIGS = ("plain", "mlx-lm", "mlx-lm-spec", "model-f32", "model-f32-fullhead", "model-int8", "model-int4", "ngram",
+           "suffix", "self", "quant-self", "hybrid")
+FULL_HEAD = "-fullhead"  # a model config drafting with its whole output head (no vocabulary subset)
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFTS = {"f32": "qwen2.5-coder-0.5b", "int8": "qwen2.5-coder-0.5b-int8", "int4": "qwen2.5-coder-0.5b-int4"}
 DEFAULT_MAX_TOKENS = 128
@@ -62,7 +63,7 @@ class Config:
         t0 = time.perf_counter()
         spec = None
         if self.name.startswith("model-"):
-            spec = s.drafts[self.name.removeprefix("model-")]
+            spec = s.drafts[self.name.removeprefix("model-").removesuffix(FULL_HEAD)]
         elif self.name in ("ngram", "suffix"):
             spec = self.name
         elif self.name == "self":
@@ -89,7 +90,8 @@ class Config:
             if parse_spec(inner).kind == "model" and inner not in b.loaded:
                 model, tok, _ = load_model(inner, b.log)
                 b.loaded[inner] = (model, tok)  # one copy of each draft serves every config using it
-            self.drafter = make_drafter(spec, b.target, b.tokenizer, num_draft=self.k, loaded=b.loaded, log=b.log)
+            self.drafter = make_drafter(spec, b.target, b.tokenizer, num_draft=self.k, loaded=b.loaded, log=b.log,
+                                        subset_head=not self.name.endswith(FULL_HEAD))
         own = self.draft_model if self.draft_model is not None else _drafter_model(self.drafter)
         if own is b.target:
             own = None  # self drafting: no weights of its own

@@ -1,7 +1,7 @@
 """A separate small model drafts autoregressively with its own KV cache (e.g. an int4 0.5B for a 1.5B)."""
 
 import time
-from typing import List, Optional, Tuple
+from typing import Iterable, List, Optional, Tuple
 
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
@@ -10,6 +10,7 @@ from ...errors import GenerationError
 from .. import recurrent
 from ..cache import new_cache, rewind
 from .base import Draft, Drafter
+from .head import SURE, SubsetHead
 
 DEFAULT_K = 6  # most draft tokens per round for model and self drafters; the policy and the confidence stop draft fewer
 # Stop at a draft token the draft itself gives < 50 %. Picked from two 64-token tuning runs on the
@@ -42,10 +43,13 @@ class ModelDrafter(Drafter):
     name = "model"
 
     def __init__(self, model, vocab_size: int, real_vocab: Optional[int] = None,
-                 min_confidence: float = DEFAULT_MIN_CONFIDENCE):
+                 min_confidence: float = DEFAULT_MIN_CONFIDENCE, head_ids: Optional[Iterable[int]] = None):
         """vocab_size: the target's logits width; real_vocab: tokens the tokenizer really has
-        (ids at or above it are padding and are never drafted)."""
+        (ids at or above it are padding and are never drafted); head_ids: the base vocabulary subset of
+        greedy draft steps (`head.SubsetHead`; the context's tokens join it), None for the full head."""
         self.model = model
+        self.head = SubsetHead(model, head_ids) if head_ids is not None and SubsetHead.supports(model) else None
+        self.head_steps = [0, 0]  # greedy draft steps decided by the subset, and by the full head
         self.vocab_size = vocab_size
         self.real_vocab = real_vocab
         self.min_confidence = min_confidence
@@ -70,6 +74,8 @@ class ModelDrafter(Drafter):
         """
         if self.cache is None:
             self.cache, self._fed = self._new_cache(), []
+        if self.head is not None:
+            self.head.add(prompt)
         if len(prompt) > 1:
             self._guarded(lambda: self._sync(prompt))
         if self._step_s is None:
@@ -85,7 +91,9 @@ class ModelDrafter(Drafter):
         self.model(mx.array(tokens[1:-1] or tokens[:1])[None], cache=cache)
         mx.eval([c.state for c in cache])
         t1 = time.perf_counter()
-        mx.eval(self.model(mx.array(tokens[-1:])[None], cache=cache)[0, -1])
+        last = mx.array(tokens[-1:])[None]
+        mx.eval(self.head.subset(self.head.hidden(last, cache)) if self.head is not None
+                else self.model(last, cache=cache)[0, -1])
         t2 = time.perf_counter()
         self._catch_up_s, self._step_s = (t1 - t0) / max(1, len(tokens) - 2), t2 - t1
 
@@ -121,8 +129,8 @@ class ModelDrafter(Drafter):
             self._fed.extend(chunk)
             self.fed_total += len(chunk)
 
-    def _forward(self, tokens: List[int]) -> mx.array:
-        """Feed tokens, return the last position's logits (V,), target-aligned.
+    def _forward(self, tokens: List[int], hidden: bool = False) -> mx.array:
+        """Feed tokens, return the last position's logits (V,), target-aligned (its hidden state if `hidden`).
 
         The last ONE_PASS tokens (a short catch-up and the token the draft continues from) go through the
         model together: on a memory-bound CPU or GPU a pass over 2-8 tokens costs about what a pass over one
@@ -132,10 +140,31 @@ class ModelDrafter(Drafter):
         split = max(0, len(tokens) - ONE_PASS)
         self._feed(tokens[:split])
         last = tokens[split:]
-        logits = self.model(mx.array(last)[None], cache=self.cache)[0, -1]
+        x = mx.array(last)[None]
+        out = self.head.hidden(x, self.cache) if hidden else self.model(x, cache=self.cache)[0, -1]
         self._fed.extend(last)
         self.fed_total += len(last)
-        return self._align(logits)
+        return out if hidden else self._align(out)
+
+    def _subset_step(self, tokens: List[int]) -> Tuple[mx.array, mx.array]:
+        """(token, confidence) of a greedy step scored on the vocabulary subset, or on the full head where the
+        subset's best token is not sure."""
+        self.head.add(tokens)
+        h = self._forward(tokens, hidden=True)
+        logits = self.head.subset(h)
+        best = mx.argmax(logits)
+        conf = mx.softmax(logits.astype(mx.float32))[best]
+        tok = self.head.ids()[best]
+        mx.eval(tok, conf)
+        if conf.item() >= SURE:
+            self.head_steps[0] += 1
+            return tok, conf
+        self.head_steps[1] += 1
+        logits = self._align(self.head.full(h))
+        tok = mx.argmax(logits)
+        conf = mx.softmax(logits.astype(mx.float32))[tok]
+        mx.eval(tok, conf)
+        return tok, conf
 
     def _align(self, logits: mx.array) -> mx.array:
         """Pad or cut the draft's logits to the target's width and mask padding ids."""
@@ -172,15 +201,19 @@ class ModelDrafter(Drafter):
         tokens, rows, catch_up, behind = [], [], 0.0, len(todo) - 1
         for i in range(k):
             t0 = time.perf_counter()
-            logits = self._forward(todo)
-            if probs_fn is None:
-                probs = mx.softmax(logits.astype(mx.float32))
-                tok = mx.argmax(logits)
+            if probs_fn is None and self.head is not None:
+                tok, conf = self._subset_step(todo)
+                probs = None
             else:
-                probs = probs_fn(logits)
-                tok = mx.random.categorical(mx.log(probs))
-            conf = probs[tok]
-            mx.eval(tok, conf)
+                logits = self._forward(todo)
+                if probs_fn is None:
+                    probs = mx.softmax(logits.astype(mx.float32))
+                    tok = mx.argmax(logits)
+                else:
+                    probs = probs_fn(logits)
+                    tok = mx.random.categorical(mx.log(probs))
+                conf = probs[tok]
+                mx.eval(tok, conf)
             step = time.perf_counter() - t0
             if len(todo) == 1:  # a pure draft step: what one more drafted token costs
                 self._step_s = step if self._step_s is None else (1 - STEP_EMA) * self._step_s + STEP_EMA * step

@@ -63,7 +63,8 @@ class QuantSelfDrafter(SelfDrafter):
     name = "quant-self"
 
     def __init__(self, model, fmt: str, vocab_size: int, real_vocab: Optional[int] = None,
-                 min_confidence: float = DEFAULT_MIN_CONFIDENCE):
+                 min_confidence: float = DEFAULT_MIN_CONFIDENCE, head_ids=None):
         self.format = fmt
         quantized = quantized_copy(model, fmt)
-        super().__init__(quantized, range(len(model.model.layers)), vocab_size, real_vocab, min_confidence)
+        super().__init__(quantized, range(len(model.model.layers)), vocab_size, real_vocab, min_confidence,
+                         head_ids)

@@ -47,7 +47,7 @@ class SelfDrafter(ModelDrafter):
     name = "self"
 
     def __init__(self, model, layers: Sequence[int], vocab_size: int, real_vocab: Optional[int] = None,
-                 min_confidence: float = DEFAULT_MIN_CONFIDENCE):
+                 min_confidence: float = DEFAULT_MIN_CONFIDENCE, head_ids=None):
         model_type = getattr(getattr(model, "args", None), "model_type", "")
         if not hasattr(model, "model") or not hasattr(model.model, "layers"):
             raise UnsupportedError(f"{self.name} drafting needs an mlx-lm model with model.model.layers")
@@ -56,7 +56,7 @@ class SelfDrafter(ModelDrafter):
                                    "its layers depend on their index")
         self.layers = list(layers)
         self.target_cache = None
-        super().__init__(layer_view(model, self.layers), vocab_size, real_vocab, min_confidence)
+        super().__init__(layer_view(model, self.layers), vocab_size, real_vocab, min_confidence, head_ids)
 
     def _new_cache(self):
         raise GenerationError("self drafter used before reset(prompt, target_cache)")
@@ -105,12 +105,12 @@ class ImportanceSelfDrafter(SelfDrafter):
     """
 
     def __init__(self, model, keep: int, vocab_size: int, real_vocab: Optional[int] = None,
-                 min_confidence: float = DEFAULT_MIN_CONFIDENCE):
+                 min_confidence: float = DEFAULT_MIN_CONFIDENCE, head_ids=None):
         from ...make.layers import keep_layer_indices
 
         self.target, self.keep = model, keep
         super().__init__(model, keep_layer_indices(len(model.model.layers), keep), vocab_size, real_vocab,
-                         min_confidence)
+                         min_confidence, head_ids)
 
     def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
         from ...make.importance import block_similarity, most_important
@@ -119,4 +119,6 @@ class ImportanceSelfDrafter(SelfDrafter):
         if len(tail) >= 2:
             self.layers = most_important(block_similarity(self.target, [tail]), self.keep)
             self.model = layer_view(self.target, self.layers)
+            if self.head is not None:
+                self.head.model = self.model
         super().reset(prompt, target_cache)

@@ -1,0 +1,98 @@
+"""A draft head over a vocabulary subset: a drafted token reads a few thousand rows of the output layer, not all.
+
+The Qwen2.5-Coder 0.5B's tied embedding is 136M of its 494M parameters (27 %), and a draft step reads all of it
+to score 151,936 tokens, though the token it drafts is nearly always one of a few thousand: the tokens of the
+calibration corpus that ships with the project (`convert/calibration.txt`) and those of the current context.
+So a step scores that subset only; where the subset's best token is not sure (below SURE, as a share of the
+subset's probability mass), the full head scores that step. Lossless regardless: the target verifies every
+drafted token, so a subset that misses the best token only costs acceptance. Greedy drafting only: a sampled
+draft needs the whole distribution it was drawn from.
+
+mlx-lm models end in `model.model` (hidden states after the final norm) and a head (`lm_head`, or the tied
+embedding's `as_linear`); a model whose own output differs from that (a logit soft-cap, a scale) is detected
+by a probe on two tokens and keeps its full head. Written here because mlx-lm has no partial output head.
+"""
+
+from typing import Iterable, List, Optional, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+
+SURE = 0.9  # the subset's best token is drafted without the full head when it holds this share of the subset
+
+
+def _head(model):
+    """The module that maps hidden states to logits, or None if the model is not laid out as expected."""
+    if getattr(getattr(model, "args", None), "tie_word_embeddings", False) or not hasattr(model, "lm_head"):
+        inner = getattr(model, "model", None)
+        return getattr(inner, "embed_tokens", None)
+    return model.lm_head
+
+
+def _rows(layer, h: mx.array, ids: Optional[mx.array]) -> mx.array:
+    """h @ W[ids].T for a (quantized) linear or embedding layer; every row when ids is None."""
+    if isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        pick = (lambda a: a[ids]) if ids is not None else (lambda a: a)
+        biases = layer.get("biases")
+        out = mx.quantized_matmul(h, pick(layer.weight), pick(layer.scales),
+                                  pick(biases) if biases is not None else None, transpose=True,
+                                  group_size=layer.group_size, bits=layer.bits, mode=getattr(layer, "mode", "affine"))
+    else:
+        w = layer.weight if ids is None else layer.weight[ids]
+        out = h @ w.T
+    bias = layer.get("bias") if isinstance(layer, nn.Linear) else None
+    if bias is not None:
+        out = out + (bias if ids is None else bias[ids])
+    return out
+
+
+class SubsetHead:
+    """Hidden states from `model.model`, logits from all rows of the head or from a subset of them."""
+
+    def __init__(self, model, base_ids: Iterable[int]):
+        self.model, self.layer = model, _head(model)
+        self._ids: List[int] = sorted(set(int(i) for i in base_ids))
+        self._seen = set(self._ids)
+        self._array: Optional[mx.array] = None
+
+    @staticmethod
+    def supports(model) -> bool:
+        """Whether `model`'s output equals its head applied to `model.model`'s output (probed on two tokens)."""
+        layer = _head(model)
+        if layer is None or not callable(getattr(model, "model", None)) or not hasattr(layer, "weight"):
+            return False
+        x = mx.array([[1, 2]])
+        try:
+            full = model(x)
+            mine = _rows(layer, model.model(x), None)
+        except Exception:  # an unexpected layout: keep the full head
+            return False
+        return full.shape == mine.shape and mx.allclose(full, mine, rtol=1e-3, atol=1e-3).item()
+
+    def add(self, tokens: Sequence[int]) -> None:
+        """Put tokens (of the context) in the subset."""
+        new = [t for t in tokens if t not in self._seen]
+        if new:
+            self._seen.update(new)
+            self._ids.extend(new)
+            self._array = None
+
+    @property
+    def size(self) -> int:
+        return len(self._ids)
+
+    def ids(self) -> mx.array:
+        if self._array is None:
+            self._array = mx.array(self._ids, dtype=mx.uint32)
+        return self._array
+
+    def hidden(self, tokens: mx.array, cache) -> mx.array:
+        """The last position's hidden state (d,) after feeding `tokens` (1, L)."""
+        return self.model.model(tokens, cache=cache)[0, -1]
+
+    def full(self, h: mx.array) -> mx.array:
+        return _rows(self.layer, h, None)
+
+    def subset(self, h: mx.array) -> mx.array:
+        """Logits of the subset's tokens, in the order of `ids()`."""
+        return _rows(self.layer, h, self.ids())

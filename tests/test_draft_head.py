@@ -1,0 +1,94 @@
+"""The vocabulary-subset draft head: the same logits on its rows, the full head where unsure, lossless drafts."""
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from mlx_spec.gen.drafters.head import SubsetHead
+from mlx_spec.gen.drafters.model import ModelDrafter
+from mlx_spec.gen.drafters.self_draft import SelfDrafter
+from mlx_spec.gen.registry import build, head_ids
+from mlx_spec.named import load_model
+
+from test_speculative import PROMPTS, plain_greedy, spec
+
+
+@pytest.fixture(scope="module")
+def models(tiny_models):
+    return {k: load_model(str(tiny_models[k]))[:2] for k in ("qwen2", "qwen2_draft", "llama")}
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama"])  # a tied head and an lm_head
+@pytest.mark.parametrize("quantized", [False, True])
+def test_subset_rows_equal_the_full_head(models, name, quantized):
+    model, _ = models[name]
+    if quantized:
+        import copy
+        model = copy.deepcopy(model)
+        nn.quantize(model, group_size=32, bits=8)
+    assert SubsetHead.supports(model)
+    head = SubsetHead(model, [5, 1, 200, 7])
+    head.add([9, 5, 3])
+    assert head.size == 6
+    h = model.model(mx.array([[3, 4, 5]]))[0, -1]
+    full = model(mx.array([[3, 4, 5]]))[0, -1]
+    assert mx.allclose(head.subset(h), full[head.ids()], atol=1e-4).item()
+    assert mx.allclose(head.full(h), full, atol=1e-4).item()
+
+
+def test_a_model_whose_output_is_not_its_head_keeps_the_full_head(models):
+    model, _ = models["qwen2"]
+
+    class Scaled(type(model)):  # a soft-capped or scaled output, like some architectures have
+        def __call__(self, inputs, cache=None, **kw):
+            return 2.0 * super().__call__(inputs, cache=cache, **kw)
+
+    scaled = Scaled(model.args)
+    scaled.update(model.parameters())
+    assert not SubsetHead.supports(scaled)
+    assert ModelDrafter(scaled, model.args.vocab_size, head_ids=[1, 2]).head is None
+
+
+@pytest.mark.parametrize("ids", [range(320), [0, 1, 2]])  # every token (never unsure of a missing one), and few
+def test_greedy_drafts_with_a_subset_head_are_lossless(models, ids):
+    model, tok = models["qwen2"]
+    v = model.args.vocab_size
+    for make in (lambda: ModelDrafter(models["qwen2_draft"][0], v, min_confidence=0.0, head_ids=ids),
+                 lambda: SelfDrafter(model, [0, 3], v, min_confidence=0.0, head_ids=ids)):
+        for text in PROMPTS:
+            prompt = tok.encode(text)
+            d = make()
+            out, stats = spec(model, prompt, d, max_tokens=30, num_draft=4, adaptive=False)
+            assert out == plain_greedy(model, prompt, 30)
+            assert stats.proposed > 0 and sum(d.head_steps) > 0
+
+
+def test_a_full_subset_drafts_what_the_full_head_drafts(models):
+    model, tok = models["qwen2"]
+    v = model.args.vocab_size
+    prompt = tok.encode(PROMPTS[0])
+    drafts = []
+    for ids in (None, range(v)):
+        d = ModelDrafter(models["qwen2_draft"][0], v, min_confidence=0.0, head_ids=ids)
+        d.reset(prompt)
+        drafts.append(d.propose(prompt, 6).tokens)
+    assert drafts[0] == drafts[1] and len(drafts[0]) == 6
+
+
+def test_a_tiny_subset_defers_to_the_full_head_when_unsure(models):
+    model, tok = models["qwen2"]
+    v = model.args.vocab_size
+    prompt = tok.encode(PROMPTS[1])
+    d = ModelDrafter(models["qwen2_draft"][0], v, min_confidence=0.0, head_ids=[0, 1])
+    d.reset(prompt)
+    d.propose(prompt, 6)
+    assert d.head_steps[1] > 0  # the subset's best token was not sure at some step: the full head decided
+
+
+def test_registry_gives_model_and_self_drafters_the_calibration_subset(models):
+    model, tok = models["qwen2"]
+    ids = head_ids(tok, len(tok.get_vocab()))
+    assert len(ids) > 50 and all(0 <= i < len(tok.get_vocab()) for i in ids)
+    assert build("self", model, tok).head.size >= len(ids)
+    assert build("self", model, tok, subset_head=False).head is None
+    assert build("hybrid", model, tok).fallback.head is not None
