@@ -42,7 +42,7 @@ def test_parse_errors(spec, match):
 def test_default_k_lives_in_one_place():
     assert registry.DEFAULT_K == {"model": model_drafter.DEFAULT_K, "self": model_drafter.DEFAULT_K,
                                   "quant-self": model_drafter.DEFAULT_K, "ngram": ngram.DEFAULT_K,
-                                  "suffix": suffix.DEFAULT_K, "hybrid": ngram.DEFAULT_K}
+                                  "suffix": suffix.DEFAULT_K, "hybrid": suffix.DEFAULT_K}
     for spec, kind in (("ngram", "ngram"), ("hybrid:x", "hybrid"), ("self:3", "self"), ("some/model", "model"),
                        ("quant-self:int8", "quant-self")):
         assert registry.default_num_draft(spec) == registry.DEFAULT_K[kind]

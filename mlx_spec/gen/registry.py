@@ -10,7 +10,7 @@ from .drafters.base import Drafter
 
 # Most draft tokens per round, by kind: the one place these defaults live.
 DEFAULT_K = {"model": _model.DEFAULT_K, "self": _model.DEFAULT_K, "quant-self": _model.DEFAULT_K,
-             "ngram": _ngram.DEFAULT_K, "suffix": _suffix.DEFAULT_K, "hybrid": _ngram.DEFAULT_K}
+             "ngram": _ngram.DEFAULT_K, "suffix": _suffix.DEFAULT_K, "hybrid": _suffix.DEFAULT_K}
 KINDS = ("none", "ngram", "suffix", "self", "quant-self", "hybrid", "model")
 NGRAM_N = (2, 16)  # the longest n-gram `ngram:N` may ask for
 
@@ -39,6 +39,10 @@ def parse(spec: Optional[str]) -> DrafterSpec:
     if spec in ("ngram", "suffix"):
         return DrafterSpec(spec)
     head, sep, arg = spec.partition(":")
+    if head == "suffix":  # suffix:shared, with the process's memory of earlier outputs
+        if arg != "shared":
+            raise GenerationError(f"'{spec}': the suffix drafter takes ':shared' or nothing")
+        return DrafterSpec("suffix", arg)
     if head == "ngram":  # ngram:N, the longest n-gram (ANPD's N)
         if not (arg.isdigit() and NGRAM_N[0] <= int(arg) <= NGRAM_N[1]):
             raise GenerationError(f"'{spec}': N must be an integer in [{NGRAM_N[0]}, {NGRAM_N[1]}] (e.g. 'ngram:5')")
@@ -114,14 +118,17 @@ def build(spec: Optional[str], target, tokenizer, *, load: Optional[Loader] = No
     width, real = vocab_width(target), len(tokenizer.get_vocab())
     subset = head_ids(tokenizer, real) if subset_head and s.kind in ("self", "quant-self", "model") else None
     if s.kind == "suffix":
-        return _suffix.SuffixDrafter(k=num_draft or DEFAULT_K["suffix"])
+        return _suffix.SuffixDrafter(k=num_draft or DEFAULT_K["suffix"],
+                                     memory=_suffix.PROCESS_MEMORY if s.arg == "shared" else None)
     if s.kind == "ngram":
         n = int(s.arg) if s.arg else _ngram.DEFAULT_N
         return NGramDrafter(n=n, k=num_draft or DEFAULT_K["ngram"], min_n=min(_ngram.DEFAULT_MIN_N, n))
     if s.kind == "hybrid":
         inner = build(s.arg or "self", target, tokenizer, load=load, num_draft=num_draft, min_confidence=conf,
                       subset_head=subset_head)
-        return HybridDrafter(NGramDrafter(k=num_draft or DEFAULT_K["ngram"]), inner)
+        return HybridDrafter(NGramDrafter(k=num_draft or DEFAULT_K["ngram"]), inner,
+                             [_suffix.SuffixDrafter(k=num_draft or DEFAULT_K["suffix"])],
+                             fallback_k=num_draft or DEFAULT_K[inner.name])
     if s.kind == "quant-self":
         return QuantSelfDrafter(target, s.arg or DEFAULT_FORMAT, width, real, min_confidence=conf, head_ids=subset)
     if s.kind == "self":

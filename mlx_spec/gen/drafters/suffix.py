@@ -9,10 +9,16 @@ empirical probability (occurrences of the longer string over occurrences of the 
 along the draft falls under MIN_SCORE. On code edits, where the answer copies long stretches of the
 input, a long sure match drafts long.
 
+Memory across requests (vLLM's suffix decoding and llama.cpp's ngram-mod have it, mlx-lm has not): with
+`memory` (`suffix:shared` uses the process's `PROCESS_MEMORY`), every finished generation's output joins a
+second automaton shared by all drafters of the process, and a round drafts from whichever of the context and
+the memory holds the longer match. A server answering similar requests drafts from its earlier answers.
+
 No maintained Python library builds a suffix automaton incrementally with occurrence counts over
 integer tokens, so it is written here (the textbook construction, plus a counter walk).
 """
 
+import threading
 from typing import Dict, List, Optional, Set, Tuple
 
 from ...errors import GenerationError
@@ -23,6 +29,9 @@ ALPHA = 2.0  # draft at most ALPHA * match length tokens
 MIN_MATCH = 2  # a shorter match is a coincidence, not a copy
 MIN_SCORE = 0.1  # stop where the product of the continuation probabilities falls below this
 COUNT_WALK = 64  # suffix-link steps per token spent on occurrence counts (bounds a repetitive text's cost)
+MEMORY_TOKENS = 200_000  # tokens a memory keeps (about 100 MB of automaton); past it, the older half goes
+MATCH_TAIL = 64  # context tokens matched against a memory each round (a longer match drafts no longer)
+SEPARATOR = -1  # between the outputs in a memory: no match runs across two, and no draft past one
 
 
 class SuffixIndex:
@@ -76,17 +85,60 @@ class SuffixIndex:
         v = self.link[self.last] if self.last else 0
         return (v, self.length[v]) if v > 0 else (0, 0)
 
+    def match_tail(self, tail: List[int]) -> Tuple[int, int]:
+        """(state, length) of the longest suffix of `tail` that occurs in the text; (0, 0) if none."""
+        v, n = 0, 0
+        for t in tail:
+            while v and t not in self.next[v]:
+                v = self.link[v]
+                n = self.length[v]
+            if t in self.next[v]:
+                v, n = self.next[v][t], n + 1
+        return (v, n) if n else (0, 0)
+
     def continuation(self, state: int, k: int) -> List[int]:
         """Up to k tokens following `state` by the most frequent transition each step, while sure enough."""
         out, score = [], 1.0
         while len(out) < k and self.next[state]:
             token, child = max(self.next[state].items(), key=lambda kv: self.count[kv[1]])
             score *= self.count[child] / max(1, self.count[state])
-            if score < MIN_SCORE:
+            if score < MIN_SCORE or token == SEPARATOR:
                 break
             out.append(token)
             state = child
         return out
+
+
+class SuffixMemory:
+    """Earlier outputs, shared by the drafters of a process (a server's requests, a chat's turns)."""
+
+    def __init__(self, max_tokens: int = MEMORY_TOKENS):
+        self.max_tokens, self.index, self._lock = max_tokens, SuffixIndex(), threading.Lock()
+
+    def add(self, output: List[int]) -> None:
+        if not output:
+            return
+        with self._lock:
+            text = self.index.tokens
+            if len(text) + len(output) + 1 > self.max_tokens:  # keep the newer half (whole outputs)
+                keep = text[len(text) // 2:]
+                keep = keep[keep.index(SEPARATOR) + 1:] if SEPARATOR in keep else []
+                self.index = SuffixIndex()
+                for t in keep:
+                    self.index.extend(t)
+            for t in list(output[-self.max_tokens // 2:]) + [SEPARATOR]:
+                self.index.extend(t)
+
+    def draft(self, context: List[int], k: int, min_match: int, alpha: float) -> Tuple[int, List[int]]:
+        """(match length, draft) from the memory for the context's suffix."""
+        with self._lock:
+            state, length = self.index.match_tail(context[-MATCH_TAIL:])
+            if length < min_match:
+                return length, []
+            return length, self.index.continuation(state, min(k, max(1, int(alpha * length))))
+
+
+PROCESS_MEMORY = SuffixMemory()  # what `suffix:shared` remembers
 
 
 class SuffixDrafter(Drafter):
@@ -94,16 +146,21 @@ class SuffixDrafter(Drafter):
 
     name = "suffix"
 
-    def __init__(self, k: int = DEFAULT_K, alpha: float = ALPHA, min_match: int = MIN_MATCH):
+    def __init__(self, k: int = DEFAULT_K, alpha: float = ALPHA, min_match: int = MIN_MATCH,
+                 memory: Optional[SuffixMemory] = None):
         if k <= 0:
             raise GenerationError(f"suffix: k must be >= 1, got {k}")
         if alpha <= 0 or min_match < 1:
             raise GenerationError("suffix: alpha must be > 0 and min_match >= 1")
-        self.k, self.alpha, self.min_match = k, alpha, min_match
+        self.k, self.alpha, self.min_match, self.memory = k, alpha, min_match, memory
         self.index = SuffixIndex()
+        self._prompt_len: Optional[int] = None  # where the current generation's output starts in the index
 
     def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
+        if self.memory is not None and self._prompt_len is not None:  # the last generation's output is final
+            self.memory.add(self.index.tokens[self._prompt_len:])
         self._sync(prompt)
+        self._prompt_len = len(prompt)
 
     def _sync(self, context: List[int]) -> None:
         """Index what the context adds; start over when it is not an extension (a session's edited turn)."""
@@ -118,9 +175,14 @@ class SuffixDrafter(Drafter):
     def _draft(self, context: List[int], k: int) -> List[int]:
         self._sync(context)
         state, length = self.index.match()
+        k = min(k, self.k)
+        if self.memory is not None:
+            remembered, draft = self.memory.draft(context, k, self.min_match, self.alpha)
+            if remembered > length:
+                return draft
         if length < self.min_match:
             return []
-        return self.index.continuation(state, min(k, self.k, max(1, int(self.alpha * length))))
+        return self.index.continuation(state, min(k, max(1, int(self.alpha * length))))
 
     def sources(self, context: List[int]) -> Dict[str, int]:
         n = len(self._draft(context, self.k))
