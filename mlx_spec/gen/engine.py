@@ -236,7 +236,12 @@ def speculative_generate_step(
             draft.tokens = draft.tokens[:k]
             n = len(draft.tokens)
             t1 = time.perf_counter()
-            logits = model(mx.array([context[-1]] + draft.tokens)[None], cache=cache)[0]  # (n+1, V)
+            if draft.verify is not None:  # the drafter ran part of the verify pass already
+                logits = draft.verify([context[-1]] + draft.tokens)
+            else:
+                if drafter is not None and cache_tokens(cache) != base - 1:
+                    rewind(cache, base - 1)  # a draft left entries it did not hand over: the target writes its own
+                logits = model(mx.array([context[-1]] + draft.tokens)[None], cache=cache)[0]  # (n+1, V)
             if probs_fn is None:
                 a, nxt = verify_greedy(logits, draft.tokens)
             else:

@@ -1,7 +1,7 @@
 """The one interface every drafter implements; the verifier never knows which drafter it has."""
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import mlx.core as mx
 
@@ -19,12 +19,16 @@ class Draft:
     drafting (a draft model feeding the catch_up_tokens it had not seen: the prompt on its first
     round, the tokens accepted since it last ran after that); the policy costs it per token behind,
     not per drafted token.
+    verify: the verify pass for this draft when the drafter has done part of it (a first-L self draft):
+    given [last context token] + tokens, the target's logits for them, as model() would give; None: the
+    engine runs the target (and first rewinds anything a drafter left in the target's cache).
     """
 
     tokens: List[int]
     probs: Optional[mx.array] = None
     catch_up_s: float = 0.0
     catch_up_tokens: int = 0
+    verify: Optional[Callable[[List[int]], mx.array]] = None
 
 
 class Drafter:

@@ -46,6 +46,11 @@ def _rows(layer, h: mx.array, ids: Optional[mx.array]) -> mx.array:
     return out
 
 
+def output_logits(model, h: mx.array) -> mx.array:
+    """`model`'s head applied to the final-norm hidden state h."""
+    return _rows(_head(model), h, None)
+
+
 class SubsetHead:
     """Hidden states from `model.model`, logits from all rows of the head or from a subset of them."""
 

@@ -80,7 +80,7 @@ class HybridDrafter(Drafter):
         if probs is not None and head:  # the cheap tokens are deterministic: one-hot rows of the same width
             one_hot = mx.arange(probs.shape[-1])[None] == mx.array(head)[:, None]
             probs = mx.concatenate([one_hot.astype(probs.dtype), probs])
-        return Draft(head + tail.tokens, probs, tail.catch_up_s, tail.catch_up_tokens)
+        return Draft(head + tail.tokens, probs, tail.catch_up_s, tail.catch_up_tokens, tail.verify)
 
     def feedback(self, source: str, proposed: int, accepted: int) -> None:
         if JOIN not in source:

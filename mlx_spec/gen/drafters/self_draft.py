@@ -9,7 +9,9 @@ from ...errors import ConvertError, GenerationError, UnsupportedError
 from ...make.layers import INDEX_DEPENDENT, parse_layers as _parse
 from .. import recurrent
 from ..cache import rewind
+from . import reuse
 from .base import Draft
+from .head import output_logits
 from .model import DEFAULT_MIN_CONFIDENCE, ModelDrafter
 
 
@@ -56,6 +58,11 @@ class SelfDrafter(ModelDrafter):
                                    "its layers depend on their index")
         self.layers = list(layers)
         self.target_cache = None
+        self.whole = model
+        self.reuse_n = 0  # > 0: the layers are the first reuse_n blocks and the verify pass reuses the draft's
+        self.reused = 0  # rounds whose verify pass reused the draft's first blocks
+        self._views: dict = {}
+        self._kept: List[mx.array] = []
         super().__init__(layer_view(model, self.layers), vocab_size, real_vocab, min_confidence, head_ids)
 
     def _new_cache(self):
@@ -71,6 +78,24 @@ class SelfDrafter(ModelDrafter):
         # so that the draft passes can be trimmed like attention entries.
         if not recurrent.enable(self.model, self.cache):
             raise GenerationError(f"{self.name} drafter: the target's recurrent cache cannot be rewound")
+        n = len(self.layers)
+        first = self.layers == list(range(n)) and not recurrent.recurrent_layers(self.whole, target_cache)
+        if first and n not in self._views:
+            ok = reuse.supports(self.whole, layer_view, n)
+            self._views[n] = (reuse.prefix_view(self.whole, layer_view, n),
+                              layer_view(self.whole, range(n, len(self.whole.model.layers)))) if ok else None
+        self.reuse_n = n if first and self._views.get(n) else 0
+
+    def _forward(self, tokens: List[int], hidden: bool = False) -> mx.array:
+        """With reuse: the first blocks' pass, keeping its hidden states for the verify pass."""
+        if not self.reuse_n:
+            return super()._forward(tokens, hidden)
+        h = self._views[self.reuse_n][0].model(mx.array(tokens)[None], cache=self.cache)
+        self._kept.append(h)
+        self._fed.extend(tokens)
+        self.fed_total += len(tokens)
+        out = self.whole.model.norm(h)[0, -1]
+        return out if hidden else self._align(output_logits(self.whole, out))
 
     def lag(self, source: str, context: List[int]) -> int:
         return 0  # the target's cache is ours: nothing to catch up
@@ -82,11 +107,20 @@ class SelfDrafter(ModelDrafter):
             return Draft([])
         offset = self.target_cache[0].offset
         self._fed = list(context[:offset])  # the target cache holds exactly the context minus its last token
+        self._kept = []
         try:
             draft = super().propose(context, k, probs_fn)
-        finally:  # drop draft KV, even if interrupted: verification rewrites these positions
+        except BaseException:  # drop draft KV, even if interrupted
             rewind(self.cache, offset)
+            raise
+        finally:
             del self._fed[offset:]
+        if self.reuse_n and draft.tokens:  # the verify pass keeps these entries and starts at block reuse_n
+            prefix, suffix = self._views[self.reuse_n]
+            draft.verify = reuse.Reuse(prefix, suffix, self.target_cache, self.reuse_n, offset, self._kept)
+            self.reused += 1
+        else:  # drop draft KV: verification rewrites these positions
+            rewind(self.cache, offset)
         mx.eval([c.state for c in self.cache])
         return draft
 
