@@ -98,6 +98,18 @@ def _weights_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
 
 
+def _eval_by_module(model) -> None:
+    """Quantize one module at a time: evaluated lazily at save time, MLX's FP modes held every weight's temporaries
+    at once (converting the 1.5B float32 to mxfp4 peaked at 21 GB of RAM)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    for _, module in model.named_modules():
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            mx.eval(module.parameters())
+            mx.clear_cache()
+
+
 def convert_folder(
     src: Path,
     out,
@@ -230,6 +242,7 @@ def convert_folder(
                 return True
 
             model, config = quantize_model(model, config, group, quantize, mode=quant_mode, quant_predicate=predicate)
+            _eval_by_module(model)
             ops.append({"op": "quantize", "bits": quantize, "group_size": group, "mode": quant_mode,
                         "format": format_name(quantize, quant_mode),
                         **({"head_bits": head_bits} if head_bits is not None else {})})
