@@ -197,11 +197,21 @@ class Search:
             return False
 
     def drafter(self, c: Candidate):
-        from ..bench.variants import variant_folder
-        from ..named import make_drafter
+        from ..bench.variants import cached_variant, variant_folder
+        from ..named import load_model, make_drafter
 
         if c.kind == "variant" and not c.spec:
-            c.spec = str(variant_folder(str(self.folder), c.method, self.log))
+            if cached_variant(str(self.folder), c.method) is None:
+                # Converting needs the target's weights again plus the format's temporaries (the 1.5B float32 to
+                # mxfp4 peaks at 17 GB): the loaded target goes while it runs, so the two never add up.
+                self.model = None
+                free()
+                try:
+                    c.spec = str(variant_folder(str(self.folder), c.method, self.log))
+                finally:
+                    self.model = load_model(str(self.folder), self.log)[0]
+            else:
+                c.spec = str(variant_folder(str(self.folder), c.method, self.log))
         return make_drafter(c.spec, self.model, self.tokenizer, log=self.log)
 
     # ------------------------------------------------------------------ measuring
