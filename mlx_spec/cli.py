@@ -100,9 +100,9 @@ def convert(
 
 # The options `generate` and `chat` share: one definition each, so they mean the same in both.
 MODEL = typer.Option(DEFAULT_MODEL, help="Target: recipe, folder, .gguf or HF repo")
-DRAFT_HELP = ("Drafter: a model spec, 'ngram[:N]', 'suffix' (the longest earlier match), "
-              "'self[:LAYERS|importance[:K]]', 'quant-self[:FORMAT]' (a quantized copy of the target drafting "
-              "in its cache), 'hybrid[:D]' or 'none'")
+DRAFT_HELP = ("Drafter: a model spec, 'ngram[:N]', 'suffix[:shared]' (the longest earlier match; shared: also in "
+              "this process's earlier outputs), 'self[:LAYERS|importance[:K]]', 'quant-self[:FORMAT]' (a quantized "
+              "copy of the target drafting in its cache), 'hybrid[:D]' (n-gram, suffix and D) or 'none'")
 NUM_DRAFT = typer.Option(None, help="Max draft tokens per round K (default: "
                          + ", ".join(f"{k} {v}" for k, v in DEFAULT_K.items()) + ")")
 TEMP = typer.Option(0.0, help="Sampling temperature (0: greedy)")

@@ -22,7 +22,7 @@ def target(tiny_models):
     ("hybrid:qwen2.5-coder-0.5b", "hybrid", "qwen2.5-coder-0.5b"), ("hybrid:self:2", "hybrid", "self:2"),
     ("./models/draft", "model", "./models/draft"), ("org/name", "model", "org/name"),
     ("quant-self", "quant-self", ""), ("quant-self:mxfp4", "quant-self", "mxfp4"), ("suffix", "suffix", ""),
-    ("hybrid:quant-self:int8", "hybrid", "quant-self:int8"),
+    ("hybrid:quant-self:int8", "hybrid", "quant-self:int8"), ("suffix:shared", "suffix", "shared"),
 ])
 def test_parse(spec, kind, arg):
     s = registry.parse(spec)
@@ -33,7 +33,8 @@ def test_parse(spec, kind, arg):
                                         ("self:", "nothing after"), ("hybrid:none", "fall back"),
                                         ("ngram:1", "N must be"), ("ngram:x", "N must be"), ("ngram:", "N must be"),
                                         ("ngram:17", "N must be"), ("hybrid:ngram:3", "fall back"),
-                                        ("quant-self:", "nothing after"), ("hybrid:suffix", "fall back")])
+                                        ("quant-self:", "nothing after"), ("hybrid:suffix", "fall back"),
+                                        ("suffix:x", "takes ':shared'"), ("suffix:", "takes ':shared'")])
 def test_parse_errors(spec, match):
     with pytest.raises(GenerationError, match=match):
         registry.parse(spec)
@@ -123,3 +124,11 @@ def test_quant_self_builds_from_a_spec_and_refuses_a_quantized_target(target, ti
     qmodel, qtok, _ = load_model(str(q))
     with pytest.raises(GenerationError, match="already quantized"):
         registry.build("quant-self", qmodel, qtok)
+
+
+def test_suffix_shared_uses_the_process_memory(target):
+    from mlx_spec.gen.drafters.suffix import PROCESS_MEMORY
+
+    model, tok = target
+    assert registry.build("suffix:shared", model, tok).memory is PROCESS_MEMORY
+    assert registry.build("suffix", model, tok).memory is None
