@@ -47,7 +47,7 @@ def target(tiny_models, tmp_path):
 def test_bench_list_shows_every_builtin_suite_and_each_loads():
     r = cli("list", timeout=120)
     assert r.returncode == 0, r.stderr
-    for name in ("quick", "m3max", "roofline", "ngram", "compression", "quant-quality"):
+    for name in ("quick", "m3max", "roofline", "ngram", "compression", "quant-quality", "engine2"):
         assert any(line.split()[:1] == [name] for line in r.stdout.splitlines())
         assert suites.load(name).targets  # a built-in suite is valid as shipped
     m3 = suites.load("m3max")
@@ -73,6 +73,7 @@ def test_bench_list_shows_every_builtin_suite_and_each_loads():
     ('kind = "table"\nprompts = { prose = 9 }\n[[targets]]\nmodel = "m"\n', "'prose'"),
     ('kind = "table"\ntemps = [0.5]\n[[targets]]\nmodel = "m"\n', "'temps' belongs to quality suites"),
     ('kind = "quality"\ntemps = [0.5]\ntop_ks = [0]\n[[targets]]\nmodel = "m"\n', "'top_ks'"),
+    ('kind = "table"\ntemp = 0.5\n[[targets]]\nmodel = "m"\ndrafts = ["mlx-lm-spec:d"]\n', "'mlx-lm-spec:d'"),
 ])
 def test_a_suite_file_with_a_mistake_is_one_line_naming_the_file_and_field(tmp_path, text, field):
     path = tmp_path / "mine.toml"
@@ -113,6 +114,19 @@ def test_a_table_suite_runs_every_row_and_marks_an_unavailable_model(target, tin
     assert "unavailable: " in md and md in r.stdout
     table = [x for x in md.splitlines() if x.startswith("| ") and "Token/s" not in x and "Speed-up" not in x]
     assert table[0].split("|")[2].strip() == "N/A"  # the target alone first, as in the paper's tables
+
+
+def test_mlx_lm_speculative_decoding_is_a_row_with_its_acceptance(target, tiny_models, tmp_path):
+    """The baseline the engine must beat: mlx-lm's speculative_generate_step with the same draft, in the same run."""
+    draft = str(tiny_models["qwen2_draft"])
+    path = suite_file(tmp_path / "m.toml", target, drafts=[f"mlx-lm-spec:{draft}", draft], repeats=1)
+    runner.run_suite(str(path), str(tmp_path / "runs"))
+    [file] = list((tmp_path / "runs").glob("m-*.json"))
+    rows = {e["draft"]: e for e in json.loads(file.read_text())["summary"]}
+    mlx = rows[f"mlx-lm-spec:{draft}"]
+    assert mlx["status"] == "ok" and mlx["identical"] == mlx["compared"] == 3
+    assert mlx["proposed"] > 0 and 0 <= mlx["accepted"] <= mlx["proposed"]
+    assert mlx["draft_quant"] == "float32" and rows[draft]["status"] == "ok"
 
 
 def test_a_row_whose_outputs_differ_is_flagged_in_the_main_table(target, tiny_models, tmp_path):

@@ -197,8 +197,10 @@ def load(name_or_path: str) -> Suite:
         if not isinstance(drafts, list) or not all(isinstance(d, str) and d.strip() for d in drafts):
             raise SuiteError(f"{tw}: 'drafts' must be a list of drafter names, e.g. [\"ngram\", \"qwen2.5-coder-0.5b@int4\"]")
         for d in drafts:
+            if d.startswith("mlx-lm-spec:") and (s.temp or kind != "table"):
+                raise SuiteError(f"{tw}: '{d}' (mlx-lm's speculative decoding) runs greedy table suites only")
             if "@" in d:
-                ModelRef.parse(d.removeprefix("hybrid:"), tw)
+                ModelRef.parse(d.removeprefix("hybrid:").removeprefix("mlx-lm-spec:"), tw)
         s.targets.append(Target(ModelRef.parse(t["model"], tw), tuple(d.strip() for d in drafts)))
     return s
 

@@ -17,7 +17,8 @@ from typing import Callable, Dict, List, Optional
 from ..errors import MlxSpecError
 from ..make.progress import progress
 from . import grids
-from .common import first_mismatch, folder_sha256, free, median, ours_stream, params_gb, time_stream
+from .common import (first_mismatch, folder_sha256, free, median, mlx_lm_spec_stream, ours_stream, params_gb,
+                     rounds_from_flags, time_stream)
 from .prompts import WARMUP_PROMPT, build, chat_ids
 from .report import M3MAX_COLUMNS, _acceptance, aligned_table, improvement
 from .results import ResultFile, key
@@ -25,6 +26,15 @@ from .suite import ModelRef, Suite
 
 Log = Callable[[str], None]
 WARMUP_TOKENS = 8
+MLX_LM_SPEC = "mlx-lm-spec:"  # a draft row run by mlx-lm's own speculative_generate_step with this draft model
+MLX_LM_K = 3  # its num_draft_tokens unless the row sets K: its fastest fixed K for the Qwen pair here
+
+
+class MlxLmSpec:
+    """A row's "drafter" that is mlx-lm's speculative decoding with a draft model (the baseline to beat)."""
+
+    def __init__(self, model):
+        self.model = model
 
 
 def folder_of(ref: ModelRef, log: Log) -> Path:
@@ -39,6 +49,9 @@ def draft_folder_spec(draft: str, log: Log):
     """(the drafter spec `make_drafter` takes, the folder of its model or None): MODEL@QUANT becomes a folder."""
     from ..gen import registry
 
+    if draft.startswith(MLX_LM_SPEC):
+        folder = folder_of(ModelRef.parse(draft.removeprefix(MLX_LM_SPEC), f"draft '{draft}'"), log)
+        return draft, folder
     s = registry.parse(draft)
     if s.kind == "model" or (s.kind == "hybrid" and s.arg and registry.parse(s.arg).kind == "model"):
         folder = folder_of(ModelRef.parse(s.arg, f"draft '{draft}'"), log)
@@ -47,8 +60,8 @@ def draft_folder_spec(draft: str, log: Log):
 
 
 def spec_model(draft: str) -> str:
-    """The MODEL[@QUANT] part of a model or hybrid draft spec."""
-    return draft.removeprefix("hybrid:")
+    """The MODEL[@QUANT] part of a model, hybrid or mlx-lm-spec draft spec."""
+    return draft.removeprefix("hybrid:").removeprefix(MLX_LM_SPEC)
 
 
 class TableRun:
@@ -144,6 +157,10 @@ class TableRun:
                         "folder": str(dfolder), "weights_gb": params_gb(dmodel), "quantization": quantization(dmodel),
                         "sha256": folder_sha256(dfolder)}
                 k = row["k"] or s.num_draft
+                if spec.startswith(MLX_LM_SPEC):
+                    drafters[row["key"]] = (MlxLmSpec(loaded[str(dfolder)][0]), row["k"] or MLX_LM_K)
+                    row["draft_quant"] = quantization(loaded[str(dfolder)][0])
+                    continue
                 drafter = make_drafter(spec, model, tok, num_draft=k, loaded=loaded, log=self.log)
                 row["draft_quant"] = quantization(draft_model(drafter, model))
                 drafters[row["key"]] = (drafter, k)
@@ -180,6 +197,13 @@ class TableRun:
         s = self.suite
         temp = s.temp if row.get("temp") is None else row["temp"]  # a quality row samples its own way
         top_k = s.top_k if row.get("top_k") is None else row["top_k"]
+        if isinstance(drafter, MlxLmSpec):  # greedy only (the suite checks): mlx-lm reports flags, not stats
+            t = time_stream(lambda: mlx_lm_spec_stream(ids, model, drafter.model, max_tokens, k), max_tokens, eos)
+            if stats is not None:
+                stats.__dict__.update({key: v for key, v in rounds_from_flags(t.from_draft, k, max_tokens).items()
+                                       if key in stats.__dict__})
+                stats.spec_rounds = stats.rounds
+            return t
         return time_stream(lambda: ours_stream(ids, model, drafter, stats=stats, max_tokens=max_tokens,
                                                eos_token_ids=eos, temp=temp, top_p=s.top_p, top_k=top_k,
                                                num_draft=k, adaptive=s.adaptive), max_tokens, eos)
