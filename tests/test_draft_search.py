@@ -42,6 +42,25 @@ def test_a_planted_good_draft_ranks_above_a_planted_bad_one(tiny_models, home):
     assert "good" in result.table() and "avg accepted (K=5)" in result.table()
 
 
+def test_the_hybrid_of_the_first_paying_draft_is_measured_next(tiny_models, home, monkeypatch):
+    """The hybrid must not wait behind weaker candidates that use up the budget: the order is asserted with
+    the measurements' outcomes planted (their real timing on tiny models is noise)."""
+    plant("good", tiny_models["qwen2"])
+    plant("bad", tiny_models["qwen2_draft"])
+    order, planted = [], {"good": 1.5, "hybrid:good": 1.7}
+
+    def full(self, c):
+        order.append(c.name)
+        c.speedup, c.identical, c.status = planted.get(c.name, 0.8), True, "measured"
+
+    monkeypatch.setattr(ds.Search, "full", full)
+    search = ds.Search(str(tiny_models["qwen2"]), budget_minutes=10, prompts=1, max_tokens=6, methods=[])
+    search.load()
+    result = search.search()
+    assert order.count("hybrid:good") == 1 and order.index("hybrid:good") == order.index("good") + 1
+    assert "hybrid:bad" not in order and result.recommended == "hybrid:good"
+
+
 def test_a_rerun_reuses_the_drafts_it_built(tiny_models, home):
     search = ds.Search(str(tiny_models["qwen2"]), budget_minutes=10, prompts=1, max_tokens=6, methods=["layers-half"])
     search.load()

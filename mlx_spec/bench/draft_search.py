@@ -14,8 +14,9 @@ MLX's int4 slow, on Metal int4 is fast), so it is measured here instead of guess
    average accepted tokens at K = 5 (Figure 2 of the paper), and the end-to-end speed-up of the
    engine (adaptive, as users run it) against plain decoding run right after it on the same prompt.
 4. The best one measured is recommended; a converted draft is saved as a user recipe (and its
-   folder) so that `mlx-spec chat --draft NAME` uses it; a hybrid of the n-gram and the best model
-   draft is measured too when time allows.
+   folder) so that `mlx-spec chat --draft NAME` uses it. The hybrid (n-gram + suffix + a draft model) of
+   the first draft model that beats plain decoding is measured right after it, and that of the final
+   best one at the end, while time allows.
 
 Drafts converted for the search are cached (`bench.variants.variant_folder`), so a rerun reuses them.
 Algorithms return data; the CLI prints.
@@ -292,16 +293,33 @@ class Search:
             free()
             if progress:
                 progress(c)
+            if self._best(cands) is c and not any(x.kind == "hybrid" for x in cands):
+                # The first draft model that pays gets its hybrid measured at once: copy-heavy prompts make the
+                # hybrid the likeliest winner, and the weaker candidates after it must not use up its time.
+                self._hybrid(c, progress)
         best = self._best(cands)
-        if best is not None and best.kind in ("variant", "recipe") and self.left() > self.cost_of(best, full=True):
-            hybrid = Candidate(f"hybrid:{best.name}", "hybrid", f"hybrid:{best.spec}", size_gb=best.size_gb)
-            cands.append(hybrid)
-            self.full(hybrid)
+        if best is not None and best.kind in ("variant", "recipe"):
+            self._hybrid(best, progress)
             best = self._best(cands)
         result = self.result(best)
         if best is None:
             notes.append("no candidate was faster than plain decoding on this machine: use no --draft")
         return result
+
+    def _hybrid(self, inner: Candidate, progress=None) -> None:
+        """Measure the hybrid (n-gram + suffix + `inner`, a draft model) if it is not yet and time allows."""
+        name = f"hybrid:{inner.name}"
+        if inner.kind not in ("variant", "recipe") or any(c.name == name for c in self.cands):
+            return
+        if self.left() < self.cost_of(inner, full=True):
+            self.notes.append(f"{name} not measured: budget")
+            return
+        hybrid = Candidate(name, "hybrid", f"hybrid:{inner.spec}", size_gb=inner.size_gb)
+        self.cands.append(hybrid)
+        self.full(hybrid)
+        free()
+        if progress:
+            progress(hybrid)
 
     def result(self, best: Optional[Candidate] = None) -> SearchResult:
         """The search so far (every candidate, measured or not) with `best` recommended."""
