@@ -78,6 +78,19 @@ def test_joined_rounds_are_lossless(pair):
     assert Joined.chosen > 0
 
 
+@pytest.mark.parametrize("stop_at", [2, 9, 17])
+def test_eos_and_max_tokens_inside_long_joined_drafts(pair, stop_at):
+    (model, tok), draft = pair
+    prompt = tok.encode(REPEAT)
+    ref = plain_greedy(model, prompt, 40)
+    eos = ref[stop_at]
+    out, _ = spec(model, prompt, hybrid(model, draft), max_tokens=40, eos_token_ids=[eos],
+                  policy=Joined(24, adaptive=False))
+    assert out == ref[: ref.index(eos) + 1]
+    out, _ = spec(model, prompt, hybrid(model, draft), max_tokens=stop_at, policy=Joined(24, adaptive=False))
+    assert out == ref[:stop_at]
+
+
 def test_registry_hybrid_has_the_suffix_source_and_caps_the_model(pair):
     (model, tok), _ = pair
     d = build("hybrid", model, tok)

@@ -2,8 +2,6 @@
 
 import mlx.core as mx
 import pytest
-from mlx.utils import tree_map
-from mlx_lm.models import qwen2
 
 from mlx_spec.gen.cache import cache_tokens, new_cache
 from mlx_spec.gen.drafters.base import Drafter
@@ -15,7 +13,7 @@ from mlx_spec.gen.engine import speculative_generate_step
 from mlx_spec.named import load_model
 
 from test_hybrid import REPEAT, Joined
-from test_sampling import V, check
+from test_sampling import V, check, tiny
 from test_speculative import PROMPTS, plain_greedy, spec
 
 
@@ -95,19 +93,8 @@ def test_the_cache_is_consistent_after_each_generation(target):
     assert cache_tokens(cache) == len(prompt) + len(out) - 1
 
 
-def two_layer(seed, scale):
-    args = qwen2.ModelArgs(model_type="qwen2", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
-                           num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-6, vocab_size=V,
-                           rope_theta=10000.0, max_position_embeddings=64, tie_word_embeddings=True)
-    mx.random.seed(seed)
-    model = qwen2.Model(args)
-    model.update(tree_map(lambda w: w * scale, model.parameters()))
-    mx.eval(model.parameters())
-    return model
-
-
 def test_sampling_with_reuse_keeps_the_target_law():
-    target = two_layer(1, 3.0)
+    target = tiny(1, 3.0, layers=2)
     ok, stat, crit = check(target, SelfDrafter(target, [0], V, min_confidence=0.0), dict(temp=1.0))
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 

@@ -21,15 +21,20 @@ N_TOKENS = 3  # max_tokens=3 lets the first round draft K=2: draft positions 1 a
 PROMPT = [1, 3, 2]
 
 
-def tiny(seed, scale):
-    args = qwen2.ModelArgs(model_type="qwen2", hidden_size=32, num_hidden_layers=1, intermediate_size=64,
-                           num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-6, vocab_size=V,
-                           rope_theta=10000.0, max_position_embeddings=64, tie_word_embeddings=True)
+def randomized(model_class, args, seed, scale):
+    """A model of random weights (seeded), scaled so that its distributions are spread or peaked."""
     mx.random.seed(seed)
-    model = qwen2.Model(args)
+    model = model_class(args)
     model.update(tree_map(lambda w: w * scale, model.parameters()))
     mx.eval(model.parameters())
     return model
+
+
+def tiny(seed, scale, layers=1):
+    args = qwen2.ModelArgs(model_type="qwen2", hidden_size=32, num_hidden_layers=layers, intermediate_size=64,
+                           num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-6, vocab_size=V,
+                           rope_theta=10000.0, max_position_embeddings=64, tie_word_embeddings=True)
+    return randomized(qwen2.Model, args, seed, scale)
 
 
 @pytest.fixture(scope="module")

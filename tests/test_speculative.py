@@ -127,25 +127,25 @@ def test_same_model_as_draft_accepts_everything(target):
     assert all(p == 1.0 for p in stats.acceptance_by_position())
 
 
-@pytest.mark.parametrize("stop_at", [1, 5, 6])
-def test_eos_inside_a_draft_stops_where_plain_does(target, stop_at):
+@pytest.mark.parametrize("stop_at,k", [(1, 8), (5, 8), (6, 8), (17, 24), (23, 24)])  # 24: a long suffix draft's K
+def test_eos_inside_a_draft_stops_where_plain_does(target, stop_at, k):
     model, tok = target
     prompt = tok.encode(PROMPTS[1])
     ref = plain_greedy(model, prompt, 30)
     eos = ref[stop_at]
     expected = ref[: ref.index(eos) + 1]
     out, stats = spec(model, prompt, ModelDrafter(model, model.args.vocab_size, min_confidence=0.0), max_tokens=30,
-                      num_draft=8, eos_token_ids=[eos], adaptive=False)
+                      num_draft=k, eos_token_ids=[eos], adaptive=False)
     assert out == expected
     assert stats.proposed > len(expected) - 1  # the EOS really was inside a draft
 
 
-@pytest.mark.parametrize("max_tokens", [1, 2, 6, 9])
-def test_max_tokens_inside_a_draft(target, max_tokens):
+@pytest.mark.parametrize("max_tokens,k", [(1, 4), (2, 4), (6, 4), (9, 4), (13, 24), (25, 24)])
+def test_max_tokens_inside_a_draft(target, max_tokens, k):
     model, tok = target
     prompt = tok.encode(PROMPTS[0])
     out, _ = spec(model, prompt, ModelDrafter(model, model.args.vocab_size, min_confidence=0.0), max_tokens=max_tokens,
-                  num_draft=4, adaptive=False)
+                  num_draft=k, adaptive=False)
     assert out == plain_greedy(model, prompt, max_tokens)
 
 
