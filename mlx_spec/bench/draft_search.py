@@ -312,7 +312,8 @@ class Search:
         if inner.kind not in ("variant", "recipe") or any(c.name == name for c in self.cands):
             return
         if self.left() < self.cost_of(inner, full=True):
-            self.notes.append(f"{name} not measured: budget")
+            if (note := f"{name} not measured: budget") not in self.notes:  # asked early, and again at the end
+                self.notes.append(note)
             return
         hybrid = Candidate(name, "hybrid", f"hybrid:{inner.spec}", size_gb=inner.size_gb)
         self.cands.append(hybrid)
