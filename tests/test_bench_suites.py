@@ -72,6 +72,8 @@ def test_bench_list_shows_every_builtin_suite_and_each_loads():
     ('kind = "compression"\n[[targets]]\nmodel = "m"\n', "'k'"),
     ('kind = "table"\nprompts = { prose = 9 }\n[[targets]]\nmodel = "m"\n', "'prose'"),
     ('kind = "table"\ntemps = [0.5]\n[[targets]]\nmodel = "m"\n', "'temps' belongs to quality suites"),
+    ('kind = "table"\nbandwidth_gb = 0.1\n[[targets]]\nmodel = "m"\n', "'bandwidth_gb' belongs to roofline"),
+    ('kind = "roofline"\nbandwidth_gb = 0\n[[targets]]\nmodel = "m"\n', "'bandwidth_gb'"),
     ('kind = "quality"\ntemps = [0.5]\ntop_ks = [0]\n[[targets]]\nmodel = "m"\n', "'top_ks'"),
     ('kind = "table"\ntemp = 0.5\n[[targets]]\nmodel = "m"\ndrafts = ["mlx-lm-spec:d"]\n', "'mlx-lm-spec:d'"),
 ])
@@ -120,13 +122,23 @@ def test_mlx_lm_speculative_decoding_is_a_row_with_its_acceptance(target, tiny_m
     """The baseline the engine must beat: mlx-lm's speculative_generate_step with the same draft, in the same run."""
     draft = str(tiny_models["qwen2_draft"])
     path = suite_file(tmp_path / "m.toml", target, drafts=[f"mlx-lm-spec:{draft}", draft], repeats=1)
-    runner.run_suite(str(path), str(tmp_path / "runs"))
-    [file] = list((tmp_path / "runs").glob("m-*.json"))
-    rows = {e["draft"]: e for e in json.loads(file.read_text())["summary"]}
+    result = runner.run_suite(str(path), str(tmp_path / "runs"))
+    data = json.loads(result.path.read_text())
+    rows = {e["draft"]: e for e in data["summary"]}
     mlx = rows[f"mlx-lm-spec:{draft}"]
     assert mlx["status"] == "ok" and mlx["identical"] == mlx["compared"] == 3
     assert mlx["proposed"] > 0 and 0 <= mlx["accepted"] <= mlx["proposed"]
     assert mlx["draft_quant"] == "float32" and rows[draft]["status"] == "ok"
+    # Each draft against that baseline, per prompt set, on the same prompts: tokens/s over tokens/s.
+    vs = rows[draft]["vs_reference"]
+    assert vs["draft"] == f"mlx-lm-spec:{draft}" and set(vs["by_set"]) == {"humaneval", "prose"}
+    tps = lambda row, name: (sum(r["n_tokens"] for r in data["records"] if r["row"] == row and r["set"] == name)  # noqa: E731
+                             / sum(r["total"] for r in data["records"] if r["row"] == row and r["set"] == name))
+    for name in ("humaneval", "prose"):
+        assert vs["by_set"][name]["speedup"] == pytest.approx(tps(rows[draft]["key"], name) / tps(mlx["key"], name))
+        assert vs["by_set"][name]["compared"] == {"humaneval": 1, "prose": 2}[name]
+    md = result.md_path.read_text()
+    assert "prose: over mlx-lm-spec" in md and "(reference)" in md
 
 
 def test_a_row_whose_outputs_differ_is_flagged_in_the_main_table(target, tiny_models, tmp_path):
@@ -254,6 +266,22 @@ def test_compare_prints_the_change_per_row_and_refuses_what_it_cannot_compare(ta
     assert "no result file" in one_line_error(cli("compare", str(a), str(tmp_path / "nope.json"), timeout=120))
 
 
+def test_report_renders_a_result_again_from_its_records(target, tmp_path):
+    """`bench report` rebuilds the tables from the records alone: the same markdown the run wrote."""
+    result = runner.run_suite(str(suite_file(tmp_path / "r.toml", target, repeats=1)), str(tmp_path / "runs"))
+    written = result.md_path.read_text()
+    data = json.loads(result.path.read_text())
+    data["summary"] = []  # as a run in progress, or one an older version summarized, may have it
+    result.path.write_text(json.dumps(data))
+    r = cli("report", str(result.path), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == written.strip() and "humaneval: over the target alone" in r.stdout
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(dict(data, schema="mlx-spec.bench/0")))
+    assert "this mlx-spec reads" in one_line_error(cli("report", str(old), timeout=120))
+    assert "no result file" in one_line_error(cli("report", str(tmp_path / "nope.json"), timeout=120))
+
+
 def test_a_sampling_suite_reports_no_identity_claim(target, tmp_path):
     path = suite_file(tmp_path / "s.toml", target, drafts=["ngram"], repeats=1, temp=0.8, top_p=0.9)
     result = runner.run_suite(str(path), str(tmp_path / "runs"))
@@ -262,10 +290,12 @@ def test_a_sampling_suite_reports_no_identity_claim(target, tmp_path):
 
 
 def test_roofline_reports_each_model_as_a_share_of_the_measured_bandwidth(target, tmp_path):
-    path = suite_file(tmp_path / "roof.toml", target, drafts=[], kind="roofline", repeats=1)
+    # 64 MB per pass of the bandwidth measurement, not the default GB: the test checks the arithmetic, not the number
+    path = suite_file(tmp_path / "roof.toml", target, drafts=[], kind="roofline", repeats=1, bandwidth_gb=0.064)
     result = runner.run_suite(str(path), str(tmp_path / "runs"))
     data = json.loads(result.path.read_text())
     bw = data["bandwidth"]
+    assert data["suite"]["bandwidth_gb"] == 0.064 and bw["bytes"] <= 0.064e9 * 1.5
     assert bw["gbs"] == max(bw["gemv_gbs"], bw["sum_gbs"], *bw["shapes"].values()) > 0
     [row] = data["summary"]
     assert row["roofline_tps"] == pytest.approx(bw["gbs"] / row["read_gb"])

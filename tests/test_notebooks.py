@@ -20,7 +20,7 @@ def runs(tiny_models, tmp_path_factory):
     prompts = "prompts = { humaneval = 0, edit = 0, prose = 2 }\nmax_tokens = 6\n"
     (root / "t.toml").write_text(f'kind = "table"\n{prompts}[[targets]]\nmodel = "{target}"\n'
                                  f'drafts = ["ngram", "{tiny_models["qwen2_draft"]}"]\n')
-    (root / "r.toml").write_text(f'kind = "roofline"\n{prompts}[[targets]]\nmodel = "{target}"\n'
+    (root / "r.toml").write_text(f'kind = "roofline"\nbandwidth_gb = 0.064\n{prompts}[[targets]]\nmodel = "{target}"\n'
                                  f'[[targets]]\nmodel = "{tiny_models["qwen2_draft"]}"\n')
     (root / "n.toml").write_text(f'kind = "ngram"\nadaptive = false\n{prompts}[[targets]]\nmodel = "{target}"\n'
                                  f'[[sweeps]]\nk = [1, 2]\nn = [2, 3]\n')

@@ -140,6 +140,16 @@ def compare(a: str = typer.Argument(..., help="Result JSON of the first run (A)"
     typer.echo(_compare(a, b))
 
 
+@app.command()
+def report(result: str = typer.Argument(..., help="A result JSON of `bench run` (finished, interrupted or running)")):
+    """A result file's markdown tables as this mlx-spec makes them, from its records: for a run still going,
+    or one written by an older version. Prints them; the files are left as they are."""
+    from .results import read_current
+    from .table import render
+
+    typer.echo(render(read_current(result)))
+
+
 @app.command("ngram-cost")
 def ngram_cost(drafter: str = typer.Option("ngram", help="ngram or suffix")):
     """A context drafter's cost per proposal on 1k-128k token contexts, against a decode step."""

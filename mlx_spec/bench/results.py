@@ -41,6 +41,14 @@ def read(path) -> dict:
     return data
 
 
+def read_current(path) -> dict:
+    """A result file of the schema this mlx-spec writes (older ones: one line saying so)."""
+    data = read(path)
+    if data["schema"] != SCHEMA:
+        raise ResultError(f"{path} has schema {data['schema']}; this mlx-spec reads {SCHEMA}")
+    return data
+
+
 class ResultFile:
     """A run's JSON: the suite, the machine, the rows, every measurement so far; and its markdown beside it."""
 

@@ -29,7 +29,7 @@ def run_suite(name_or_path: str, out: str, resume: Optional[str] = None, log: Lo
         log(f"writing {result.path}")
     if s.kind == "roofline" and "bandwidth" not in result.data:
         log("measuring the memory read bandwidth")
-        result.data["bandwidth"] = roofline.measure_bandwidth()
+        result.data["bandwidth"] = roofline.measure_bandwidth(s.bandwidth_gb)
         result.flush()
     try:
         table.TableRun(s, result, log).run()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import MlxSpecError
+from .roofline import BANDWIDTH_GB
 
 SUITES_DIR = Path(__file__).parent / "suites"
 PROMPT_SETS = ("humaneval", "edit", "prose", "prefix", "ptq")
@@ -20,7 +21,7 @@ PROMPT_SETS = ("humaneval", "edit", "prose", "prefix", "ptq")
 # quality: plain sampling of each target over `temps` x `top_ks` (memory, speed, duplicate content words)
 KINDS = ("table", "roofline", "ngram", "compression", "quality")
 TOP = {"description", "kind", "max_tokens", "repeats", "temp", "top_p", "top_k", "num_draft", "adaptive", "prompts",
-       "targets", "sweeps", "k", "methods", "temps", "top_ks"}
+       "targets", "sweeps", "k", "methods", "temps", "top_ks", "bandwidth_gb"}
 TARGET = {"model", "drafts"}
 SWEEP = {"k", "n"}
 
@@ -75,17 +76,21 @@ class Suite:
     methods: Tuple[str, ...] = ()  # compression: convert's draft methods to measure (default: all of them)
     temps: Tuple[float, ...] = ()  # quality: the temperatures ...
     top_ks: Tuple[int, ...] = ()  # ... and top-k values of its grid
+    bandwidth_gb: float = BANDWIDTH_GB  # roofline: GB read per pass of the bandwidth measurement
     prompts: Dict[str, int] = field(default_factory=lambda: {"humaneval": 1, "edit": 1, "prose": 1})
     targets: List[Target] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "path": str(self.path), "kind": self.kind, "description": self.description,
-                "max_tokens": self.max_tokens, "repeats": self.repeats, "temp": self.temp, "top_p": self.top_p,
-                "top_k": self.top_k, "num_draft": self.num_draft, "adaptive": self.adaptive,
-                "prompts": dict(self.prompts), "sweeps": [{"k": list(k), "n": list(n)} for k, n in self.sweeps],
-                "k": list(self.ks), "methods": list(self.methods), "temps": list(self.temps),
-                "top_ks": list(self.top_ks),
-                "targets": [{"model": str(t.model), "drafts": list(t.drafts)} for t in self.targets]}
+        d = {"name": self.name, "path": str(self.path), "kind": self.kind, "description": self.description,
+             "max_tokens": self.max_tokens, "repeats": self.repeats, "temp": self.temp, "top_p": self.top_p,
+             "top_k": self.top_k, "num_draft": self.num_draft, "adaptive": self.adaptive,
+             "prompts": dict(self.prompts), "sweeps": [{"k": list(k), "n": list(n)} for k, n in self.sweeps],
+             "k": list(self.ks), "methods": list(self.methods), "temps": list(self.temps),
+             "top_ks": list(self.top_ks),
+             "targets": [{"model": str(t.model), "drafts": list(t.drafts)} for t in self.targets]}
+        if self.bandwidth_gb != BANDWIDTH_GB:  # only when set, so runs made before the field existed still resume
+            d["bandwidth_gb"] = self.bandwidth_gb
+        return d
 
     def rows(self, target: Target) -> List[dict]:
         """Each row after the target alone (quality suites: every row), in order: its drafter spec (`draft`),
@@ -157,6 +162,7 @@ def load(name_or_path: str) -> Suite:
     s.top_p = _number(data, "top_p", float, 0.0, where, s.top_p)
     s.top_k = _number(data, "top_k", int, 0, where, s.top_k)
     s.num_draft = _number(data, "num_draft", int, 1, where, None)
+    s.bandwidth_gb = _number(data, "bandwidth_gb", float, 0.001, where, s.bandwidth_gb)
     if "adaptive" in data:
         if not isinstance(data["adaptive"], bool):
             raise SuiteError(f"{where}: 'adaptive' must be true or false, got {data['adaptive']!r}")
@@ -206,7 +212,8 @@ def load(name_or_path: str) -> Suite:
 
 
 
-KIND_FIELDS = {"ngram": ("sweeps",), "compression": ("k", "methods"), "quality": ("temps", "top_ks")}
+KIND_FIELDS = {"roofline": ("bandwidth_gb",), "ngram": ("sweeps",), "compression": ("k", "methods"),
+               "quality": ("temps", "top_ks")}
 
 
 def _kind_fields(data: dict, kind: str, where: str) -> None:

@@ -83,17 +83,8 @@ class TableRun:
             self.publish()
 
     def publish(self) -> str:
-        self.result.data["summary"] = summarize(self.result.data)
-        if self.suite.kind == "roofline":
-            from . import roofline
-
-            roofline.summarize(self.result.data, self.result.data["summary"])
-        if self.suite.kind == "quality":
-            from . import quality
-
-            quality.summarize(self.result.data, self.result.data["summary"])
+        md = render(self.result.data)
         self.result.flush()
-        md = markdown(self.result.data)
         self.result.write_markdown(md)
         return md
 
@@ -237,6 +228,21 @@ def _compare(mine: Dict[tuple, dict], base: Dict[tuple, dict], k: Optional[int])
     return out
 
 
+def render(data: dict) -> str:
+    """A result's markdown report, its summary (data["summary"]) computed again from its records first."""
+    data["summary"] = summarize(data)
+    kind = data["suite"]["kind"]
+    if kind == "roofline":
+        from . import roofline
+
+        roofline.summarize(data, data["summary"])
+    if kind == "quality":
+        from . import quality
+
+        quality.summarize(data, data["summary"])
+    return markdown(data)
+
+
 def summarize(data: dict) -> List[dict]:
     """Per row: tokens/s over all its measurements and its improvement over the target alone on the same ones,
     overall and per prompt set."""
@@ -254,8 +260,51 @@ def summarize(data: dict) -> List[dict]:
         sets = dict.fromkeys(r["set"] for r in mine.values())
         entry["by_set"] = {name: _compare({x: r for x, r in mine.items() if r["set"] == name}, base, row.get("k"))
                            for name in sets}
+        ref = next((r for r in data["rows"] if r["target"] == row["target"]
+                    and (r.get("draft") or "").startswith(MLX_LM_SPEC)), None)
+        if ref is not None and ref["key"] != row["key"] and row.get("draft") not in (None, "none"):
+            theirs = {(r["prompt"], r["repeat"]): r for r in records if r["row"] == ref["key"]}
+            entry["vs_reference"] = {"draft": ref["draft"], "by_set": {
+                name: _ratio({x: r for x, r in mine.items() if r["set"] == name}, theirs) for name in sets}}
         out.append(entry)
     return out
+
+
+def _ratio(mine: Dict[tuple, dict], theirs: Dict[tuple, dict]) -> dict:
+    """Tokens/s of `mine` over `theirs` on the prompts both measured: in aggregate and per prompt (min and max)."""
+    both = [x for x in mine if x in theirs and theirs[x]["e2e_tps"]]
+    if not both:
+        return {}
+    ratios = [mine[x]["e2e_tps"] / theirs[x]["e2e_tps"] for x in both]
+    agg = (sum(mine[x]["n_tokens"] for x in both) / sum(mine[x]["total"] for x in both)) / (
+        sum(theirs[x]["n_tokens"] for x in both) / sum(theirs[x]["total"] for x in both))
+    return dict(speedup=agg, speedup_min=min(ratios), speedup_max=max(ratios), compared=len(both))
+
+
+def _by_set_table(data: dict) -> str:
+    """Per prompt set: each draft's speed-up over the target alone (aggregate, per-prompt min-max), and over
+    mlx-lm's own speculative decoding where the suite has such a row, on the same prompts."""
+    from ..named import short_name, table_name
+
+    rows = [e for e in data["summary"] if e["draft"] != "none" and e.get("by_set")]
+    sets = list(dict.fromkeys(name for e in rows for name in e["by_set"]))
+    has_ref = any(e.get("vs_reference") for e in rows)
+    if len(sets) < 2 and not has_ref:
+        return ""
+    cell = lambda c: f"{c['speedup']:.2f}× ({c['speedup_min']:.2f}–{c['speedup_max']:.2f}), n={c['compared']}" if c else "-"  # noqa: E731
+    head = ["Target", "Draft", *(f"{name}: over the target alone" for name in sets)]
+    head += [f"{name}: over mlx-lm-spec" for name in sets] if has_ref else []
+    body = []
+    for e in rows:
+        line = [f"{short_name(e['target'])} {e.get('target_quant') or ''}".strip(),
+                table_name(e["draft"]) + (f" K={e['k']}" if e.get("k") else "")]
+        line += [cell(e["by_set"].get(name)) for name in sets]
+        if has_ref:
+            vs = (e.get("vs_reference") or {}).get("by_set", {})
+            line += ["(reference)" if e["draft"].startswith(MLX_LM_SPEC) else cell(vs.get(name)) for name in sets]
+        body.append(line)
+    return ("Per prompt set, as ratios of tokens/s on the prompts both rows measured: aggregate (per-prompt "
+            "min–max), n = prompts\n\n" + aligned_table(tuple(head), body) + "\n")
 
 
 def markdown(data: dict) -> str:
@@ -311,4 +360,6 @@ def markdown(data: dict) -> str:
     if detail:
         out += "\n" + aligned_table(("Target", "Draft", "Speed-up per prompt: median (min–max)", "Acceptance",
                                      "Mean accepted", "Identical to the target alone"), detail) + "\n"
+        if s["kind"] == "table" and (per_set := _by_set_table(data)):
+            out += "\n" + per_set
     return out

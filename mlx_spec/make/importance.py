@@ -6,13 +6,13 @@ and the measured-importance layer skipping of SWIFT and Draft & Verify). `conver
 --layer-pick importance` keeps the K blocks that change their input most.
 """
 
-import copy
 from pathlib import Path
 from typing import Iterable, List, Sequence
 
 import mlx.core as mx
 
 from ..errors import ConvertError
+from .layers import with_blocks
 
 CALIBRATION = Path(__file__).resolve().parents[2] / "convert" / "calibration.txt"  # ships with the project
 CALIBRATION_TOKENS = 1024  # tokens of calibration text per ranking: enough for a stable order, cheap to run
@@ -64,10 +64,7 @@ def block_similarity(model, token_lists: Iterable[Sequence[int]]) -> List[float]
     if inner is None or not hasattr(inner, "layers"):
         raise ConvertError(f"importance ranking: mlx-lm's {type(model).__module__} keeps its blocks elsewhere")
     sinks = [[] for _ in inner.layers]
-    view_inner = copy.copy(inner)
-    view_inner.layers = [_Probe(layer, sink) for layer, sink in zip(inner.layers, sinks)]
-    view = copy.copy(model)
-    view.model = view_inner
+    view = with_blocks(model, [_Probe(layer, sink) for layer, sink in zip(inner.layers, sinks)])
     seen = 0
     for tokens in token_lists:
         if len(tokens) < 2:

@@ -3,6 +3,7 @@
 Used by `convert --keep-layers/--layers` and by the self drafter, so both read one rule.
 """
 
+import copy
 from typing import List, Sequence
 
 from ..errors import ConvertError
@@ -21,6 +22,20 @@ PER_LAYER_KEYS = ("layer_types", "mlp_layer_types", "no_rope_layers", "layer_rop
 # mlx-lm ignores `layer_types` for these and makes block i global iff (i + 1) % sliding_window_pattern == 0
 # (models/gemma3_text.py, cohere2.py); every other block uses the sliding window.
 PATTERN_TYPED = ("gemma3_text", "cohere2")
+
+
+def with_blocks(model, blocks: list):
+    """A model object that runs embed -> `blocks` -> norm -> head of `model`, sharing its weights.
+
+    mlx-lm has no "run these blocks" entry point, so the outer and inner modules are copied shallowly and
+    the inner copy gets its own block list; `model` itself is never changed, so a request running it at the
+    same time is unaffected. Used for layer subsets (self drafting) and for probes around each block.
+    """
+    inner = copy.copy(model.model)
+    inner.layers = blocks
+    view = copy.copy(model)
+    view.model = inner
+    return view
 
 
 def keep_layer_indices(n_layers: int, k: int) -> List[int]:

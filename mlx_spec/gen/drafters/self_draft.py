@@ -1,12 +1,11 @@
 """The target drafts for itself through a subset of its own layers: no extra weights, no extra KV cache."""
 
-import copy
 from typing import List, Optional, Sequence
 
 import mlx.core as mx
 
 from ...errors import ConvertError, GenerationError, UnsupportedError
-from ...make.layers import INDEX_DEPENDENT, parse_layers as _parse
+from ...make.layers import INDEX_DEPENDENT, parse_layers as _parse, with_blocks
 from .. import recurrent
 from ..cache import rewind
 from . import reuse
@@ -25,17 +24,8 @@ def parse_layers(spec: str, n_layers: int) -> List[int]:
 
 
 def layer_view(model, layers: Sequence[int]):
-    """A model object that runs embed -> `layers` -> norm -> head of `model`, sharing its weights.
-
-    mlx-lm has no "run these layers" entry point, so we make shallow copies of the outer and inner
-    modules once and give the inner copy its own layer list; the shared target is never changed,
-    so a request running the full model at the same time is unaffected.
-    """
-    inner = copy.copy(model.model)
-    inner.layers = [model.model.layers[i] for i in layers]
-    view = copy.copy(model)
-    view.model = inner
-    return view
+    """A model object that runs embed -> `layers` -> norm -> head of `model`, sharing its weights."""
+    return with_blocks(model, [model.model.layers[i] for i in layers])
 
 
 class SelfDrafter(ModelDrafter):
