@@ -10,7 +10,7 @@ from typing import List
 
 from .common import machine_line
 from .report import aligned_table
-from .results import ResultError, read, read_current
+from .results import ResultError, check_current, read
 
 COLUMNS = ("Target", "Draft", "Token/s A", "Token/s B", "Change", "Speed-up A", "Speed-up B", "Acceptance A → B")
 
@@ -25,7 +25,7 @@ def compare(a_path, b_path) -> str:
     if a["schema"] != b["schema"]:
         raise ResultError(f"{a_path} has schema {a['schema']} and {b_path} has {b['schema']}: "
                           "only runs with the same schema compare")
-    a, b = read_current(a_path), read_current(b_path)
+    a, b = check_current(a, a_path), check_current(b, b_path)
     rows_a = {e["key"]: e for e in a["summary"]}
     rows_b = {e["key"]: e for e in b["summary"]}
     keys = list(rows_a) + [k for k in rows_b if k not in rows_a]

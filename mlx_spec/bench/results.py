@@ -43,7 +43,11 @@ def read(path) -> dict:
 
 def read_current(path) -> dict:
     """A result file of the schema this mlx-spec writes (older ones: one line saying so)."""
-    data = read(path)
+    return check_current(read(path), path)
+
+
+def check_current(data: dict, path) -> dict:
+    """`data` (read from `path`) if it has the schema this mlx-spec writes; one line saying so if not."""
     if data["schema"] != SCHEMA:
         raise ResultError(f"{path} has schema {data['schema']}; this mlx-spec reads {SCHEMA}")
     return data

@@ -265,20 +265,15 @@ def summarize(data: dict) -> List[dict]:
         if ref is not None and ref["key"] != row["key"] and row.get("draft") not in (None, "none"):
             theirs = {(r["prompt"], r["repeat"]): r for r in records if r["row"] == ref["key"]}
             entry["vs_reference"] = {"draft": ref["draft"], "by_set": {
-                name: _ratio({x: r for x, r in mine.items() if r["set"] == name}, theirs) for name in sets}}
+                name: _speedups(_compare({x: r for x, r in mine.items() if r["set"] == name}, theirs, None))
+                for name in sets}}
         out.append(entry)
     return out
 
 
-def _ratio(mine: Dict[tuple, dict], theirs: Dict[tuple, dict]) -> dict:
-    """Tokens/s of `mine` over `theirs` on the prompts both measured: in aggregate and per prompt (min and max)."""
-    both = [x for x in mine if x in theirs and theirs[x]["e2e_tps"]]
-    if not both:
-        return {}
-    ratios = [mine[x]["e2e_tps"] / theirs[x]["e2e_tps"] for x in both]
-    agg = (sum(mine[x]["n_tokens"] for x in both) / sum(mine[x]["total"] for x in both)) / (
-        sum(theirs[x]["n_tokens"] for x in both) / sum(theirs[x]["total"] for x in both))
-    return dict(speedup=agg, speedup_min=min(ratios), speedup_max=max(ratios), compared=len(both))
+def _speedups(cmp: dict) -> dict:
+    """The tokens/s ratios of a `_compare` (aggregate, per-prompt min and max, prompts compared)."""
+    return {k: v for k, v in cmp.items() if k in ("speedup", "speedup_min", "speedup_max", "compared")}
 
 
 def _by_set_table(data: dict) -> str:
