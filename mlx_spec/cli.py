@@ -207,6 +207,9 @@ def draft_search(
     budget_minutes: float = typer.Option(60.0, help="Time the search may take; it ranks cheaply first to keep it"),
     calibration: Optional[Path] = typer.Option(None, help="Calibration prompts (passages split by two blank lines; "
                                                "default: the project's own)"),
+    prompt_set: str = typer.Option("", help="Measure on the benchmark's prompts of these sets instead of the "
+                                   "calibration text (comma list of humaneval, edit, prose; e.g. humaneval,edit "
+                                   "for a coder model, where the context drafters do best)"),
     prompts: int = typer.Option(DS_PROMPTS, help="Calibration prompts per full measurement"),
     max_tokens: int = typer.Option(DS_MAX_TOKENS, help="Tokens generated per prompt"),
     methods: str = typer.Option(",".join(DS_LADDER), help="Compression methods to make drafts with (convert's "
@@ -219,7 +222,8 @@ def draft_search(
     from .make.progress import progress
 
     _hint()
-    search = ds.Search(target, calibration=calibration, budget_minutes=budget_minutes, prompts=prompts,
+    search = ds.Search(target, calibration=calibration, prompt_sets=[p for p in prompt_set.split(",") if p],
+                       budget_minutes=budget_minutes, prompts=prompts,
                        max_tokens=max_tokens, methods=[m for m in methods.split(",") if m], log=_log)
     search.load()
     path = ds.result_path(out)
@@ -233,7 +237,8 @@ def draft_search(
         result = search.search(progress=step)
     saved = ds.save(search, result, name)
     ds.write_json(result, path)
-    typer.echo(f"target {result.target}: plain decoding {result.plain_tokens_per_s:.2f} tokens/s\n")
+    typer.echo(f"target {result.target}: plain decoding {result.plain_tokens_per_s:.2f} tokens/s; "
+               f"measured on {', '.join(result.prompts)}\n")
     typer.echo(result.table())
     for note in result.notes:
         typer.echo(f"\nnote: {note}")

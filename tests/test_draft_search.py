@@ -115,15 +115,31 @@ def test_bad_options_and_target(tiny_models, home, tmp_path):
         ds.Search(str(tmp_path / "broken")).load()
 
 
+def test_prompt_sets_stand_in_for_the_calibration_text(tiny_models, home, tmp_path):
+    search = ds.Search(str(tiny_models["qwen2"]), prompt_sets=["humaneval", "prose"], budget_minutes=10, prompts=2,
+                       max_tokens=4, methods=[])
+    search.load()
+    assert search.prompt_names == ["HumanEval/0", "prose/0"]  # one of each set in turn
+    assert len(search.prompts) == 2 and all(len(p) > 20 for p in search.prompts)
+    tight = ds.Search(str(tiny_models["qwen2"]), prompt_sets=["edit"], prompts=1, max_tokens=4, methods=[])
+    with pytest.raises(ds.DraftSearchError, match=r"prompt HumanEval/0:type-hints has \d+ tokens: .* context of 512"):
+        tight.load()  # the tiny model's context is 512 tokens
+    with pytest.raises(ds.DraftSearchError, match="unknown prompt set poetry"):
+        ds.Search(str(tiny_models["qwen2"]), prompt_sets=["humaneval", "poetry"])
+    with pytest.raises(ds.DraftSearchError, match="not both"):
+        ds.Search(str(tiny_models["qwen2"]), prompt_sets=["edit"], calibration=tmp_path / "cal.txt")
+
+
 def test_cli(tiny_models, home, tmp_path):
     env = {"MLX_SPEC_HOME": str(home), "PATH": "/usr/bin:/bin"}
     res = subprocess.run([sys.executable, "-m", "mlx_spec.cli", "draft-search", "--target", str(tiny_models["qwen2"]),
                           "--prompts", "1", "--max-tokens", "6", "--methods", "", "--budget-minutes", "5",
-                          "--out", str(tmp_path / "runs")], capture_output=True, text=True, env=env)
+                          "--prompt-set", "humaneval", "--out", str(tmp_path / "runs")], capture_output=True, text=True,
+                         env=env)
     assert res.returncode == 0, res.stderr
-    assert "| method |" in res.stdout and "ngram" in res.stdout
+    assert "| method |" in res.stdout and "ngram" in res.stdout and "measured on HumanEval/0\n" in res.stdout
     data = json.loads(next((tmp_path / "runs").glob("draft-search-*.json")).read_text())
-    assert data["kind"] == "draft-search" and data["candidates"]
+    assert data["kind"] == "draft-search" and data["candidates"] and data["prompts"] == ["HumanEval/0"]
     bad = subprocess.run([sys.executable, "-m", "mlx_spec.cli", "draft-search", "--target", "/no/such/model"],
                          capture_output=True, text=True, env=env)
     assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].startswith("error:")

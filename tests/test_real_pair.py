@@ -50,6 +50,7 @@ def test_real_pair_greedy_is_lossless_for_every_drafter(pair):
     from mlx_spec.gen.drafters.model import ModelDrafter
     from mlx_spec.gen.drafters.ngram import NGramDrafter
     from mlx_spec.gen.drafters.self_draft import SelfDrafter
+    from mlx_spec.gen.drafters.suffix import SuffixDrafter
     from mlx_spec.gen.engine import Stats, speculative_generate_step
     from mlx_spec.gen.load import check_tokenizers
 
@@ -63,8 +64,9 @@ def test_real_pair_greedy_is_lossless_for_every_drafter(pair):
         for name, d in {
             "model": ModelDrafter(draft, v, real),
             "ngram": NGramDrafter(),
+            "suffix": SuffixDrafter(),
             "self": SelfDrafter(target, list(range(0, n, 2)), v, real),
-            "hybrid": HybridDrafter(NGramDrafter(), ModelDrafter(draft, v, real)),
+            "hybrid": HybridDrafter(NGramDrafter(), ModelDrafter(draft, v, real), extra=[SuffixDrafter()]),
         }.items():
             stats = Stats()
             out = [s.token for s in speculative_generate_step(prompt, target, d, max_tokens=NEW_TOKENS, stats=stats)]

@@ -7,6 +7,8 @@ MLX's int4 slow, on Metal int4 is fast), so it is measured here instead of guess
 1. Candidates: drafts made from the target by `convert`'s methods at a few strengths (a ladder of
    `make.convert.draft_methods()` names), every cached recipe that shares the target's tokenizer,
    and the drafters that need no draft model (ngram, suffix, self with importance-ranked layers, quant-self).
+   They are measured on the calibration passages, or (`--prompt-set humaneval,edit`) on the benchmark's own
+   requests, which is where a coder model's drafter should be chosen.
 2. A cheap estimate for each, cheapest first: one short calibration prompt drafted at a fixed
    K = 5, giving the average accepted tokens per round and the cost per draft token, and from
    them (with a plain step timed in the same process) an estimated speed-up.
@@ -40,6 +42,7 @@ DEFAULT_PROMPTS = 3
 DEFAULT_MAX_TOKENS = 48
 QUICK_TOKENS = 24  # tokens drafted for a candidate's cheap estimate
 PROMPT_TOKENS = 256  # each calibration prompt is cut to this many tokens
+PROMPT_SETS = ("humaneval", "edit", "prose")  # bench prompt sets that may stand in for the calibration text
 BUILD_S_PER_GB = 60.0  # assumed conversion time per GB of target weights, before one is measured
 
 Log = Callable[[str], None]
@@ -74,6 +77,7 @@ class SearchResult:
     recommended: Optional[str]  # a candidate name, or None: plain decoding
     saved: Optional[str] = None  # what `--draft` to pass to use it
     notes: List[str] = field(default_factory=list)
+    prompts: List[str] = field(default_factory=list)  # what was measured on: calibration passages or set prompts
 
     def table(self) -> str:
         from .common import md_table
@@ -97,8 +101,12 @@ def minimum_seconds(step_s: float, prompts: int, max_tokens: int) -> float:
 class Search:
     """One search: the loaded target, the calibration prompts, the clock."""
 
-    def __init__(self, target: str, *, calibration=None, budget_minutes: float = 60.0, prompts: int = DEFAULT_PROMPTS,
-                 max_tokens: int = DEFAULT_MAX_TOKENS, methods: Sequence[str] = DEFAULT_LADDER, log: Log = lambda _m: None):
+    def __init__(self, target: str, *, calibration=None, prompt_sets: Sequence[str] = (),
+                 budget_minutes: float = 60.0, prompts: int = DEFAULT_PROMPTS, max_tokens: int = DEFAULT_MAX_TOKENS,
+                 methods: Sequence[str] = DEFAULT_LADDER, log: Log = lambda _m: None):
+        """prompt_sets: measure on the benchmark's prompts of these sets (interleaved, chat-templated) instead of
+        the calibration text: the context drafters (suffix, n-gram) accept almost nothing on prose passages and
+        are the best single drafters on code, so a coder model's drafter is best chosen on code requests."""
         from ..make.convert import draft_methods
         from ..make.importance import calibration_texts
 
@@ -109,7 +117,13 @@ class Search:
         unknown = [m for m in methods if m not in draft_methods()]
         if unknown:
             raise DraftSearchError(f"unknown method(s) {', '.join(unknown)} (known: {', '.join(draft_methods())})")
-        self.texts = calibration_texts(calibration)  # a clear error for a missing, empty or binary file
+        bad = [p for p in prompt_sets if p not in PROMPT_SETS]
+        if bad:
+            raise DraftSearchError(f"unknown prompt set {bad[0]} (known: {', '.join(PROMPT_SETS)})")
+        if prompt_sets and calibration is not None:
+            raise DraftSearchError("give --calibration or --prompt-set, not both")
+        self.prompt_sets = list(dict.fromkeys(prompt_sets))
+        self.texts = [] if self.prompt_sets else calibration_texts(calibration)  # clear errors: missing, empty, binary
         self.target_spec, self.methods, self.log = target, list(methods), log
         self.prompts_n, self.max_tokens = prompts, max_tokens
         self.deadline = time.monotonic() + budget_minutes * 60
@@ -117,16 +131,26 @@ class Search:
 
     # ------------------------------------------------------------------ setup
     def load(self) -> None:
+        from ..gen.engine import context_limit
         from ..named import load_model
 
         try:
             self.model, self.tokenizer, self.folder = load_model(self.target_spec, self.log)
         except MlxSpecError as e:
             raise DraftSearchError(f"cannot load the target '{self.target_spec}': {e}") from None
-        ids = [self.tokenizer.encode(t)[:PROMPT_TOKENS] for t in self.texts]
-        self.prompts = [p for p in ids if len(p) >= 2][: self.prompts_n]
+        if self.prompt_sets:
+            self.prompts, self.prompt_names = self._set_prompts()
+        else:
+            ids = [self.tokenizer.encode(t)[:PROMPT_TOKENS] for t in self.texts]
+            self.prompts = [p for p in ids if len(p) >= 2][: self.prompts_n]
+            self.prompt_names = [f"calibration/{i}" for i in range(len(self.prompts))]
         if not self.prompts:
             raise DraftSearchError("the calibration text gives no prompt of at least 2 tokens")
+        limit = context_limit(self.model)
+        for ids, name in zip(self.prompts, self.prompt_names):  # said now, not after an hour of measuring
+            if limit is not None and len(ids) + self.max_tokens > limit:
+                raise DraftSearchError(f"prompt {name} has {len(ids)} tokens: with --max-tokens {self.max_tokens} it "
+                                       f"does not fit the target's context of {limit}")
         self.eos = list(getattr(self.tokenizer, "eos_token_ids", None) or [])
         self.run(None, self.prompts[0], 4)  # warm-up
         _, seconds, stats = self.run(None, self.prompts[0], QUICK_TOKENS)
@@ -137,6 +161,19 @@ class Search:
                 f"--budget-minutes {self.budget_minutes:g} is too small: one candidate needs about "
                 f"{need / 60:.1f} minutes here (plain decoding at {1 / self.step_s:.1f} tokens/s, "
                 f"{len(self.prompts)} prompts x {self.max_tokens} tokens)")
+
+    def _set_prompts(self):
+        """(ids, names) of the first prompts of the chosen benchmark sets, one of each set in turn."""
+        from .prompts import PROSE_QUESTIONS, build
+
+        per_set = -(-self.prompts_n // len(self.prompt_sets))  # ceil: the interleaving is cut to prompts_n
+        n = {s: per_set if s in self.prompt_sets else 0 for s in PROMPT_SETS}
+        n["prose"] = min(n["prose"], len(PROSE_QUESTIONS))
+        try:
+            chosen = build(self.tokenizer, n["humaneval"], n["edit"], n_prose=n["prose"])[: self.prompts_n]
+        except MlxSpecError as e:
+            raise DraftSearchError(f"--prompt-set: {e}") from None
+        return [p.ids for p in chosen], [p.id for p in chosen]
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -326,7 +363,7 @@ class Search:
         """The search so far (every candidate, measured or not) with `best` recommended."""
         plain_tps = self._plain_tokens / self._plain_s if self._plain_s else 1 / self.step_s
         return SearchResult(str(self.target_spec), self.cands, plain_tps, best.name if best else None,
-                            notes=self.notes)
+                            notes=self.notes, prompts=list(self.prompt_names))
 
     @staticmethod
     def _best(cands: List[Candidate]) -> Optional[Candidate]:
