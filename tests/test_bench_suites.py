@@ -185,6 +185,7 @@ def test_an_interrupted_run_resumes_without_redoing_a_measurement(target, tmp_pa
     assert done["complete"] and len(done["records"]) == 2 * 2 * 3  # rows x repeats x prompts, each once
     assert done["records"][:5] == first["records"]  # the finished ones were kept, not redone
     assert len({x["key"] for x in done["records"]}) == 12 and len(done["resumed"]) == 1
+    assert done["resumed"][0]["git_rev"] == first["machine"]["git_rev"]  # the code that ran the rest, recorded
 
 
 def test_kill_ends_a_run_of_mlx_spec_bench_with_its_results_kept(target, tmp_path):
@@ -326,6 +327,10 @@ def test_the_ngram_sweep_measures_each_k_and_n_with_the_anpd_bound(target, tmp_p
         for r in data["records"]:
             if r["row"] == e["key"]:
                 assert len(r["stats"]["proposed_by_position"]) <= k  # fixed K: no round drafts more than K
+                trace = r["stats"]["trace"]  # every round, as the policy chose it and what it cost
+                assert len(trace) == r["stats"]["rounds"] and all(len(t) == 7 and t[1] <= k for t in trace)
+                assert sum(t[1] for t in trace) == r["stats"]["proposed"]
+                assert sum(t[2] for t in trace) == r["stats"]["accepted"]
     md = result.md_path.read_text()
     assert "K=1" in md and "K=3" in md
     assert "humaneval**" in md and "edit**" in md and "N=4" in md

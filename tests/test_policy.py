@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlx_spec.gen.policy import MARGIN, PROBE_BUDGET, PROBE_K, PROBE_MIN, Policy
+from mlx_spec.gen.policy import MARGIN, PROBE_BUDGET, PROBE_K, PROBE_MIN, RECHECK_EVERY, Policy
 
 STEP = 0.5  # seconds per plain target step
 
@@ -194,9 +194,27 @@ def test_a_source_whose_probes_keep_failing_is_probed_on_its_recent_acceptance_n
     for _ in range(3):  # three probes rejected: recent acceptance near 0, long-run still lifted by the prior
         p.update("self", 1, 0, STEP * 1.45, STEP * 0.5)
     s = p.stats("self")
-    assert s.accept < s.long_run_accept
+    assert s.accept < s.long_run_accept and s.first_accept < s.long_run_first
     whole = p.round_cost(PROBE_K, "self")[0]
-    assert p.probe_loss("self", ("", 0)) == pytest.approx(whole - (1 + s.accept) * p.verify_cost(0))
+    assert p.probe_loss("self", ("", 0)) == pytest.approx(whole - (1 + s.first_accept) * p.verify_cost(0))
+
+
+def test_first_tokens_that_keep_failing_shorten_a_source_whose_continuations_hold():
+    """Drafts fail together: an n-gram chain rejected at its first token round after round (its continuations
+    accepted whenever the first token was) must not keep drafting 7 tokens at 1.9x a plain step's cost."""
+    p = Policy(7)
+    p.update("", 0, 0, STEP, 0.0)
+    for _ in range(6):  # a copy stretch: every token accepted
+        p.update("ngram", 7, 7, STEP * 1.3, 0.0)
+    for _ in range(4):  # the line is being rewritten: first token rejected, every round
+        p.update("ngram", 7, 0, STEP * 1.9, 0.0)
+    s = p.stats("ngram")
+    assert s.first_accept < 0.6 * s.accept  # the per-token count barely moved; the first-token one did
+    src, k = p.choose({"ngram": 7}, 100)
+    assert k < 7  # a shorter draft, or none
+
+    fresh = Policy(7)  # no rounds seen: the first-token estimate is the per-token one (the geometric model)
+    assert fresh.stats("x").first_accept == pytest.approx(fresh.stats("x").accept)
 
 
 def test_a_source_that_cannot_pay_back_its_catch_up_is_not_fed_it():
@@ -214,3 +232,53 @@ def test_a_source_that_cannot_pay_back_its_catch_up_is_not_fed_it():
     r.update("", 0, 0, STEP, 0.0)
     r.seed("model", STEP * 1.1, 0.0)  # a draft step dearer than a target step: no reply repays it
     assert all(r.choose({"model": 1 << 30}, 1000, {"model": 0}) == ("", 0) for _ in range(300))
+
+
+def run(policy, source, cap, accept_every, verify_per_token, draft_per_token, rounds):
+    """Rounds with true costs: a plain step costs STEP, a round of k drafts STEP * (1 + verify_per_token * k) plus
+    its drafting; every `accept_every`-th drafted token is rejected (0: all accepted). Returns the choices."""
+    choices, n = [], 0
+    for _ in range(rounds):
+        src, k = policy.choose({source: cap}, 1000)
+        choices.append((src, k))
+        accepted = 0
+        for _ in range(k):
+            n += 1
+            if accept_every and n % accept_every == 0:
+                break
+            accepted += 1
+        policy.update(src, k, accepted, STEP * (1 + verify_per_token * k), draft_per_token * k)
+    return choices
+
+
+def test_a_baseline_measured_high_once_is_measured_again_while_drafting_is_marginal():
+    """A first plain step timed 30 % slow made a losing drafter look good; re-measuring plain fixes it."""
+    p = Policy(6)
+    p.update("", 0, 0, 1.3 * STEP, 0.0)  # the one plain measurement: an outlier
+    # Half a step per draft token, 1 in 2 drafted tokens rejected: about 0.9x of plain at any length.
+    choices = run(p, "self", 1 << 30, 2, 0.2, 0.5 * STEP, 120)
+    first_plain = next(i for i, (_, k) in enumerate(choices) if k == 0)
+    assert first_plain <= RECHECK_EVERY + 2  # re-measured soon, not never
+    assert p.verify[0] < 1.1 * STEP  # the baseline moved to the truth
+    assert sum(k == 0 for _, k in choices[-60:]) >= 50  # and the losing drafter is off
+
+
+def test_a_drafter_well_ahead_of_plain_is_never_interrupted_to_re_measure_it():
+    p = Policy(7)
+    p.update("", 0, 0, 1.3 * STEP, 0.0)
+    choices = run(p, "ngram", 7, 0, 0.05, 0.0001, 100)  # free, every token accepted: far ahead of plain
+    assert all(k > 0 for _, k in choices)
+
+
+def test_a_new_source_that_must_catch_up_waits_for_a_round_nothing_else_drafts():
+    """A hybrid copying with its suffix source does not pay to feed a draft model its prompt; it does once the
+    copy ends. A new source with nothing to catch up is probed at once, as before."""
+    p = Policy(7)
+    feed(p, "suffix", 7, 7, 0.0)  # copying: every token accepted
+    p.seed("model", STEP * 0.4, STEP * 0.02)
+    offers, lags = {"suffix": 7, "model": 6}, {"suffix": 0, "model": 200}
+    assert p.choose(offers, 1000, lags) == ("suffix", 7)
+    assert p.choose({"model": 6}, 1000, lags) == ("model", PROBE_K)  # the copy ended: only the model offers
+    q = Policy(7)
+    feed(q, "suffix", 7, 7, 0.0)
+    assert q.choose({"suffix": 7, "self": 6}, 1000, {"self": 0}) == ("self", PROBE_K)

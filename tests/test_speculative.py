@@ -236,6 +236,21 @@ def test_adaptive_keeps_a_perfect_drafter(target):
     assert stats.draft_share > 0.6
 
 
+def test_a_trace_records_every_round_as_the_stats_count_it(target):
+    model, tok = target
+    prompt = tok.encode(PROMPTS[1])
+    ref = plain_greedy(model, prompt, 40)
+    stats = Stats(trace=[])
+    out = [s.token for s in speculative_generate_step(prompt, model, ScriptedDrafter(ref), max_tokens=40, num_draft=4,
+                                                      stats=stats)]
+    assert out == ref and len(stats.trace) == stats.rounds
+    assert sum(r["proposed"] for r in stats.trace) == stats.proposed
+    assert sum(r["accepted"] for r in stats.trace) == stats.accepted
+    assert stats.trace[0]["proposed"] == 0 and stats.trace[0]["source"] == ""  # the plain step measured first
+    assert sum(r["verify_s"] for r in stats.trace) == pytest.approx(stats.verify_time)
+    assert "trace" not in Stats().as_dict() and len(stats.as_dict()["trace"]) == stats.rounds
+
+
 def test_bad_input(tiny_models, target):
     model, tok = target
     prompt = tok.encode(PROMPTS[0])

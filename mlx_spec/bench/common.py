@@ -18,13 +18,8 @@ DEFAULT_OUT = "runs"  # one JSON + one markdown file per run land here
 WITHIN = 0.05  # "ours matches mlx-lm" means a speed ratio within 5% of 1
 
 
-def machine_info() -> dict:
-    """Facts that change the numbers: cores, BLAS under MLX, library versions, code revision."""
-    import mlx.core as mx
-    import mlx_lm
-
-    from .. import __version__
-
+def git_revision() -> Optional[str]:
+    """The code's git revision ("-dirty" when the package differs from it); None outside a git checkout."""
     try:
         here = Path(__file__).parent
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here,
@@ -33,8 +28,19 @@ def machine_info() -> dict:
                                cwd=here, capture_output=True, text=True, timeout=10).stdout.strip()
         if rev and dirty:
             rev += "-dirty"  # the package's code differs from that revision: the numbers are not its
+        return rev
     except (OSError, subprocess.SubprocessError):
-        rev = None
+        return None
+
+
+def machine_info() -> dict:
+    """Facts that change the numbers: cores, BLAS under MLX, library versions, code revision."""
+    import mlx.core as mx
+    import mlx_lm
+
+    from .. import __version__
+
+    rev = git_revision()
     return {
         "cpu": cpu_name(),
         "memory_gb": memory_gb(),

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from ..errors import MlxSpecError
-from .common import _command
+from .common import _command, git_revision
 
 SCHEMA = "mlx-spec.bench/1"  # bump the number when a field changes meaning or goes away (SCHEMA.md)
 
@@ -85,7 +85,8 @@ class ResultFile:
         if mine != theirs:
             changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
             raise ResultError(f"{path} was a run of a different suite ({', '.join(changed)} differ): start a new run")
-        data.setdefault("resumed", []).append({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": _command()})
+        data.setdefault("resumed", []).append({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": _command(),
+                                               "git_rev": git_revision()})  # the code may differ from the start's
         return cls(path, data)
 
     def add(self, record: dict) -> None:

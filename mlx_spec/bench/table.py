@@ -204,11 +204,14 @@ class TableRun:
 
         from ..gen.engine import Stats
 
-        stats = Stats()
+        stats = Stats(trace=[])  # every round's choice and cost, kept: the policy is judged on them afterwards
         mx.random.seed(zlib.crc32(f"{p.id}|{rep}".encode()))  # sampling: the same seed for every row
         t = self._generate(model, drafter, k, row, p.ids, self.suite.max_tokens, eos, stats)
+        d = stats.as_dict()
+        d["trace"] = [[r["source"], r["proposed"], r["accepted"], round(r["verify_s"], 4), round(r["draft_s"], 4),
+                       round(r["catch_up_s"], 4), r["behind"]] for r in d["trace"]] or None  # compact: one row a round
         return {"prompt": p.id, "set": p.set, "repeat": rep, "prompt_tokens": len(p.ids), **t.as_dict(),
-                "stats": stats.as_dict(), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                "stats": d, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def _compare(mine: Dict[tuple, dict], base: Dict[tuple, dict], k: Optional[int]) -> dict:

@@ -41,6 +41,7 @@ class Stats:
     peak_memory_gb: float = 0.0  # highest MLX allocation during the run above what was in use at its start
     fallback: Optional[str] = None  # why speculation stopped early, if it did
     finish_reason: Optional[str] = None
+    trace: Optional[List[dict]] = None  # a list to fill: one entry per round, what the policy chose and what it cost
 
     @property
     def prefill_tokens(self) -> int:
@@ -75,6 +76,8 @@ class Stats:
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
+        if d["trace"] is None:
+            del d["trace"]
         for k in ("prefill_tokens", "prompt_tps", "generation_tps", "acceptance_rate", "mean_accepted", "draft_share"):
             d[k] = getattr(self, k)
         d["acceptance_by_position"] = self.acceptance_by_position()
@@ -258,6 +261,9 @@ def speculative_generate_step(
         stats.verify_time += t2 - t1
         _record(stats, n, a)
         policy.update(source, n, a, t2 - t1, t1 - t0, draft.catch_up_s, draft.catch_up_tokens)
+        if stats.trace is not None:
+            stats.trace.append({"source": source, "proposed": n, "accepted": a, "verify_s": t2 - t1,
+                                "draft_s": t1 - t0, "catch_up_s": draft.catch_up_s, "behind": draft.catch_up_tokens})
         if n and drafter is not None:
             drafter.feedback(source, n, a)
         new = draft.tokens[:a] + [nxt]

@@ -1,8 +1,9 @@
 """Which source drafts next and how many tokens: a cost model fed by measured acceptance and timings.
 
 Expected tokens from a round with k drafts and per-token acceptance a (the geometric model of
-Leviathan et al.): E(k) = (1 - a^(k+1)) / (1 - a). Its cost is verify(k) + k * draft_per_token,
-both measured online. Each round the policy takes, over every source the drafter offers and every
+Leviathan et al.): E(k) = (1 - a^(k+1)) / (1 - a), here with the first draft token accepted with its own
+probability p: E(k) = 1 + p (1 - a^k) / (1 - a) (p = a is the geometric model; see below). Its cost is
+verify(k) + k * draft_per_token, both measured online. Each round the policy takes, over every source the drafter offers and every
 k up to what that source can draft, the pair with the highest E(k) / cost(k); k = 0 is plain
 decoding, so speculation switches itself off wherever it would make the user slower. A source
 passed over (for plain decoding or for another source) gets a one-token probe round now and then, so
@@ -17,12 +18,23 @@ costly one with poor odds rarely, and an accepted probe raises the odds, so the 
 sooner. While plain decoding is chosen, a probe whose every token is accepted is followed at once by
 another of twice its length (`SourceStats.follow`), so a source that has become good is back on within
 a few rounds instead of ramping up one token per probe interval; the probe's expected loss uses the
-lower of the recent and the long-run acceptance, so a source that keeps failing its probes is not
-re-probed on the hope of its prior. A free source (the n-gram) is judged every round by the engine's shadow drafts
+lower of the recent and the long-run first-token acceptance, so a source that keeps failing its probes is
+not re-probed on the hope of its prior, and leaves out a draft model's catch-up (`probe_loss`). A free source (the n-gram) is judged every round by the engine's shadow drafts
 (`Policy.observe`) and needs no probes. Acceptance and draft cost are kept per source (a hybrid's
 free n-gram drafts and its costly model drafts differ); the verify cost belongs to the target.
 A source that has not drafted yet gets a short probe round first, so an expensive drafter shows its
-cost before it is trusted with a long draft.
+cost before it is trusted with a long draft. One that must catch up first (a draft model not yet fed the
+prompt: 2.1-2.3 s for a 210-245-token code edit here) waits for a round in which nothing else would draft, so
+a hybrid whose suffix source is copying does not pay for a draft model it may not need (HumanEval/1:rename
+spent 2.25 s of a 24 s reply on feeding the 0.5B its prompt, for one accepted token).
+
+The plain step is the baseline every draft is judged against, and it is only measured when a round does
+not draft. So while drafting is chosen only by a small margin (within RECHECK of plain), a plain step is
+taken again every RECHECK_EVERY rounds, and the first few timings of each verify size are averaged, not
+smoothed from the first one: a baseline timed once, high, would keep a losing drafter on for the whole
+reply (the self drafter drafted 80 of 81 rounds of one code edit, at 0.81x of plain, with the plain step
+timed once, at the start). A re-measure costs at most RECHECK of one round's tokens, so about 1 % of the
+time; a drafter well ahead of plain is never interrupted.
 
 A draft model's catch-up (the tokens it must feed before drafting: the whole prompt before its first
 round, which it is fed only then, and after that what was produced since it last drafted) is costed per
@@ -37,6 +49,14 @@ token, which a per-round average would weigh the same and so under-estimate good
 that is offered but not chosen drifts back toward its long-run acceptance, so one bad round cannot
 starve it for the rest of a generation. Drafting must promise MARGIN more tokens per second than a
 plain step, because estimates are noisy and a marginal draft loses as often as it wins.
+
+Drafts fail together: where a context drafter's source stops matching (an n-gram chain on a line being
+rewritten) it fails at its first token round after round, which the per-token count (one judged token per
+failed round) hardly notices, while the tokens after an accepted first one keep their odds. On this CPU a
+verify of 7 drafts costs about 1.8 plain steps, and on one 69 s code edit the hybrid lost 4.9 s against
+plain steps on 13 n-gram drafts that got no token accepted (2.9 s on five of 6-7 tokens). So the first draft token of a round has its own estimate p
+(discounted counts of the rounds' first tokens, shrunk toward the per-token a while they are few), and a
+source whose first tokens fail drafts short, or not at all, until they hold again.
 
 Between sources, a source's own drafting time must earn its keep too: its rate is discounted by
 COST_MARGIN times the share of the round spent drafting. A draft model's time is a noisy online
@@ -60,6 +80,10 @@ PRIOR_VERIFY_SLOPE = 0.05  # verify(k) ~ verify(0) * (1 + 0.05 k) until measured
 PROBE_K = 1  # draft length of a probe round (first use of a source, or a re-check): one token risks the least
 PROBE_BUDGET = 0.02  # a passed-over source earns this share of each round's time towards its next probe
 PROBE_MIN = 8  # ... and probes at most once per this many rounds, however cheap
+FIRST_PRIOR = 1.0  # weight of the per-token estimate in the first-token one (no rounds seen: they agree)
+CATCH_UP_MIN = 8  # catch-ups shorter than this ride along in the first draft pass: too short to time per token
+RECHECK = 0.25  # drafting expected to beat plain by less than this re-measures plain decoding now and then
+RECHECK_EVERY = 16  # ... once per this many rounds without a plain step
 
 
 @dataclass
@@ -68,6 +92,10 @@ class SourceStats:
 
     accepted_w: float = PRIOR_ACCEPT * PRIOR_TRIALS  # discounted accepted draft tokens
     judged_w: float = PRIOR_TRIALS  # discounted judged draft tokens (accepted + the first rejected)
+    first_accepted_w: float = 0.0  # discounted rounds whose first draft token was accepted
+    first_judged_w: float = 0.0  # discounted rounds that judged a first draft token
+    first_accepted: int = 0
+    first_judged: int = 0
     draft_per_token: Optional[float] = None  # seconds per drafted token (EMA); None: never measured
     catch_up: float = 0.0  # seconds per token fed before drafting (a draft model catching up; EMA)
     rounds: int = 0
@@ -84,8 +112,17 @@ class SourceStats:
         return self.accepted_w / self.judged_w
 
     @property
+    def first_accept(self) -> float:
+        """Estimated probability that a round's first draft token is accepted (shrunk toward `accept`)."""
+        return (self.first_accepted_w + FIRST_PRIOR * self.accept) / (self.first_judged_w + FIRST_PRIOR)
+
+    @property
     def long_run_accept(self) -> float:
         return (self.accepted + PRIOR_ACCEPT * PRIOR_TRIALS) / (self.judged + PRIOR_TRIALS)
+
+    @property
+    def long_run_first(self) -> float:
+        return (self.first_accepted + FIRST_PRIOR * self.long_run_accept) / (self.first_judged + FIRST_PRIOR)
 
     def observe(self, proposed: int, accepted: int) -> None:
         judged = accepted + (1 if accepted < proposed else 0)  # tokens after the first rejection were never judged
@@ -93,11 +130,18 @@ class SourceStats:
         self.judged_w = DISCOUNT * self.judged_w + judged
         self.rounds, self.proposed, self.accepted, self.judged = (
             self.rounds + 1, self.proposed + proposed, self.accepted + accepted, self.judged + judged)
+        if proposed:
+            hit = 1 if accepted else 0
+            self.first_accepted_w = DISCOUNT * self.first_accepted_w + hit
+            self.first_judged_w = DISCOUNT * self.first_judged_w + 1
+            self.first_accepted, self.first_judged = self.first_accepted + hit, self.first_judged + 1
 
     def idle(self) -> None:
         """Offered but not chosen: drift back toward the long-run acceptance."""
         target = self.long_run_accept * self.judged_w
         self.accepted_w += IDLE_PULL * (target - self.accepted_w)
+        target = self.long_run_first * self.first_judged_w
+        self.first_accepted_w += IDLE_PULL * (target - self.first_accepted_w)
 
 
 @dataclass
@@ -111,9 +155,11 @@ class Policy:
     k_max: int
     adaptive: bool = True
     verify: Dict[int, float] = field(default_factory=dict)  # seconds per verify of k drafts (EMA)
+    verify_n: Dict[int, int] = field(default_factory=dict)  # timings behind each verify[k]
     sources: Dict[str, SourceStats] = field(default_factory=dict)
     rounds: int = 0  # target passes recorded, plain or speculative
     probing: Optional[str] = None  # the source of the probe round chosen last, until its update
+    plain_age: int = 0  # rounds since a plain step was last measured
 
     def stats(self, source: str) -> SourceStats:
         return self.sources.setdefault(source, SourceStats())
@@ -148,11 +194,13 @@ class Policy:
 
     def expected_rate(self, k: int, source: str = "", lag: int = 0, accept: Optional[float] = None) -> float:
         """Expected tokens per second (or per relative unit) of a round drafting k tokens from `source`
-        (at `accept`, default the source's estimated acceptance)."""
+        (at `accept` for every draft token, default the source's estimates)."""
         if k == 0:
             return 1.0 / self.verify_cost(0)
-        a = min(self.stats(source).accept if accept is None else accept, 0.999)
-        tokens = (1 - a ** (k + 1)) / (1 - a)
+        s = self.stats(source)
+        a = min(s.accept if accept is None else accept, 0.999)
+        p = s.first_accept if accept is None else accept
+        tokens = 1 + p * (1 - a ** k) / (1 - a)
         return tokens / self.round_cost(k, source, lag)[0]
 
     def ranked_rate(self, k: int, source: str, lag: int = 0) -> float:
@@ -209,17 +257,25 @@ class Policy:
             # policy that started by drafting guessed plain steps too slow and kept drafting at a loss).
             return "", 0
         caps = {src: cap for src, cap in caps.items() if self.pays_back(src, lags.get(src, 0), remaining)}
-        for src, cap in caps.items():  # a new source drafts a short probe first: its cost, then its odds
-            if self.stats(src).rounds == 0:
-                return self._probe(src, min(PROBE_K, cap))
+        fresh = [src for src in caps if self.stats(src).rounds == 0]
+        for src in fresh:  # a new source drafts a short probe first: its cost, then its odds
+            if not lags.get(src, 0):
+                return self._probe(src, min(PROBE_K, caps[src]))
         floor = self.expected_rate(0) * (1 + MARGIN)  # drafting at all must beat plain by MARGIN
         best, best_rank = ("", 0), 0.0
         for src, cap in caps.items():  # each source's best length, then the sources ranked against each other
+            if src in fresh:
+                continue
             lag = lags.get(src, 0)
             k = max(range(1, cap + 1), key=lambda j: self.expected_rate(j, src, lag))
             rank = self.ranked_rate(k, src, lag)
             if rank > best_rank and self.expected_rate(k, src, lag) > floor:
                 best, best_rank = (src, k), rank
+        if best[1] == 0 and fresh:  # nothing else would draft: now a new source's catch-up is worth a look
+            return self._probe(fresh[0], min(PROBE_K, caps[fresh[0]]))
+        if (best[1] > 0 and self.plain_age >= RECHECK_EVERY
+                and self.expected_rate(best[1], best[0], lags.get(best[0], 0)) < floor * (1 + RECHECK)):
+            return "", 0  # a marginal draft: is the baseline it beats still what a plain step costs?
         if best[1] > 0:
             s = self.stats(best[0])
             s.off_steps, s.credit, s.follow = 0, 0.0, 0
@@ -237,7 +293,7 @@ class Policy:
         for src, cap in caps.items():  # probe a source passed over once its credit pays for the probe
             s = self.stats(src)
             if (src != best[0] and s.off_steps >= PROBE_MIN
-                    and s.credit >= self.probe_loss(src, best, lags.get(src, 0))):
+                    and s.credit >= self.probe_loss(src, best)):
                 return self._probe(src, min(PROBE_K, cap))
         return best
 
@@ -247,16 +303,22 @@ class Policy:
         self.probing = source
         return source, k
 
-    def probe_loss(self, source: str, instead: Tuple[str, int], lag: int = 0) -> float:
+    def probe_loss(self, source: str, instead: Tuple[str, int]) -> float:
         """Expected time a probe round of `source` loses against the round `instead` (src, k) for the same tokens.
+
+        A draft model's catch-up is left out: every token it sat out must be fed before it drafts again, whenever
+        that is, so it is owed by its next use, not by the probe. Counted in, it grew with every round sat out
+        (0.034 s a round, 5 % of a plain step, at the per-token rate 1-token catch-ups gave) faster than the probe
+        budget's 2 %, and the 0.5B (90 % accepted on a code edit, after a few rejected drafts) was never probed
+        again for the last 53 rounds of the reply.
 
         Costed at the lower of the recent and the long-run acceptance: the long-run one starts from the
         optimistic prior, and a source whose probes keep failing (the self drafter on code edits probed 7-16
         times per 128-token reply, 0.80-0.96x of plain) must not be re-probed on the strength of that prior.
         """
         s = self.stats(source)
-        a = min(s.accept, s.long_run_accept)
-        whole = self.round_cost(PROBE_K, source, lag)[0]
+        a = min(s.first_accept, s.long_run_first)  # a probe drafts one token: a first token
+        whole = self.round_cost(PROBE_K, source)[0]
         return max(0.0, whole - (1 + a) / self.expected_rate(instead[1], instead[0]))
 
     def observe(self, source: str, proposed: int, accepted: int) -> None:
@@ -271,8 +333,10 @@ class Policy:
         """Record one round: `accepted` of `proposed` drafts from `source`, and what verify and drafting cost
         (draft_s includes catch_up_s, the time feeding the catch_up_tokens the source was behind)."""
         self.rounds += 1
-        old = self.verify.get(proposed)
-        self.verify[proposed] = verify_s if old is None else (1 - EMA) * old + EMA * verify_s
+        n = self.verify_n[proposed] = self.verify_n.get(proposed, 0) + 1
+        w = max(EMA, 1 / n)  # the first few timings are averaged: one slow first step must not stand for many
+        self.verify[proposed] = (1 - w) * self.verify.get(proposed, 0.0) + w * verify_s
+        self.plain_age = 0 if proposed == 0 else self.plain_age + 1
         if proposed == 0:
             return
         s = self.stats(source)
@@ -283,6 +347,6 @@ class Policy:
         per_tok = max(draft_s - catch_up_s, 0.0) / proposed
         first = s.draft_per_token is None
         s.draft_per_token = per_tok if first else (1 - EMA) * s.draft_per_token + EMA * per_tok
-        if catch_up_tokens:
+        if catch_up_tokens >= CATCH_UP_MIN:
             per_tok = catch_up_s / catch_up_tokens
             s.catch_up = per_tok if not s.catch_up else (1 - EMA) * s.catch_up + EMA * per_tok
