@@ -1,0 +1,126 @@
+"""A/B of the draft policy: `mlx_spec/gen/policy.py` at an older git revision against the working tree's.
+
+Both run in one process on the same loaded target, each drafter made afresh for every run, greedy, the
+two policies' order alternating from one (prompt, row) to the next so that drift falls on both. Each run
+keeps its per-round trace (`Stats.trace`), so a difference can be traced to the rounds where the two
+policies chose differently; pairs that chose the same in every round show the timing noise.
+
+    python notebooks/policy_ab.py --old 8c9b72f --prompts HumanEval/7,HumanEval/7:rename \
+        --rows hybrid:qwen2.5-coder-0.5b,suffix --out notebooks/runs/policy-ab.json
+
+Prints a markdown table (seconds old -> new per prompt and row, and per row the ratio of total times).
+A development tool, not part of the package: the bench suites measure drafters, this measures a change.
+"""
+
+import argparse
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def old_policy(rev: str):
+    """The Policy class of mlx_spec/gen/policy.py at git revision `rev`."""
+    src = subprocess.run(["git", "show", f"{rev}:mlx_spec/gen/policy.py"], cwd=ROOT, capture_output=True, text=True)
+    if src.returncode:
+        sys.exit(f"error: {src.stderr.strip()}")
+    path = Path(tempfile.mkdtemp()) / "policy_old.py"
+    path.write_text(src.stdout)
+    spec = importlib.util.spec_from_file_location("policy_old", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.Policy
+
+
+def run(args) -> list:
+    from mlx_spec.bench.prompts import build
+    from mlx_spec.gen.engine import Stats, speculative_generate_step
+    from mlx_spec.gen.policy import Policy as New
+    from mlx_spec.gen.registry import default_num_draft
+    from mlx_spec.named import load_model, make_drafter
+
+    Old = old_policy(args.old)
+    target, tok, _ = load_model(args.target)
+    want = args.prompts.split(",")
+    n = 1 + max(int(w.split("/")[1].split(":")[0]) for w in want)
+    prompts = [p for p in build(tok, n, n, n_prose=6) if p.id in want]
+    if len(prompts) != len(want):
+        sys.exit(f"error: unknown prompt(s): {sorted(set(want) - {p.id for p in prompts})}")
+    eos = list(tok.eos_token_ids)
+    list(speculative_generate_step(prompts[0].ids[:20], target, None, max_tokens=4))  # warm-up
+    out = []
+    for i, p in enumerate(prompts):
+        for j, row in enumerate(args.rows.split(",")):
+            order = [("old", Old), ("new", New)][:: -1 if (i + j) % 2 else 1]
+            for name, policy in order:
+                drafter = make_drafter(row, target, tok)
+                stats = Stats(trace=[])
+                t0 = time.perf_counter()
+                tokens = [s.token for s in speculative_generate_step(
+                    p.ids, target, drafter, max_tokens=args.max_tokens, eos_token_ids=eos, stats=stats,
+                    policy=policy(default_num_draft(drafter)))]
+                out.append({"prompt": p.id, "row": row, "policy": name, "total": time.perf_counter() - t0,
+                            "tokens": tokens, "stats": stats.as_dict()})
+                print(f"{p.id:24s} {row:28s} {name} {out[-1]['total']:6.1f} s", file=sys.stderr, flush=True)
+                Path(args.out).write_text(json.dumps({"old": args.old, "target": args.target, "runs": out}))
+                del drafter
+    return out
+
+
+def report(runs: list) -> str:
+    """The markdown table: per prompt and row, old -> new seconds; per row, totals and the spread."""
+    by = {(r["prompt"], r["row"], r["policy"]): r for r in runs}
+    rows = list(dict.fromkeys(r["row"] for r in runs))
+    prompts = list(dict.fromkeys(r["prompt"] for r in runs))
+    lines = ["| prompt | " + " | ".join(rows) + " |", "|---" * (len(rows) + 1) + "|"]
+    pairs = {row: [] for row in rows}
+    for p in prompts:
+        cells = []
+        for row in rows:
+            o, n = by.get((p, row, "old")), by.get((p, row, "new"))
+            if not (o and n):
+                cells.append("-")
+                continue
+            same = [t["source"] for t in o["stats"]["trace"]] == [t["source"] for t in n["stats"]["trace"]] and \
+                [t["proposed"] for t in o["stats"]["trace"]] == [t["proposed"] for t in n["stats"]["trace"]]
+            pairs[row].append((o["total"], n["total"], o["tokens"] == n["tokens"]))
+            cells.append(f"{o['total']:.1f} → {n['total']:.1f} ({o['total'] / n['total']:.2f}x)"
+                         + (" =" if same else "") + ("" if o["tokens"] == n["tokens"] else " DIFFERENT OUTPUT"))
+        lines.append(f"| {p} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("(`=`: both policies made the same choice in every round, so the difference is timing noise)")
+    lines.append("")
+    for row, v in pairs.items():
+        if not v:
+            continue
+        ratios = [o / n for o, n, _ in v]
+        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        lines.append(f"- {row}: {len(v)} prompts, {sum(o for o, _, _ in v):.1f} s → {sum(n for _, n, _ in v):.1f} s "
+                     f"({sum(o for o, _, _ in v) / sum(n for _, n, _ in v):.3f}x of the total; geometric mean "
+                     f"{geo:.3f}x, per prompt {min(ratios):.2f}-{max(ratios):.2f}x); outputs identical: "
+                     f"{sum(s for _, _, s in v)}/{len(v)}")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--old", required=True, help="git revision of the policy to compare against")
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--prompts", required=True, help="comma list of benchmark prompt ids (HumanEval/7:rename, ...)")
+    ap.add_argument("--rows", required=True, help="comma list of drafter specs")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--out", required=True, help="JSON file for the runs (rewritten after each)")
+    ap.add_argument("--report", action="store_true", help="only print the table of an existing --out file")
+    args = ap.parse_args()
+    runs = json.loads(Path(args.out).read_text())["runs"] if args.report else run(args)
+    print(report(runs))
+
+
+if __name__ == "__main__":
+    main()
