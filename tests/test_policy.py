@@ -282,3 +282,18 @@ def test_a_new_source_that_must_catch_up_waits_for_a_round_nothing_else_drafts()
     q = Policy(7)
     feed(q, "suffix", 7, 7, 0.0)
     assert q.choose({"suffix": 7, "self": 6}, 1000, {"self": 0}) == ("self", PROBE_K)
+
+
+def test_drafting_resumes_on_the_lower_of_the_recent_and_the_long_run_acceptance():
+    """A source that pays only in lucky streaks: a few accepted drafts in a row must not switch on a source whose
+    long-run odds do not beat plain."""
+    p = Policy(6)
+    p.update("", 0, 0, STEP, 0.0)
+    for i in range(30):  # 60 % of first tokens accepted, over many rounds
+        p.update("model", 1, 1 if i % 5 < 3 else 0, STEP * 1.2, STEP * 0.4)
+    for _ in range(5):  # a streak
+        p.update("model", 1, 1, STEP * 1.2, STEP * 0.4)
+    s = p.stats("model")
+    assert s.first_accept > s.long_run_first + 0.1
+    assert p.expected_rate(1, "model") > p.expected_rate(0) * (1 + MARGIN) > p.expected_rate(1, "model", cautious=True)
+    assert p.choose({"model": 6}, 1000)[1] == 0  # judged cautiously: plain
