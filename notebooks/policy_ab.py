@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+MIN_PLAIN = 16  # plain steps a run needs for its median step to price its drafting rounds
 
 
 def old_policy(rev: str):
@@ -73,6 +74,17 @@ def run(args) -> list:
     return out
 
 
+def drafting_loss(run: dict) -> float:
+    """Seconds the drafting rounds cost beyond what plain steps (at this run's median) would have for their tokens:
+    less noisy than the totals, since the plain steps both runs share drop out."""
+    trace = run["stats"].get("trace") or []
+    plain = sorted(t["verify_s"] for t in trace if not t["proposed"])
+    if len(plain) < MIN_PLAIN:
+        return None
+    step = plain[len(plain) // 2]
+    return sum(t["verify_s"] + t["draft_s"] - (t["accepted"] + 1) * step for t in trace if t["proposed"])
+
+
 def report(runs: list) -> str:
     """The markdown table: per prompt and row, old -> new seconds; per row, totals and the spread."""
     by = {(r["prompt"], r["row"], r["policy"]): r for r in runs}
@@ -90,11 +102,15 @@ def report(runs: list) -> str:
             same = [t["source"] for t in o["stats"]["trace"]] == [t["source"] for t in n["stats"]["trace"]] and \
                 [t["proposed"] for t in o["stats"]["trace"]] == [t["proposed"] for t in n["stats"]["trace"]]
             pairs[row].append((o["total"], n["total"], o["tokens"] == n["tokens"]))
-            cells.append(f"{o['total']:.1f} → {n['total']:.1f} ({o['total'] / n['total']:.2f}x)"
+            lo, ln = drafting_loss(o), drafting_loss(n)
+            cells.append(f"{o['total']:.1f} → {n['total']:.1f} ({o['total'] / n['total']:.2f}x"
+                         + (f"; drafting {lo:+.1f} → {ln:+.1f}" if lo is not None and ln is not None else "") + ")"
                          + (" =" if same else "") + ("" if o["tokens"] == n["tokens"] else " DIFFERENT OUTPUT"))
         lines.append(f"| {p} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("(`=`: both policies made the same choice in every round, so the difference is timing noise)")
+    lines.append("(seconds per reply, old → new; drafting: what the drafting rounds cost beyond plain steps at the "
+                 "run's median for the same tokens, negative = saved, shown where both runs have 16 plain steps; `=`: both policies made the same choice in every "
+                 "round, so the difference is timing noise)")
     lines.append("")
     for row, v in pairs.items():
         if not v:

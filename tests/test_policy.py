@@ -297,3 +297,21 @@ def test_drafting_resumes_on_the_lower_of_the_recent_and_the_long_run_acceptance
     assert s.first_accept > s.long_run_first + 0.1
     assert p.expected_rate(1, "model") > p.expected_rate(0) * (1 + MARGIN) > p.expected_rate(1, "model", cautious=True)
     assert p.choose({"model": 6}, 1000)[1] == 0  # judged cautiously: plain
+
+
+def test_short_catch_ups_are_not_timed_per_token_so_a_draft_model_sat_out_is_probed_again():
+    """1-token catch-ups ride along in the first draft pass: timed per token they read 5x the real rate, and the
+    probe cost of a sat-out draft model (its catch-up included) then outgrew the probe budget for good."""
+    p = Policy(6)
+    p.update("", 0, 0, STEP, 0.0)
+    p.update("model", 4, 4, STEP * 1.2, STEP * 0.4 * 4 + 0.5, 0.5, 50)  # a 50-token catch-up: 0.01 s a token
+    for accepted in (1, 0, 1):
+        p.update("model", 1, accepted, STEP * 1.1, STEP * 0.4 + 0.05, 0.05, 1)  # 1-token catch-ups: not timed
+    assert p.stats("model").catch_up == pytest.approx(0.01)
+    lag = 1
+    for rounds in range(1, 100):
+        if p.choose({"model": 6}, 1000, {"model": lag})[1]:
+            break
+        p.update("", 0, 0, STEP, 0.0)
+        lag += 1
+    assert rounds < 40  # probed again, the catch-up of every round sat out included

@@ -19,7 +19,7 @@ sooner. While plain decoding is chosen, a probe whose every token is accepted is
 another of twice its length (`SourceStats.follow`), so a source that has become good is back on within
 a few rounds instead of ramping up one token per probe interval; the probe's expected loss uses the
 lower of the recent and the long-run first-token acceptance, so a source that keeps failing its probes is
-not re-probed on the hope of its prior, and leaves out a draft model's catch-up (`probe_loss`). A free source (the n-gram) is judged every round by the engine's shadow drafts
+not re-probed on the hope of its prior (`probe_loss`). A free source (the n-gram) is judged every round by the engine's shadow drafts
 (`Policy.observe`) and needs no probes. Acceptance and draft cost are kept per source (a hybrid's
 free n-gram drafts and its costly model drafts differ); the verify cost belongs to the target.
 A source that has not drafted yet gets a short probe round first, so an expensive drafter shows its
@@ -301,7 +301,7 @@ class Policy:
         for src, cap in caps.items():  # probe a source passed over once its credit pays for the probe
             s = self.stats(src)
             if (src != best[0] and s.off_steps >= PROBE_MIN
-                    and s.credit >= self.probe_loss(src, best)):
+                    and s.credit >= self.probe_loss(src, best, lags.get(src, 0))):
                 return self._probe(src, min(PROBE_K, cap))
         return best
 
@@ -311,22 +311,23 @@ class Policy:
         self.probing = source
         return source, k
 
-    def probe_loss(self, source: str, instead: Tuple[str, int]) -> float:
-        """Expected time a probe round of `source` loses against the round `instead` (src, k) for the same tokens.
+    def probe_loss(self, source: str, instead: Tuple[str, int], lag: int = 0) -> float:
+        """Expected time a probe round of `source` loses against the round `instead` (src, k) for the same tokens,
+        its catch-up of `lag` tokens included.
 
-        A draft model's catch-up is left out: every token it sat out must be fed before it drafts again, whenever
-        that is, so it is owed by its next use, not by the probe. Counted in, it grew with every round sat out
-        (0.034 s a round, 5 % of a plain step, at the per-token rate 1-token catch-ups gave) faster than the probe
-        budget's 2 %, and the 0.5B (90 % accepted on a code edit, after a few rejected drafts) was never probed
-        again for the last 53 rounds of the reply.
-
-        Costed at the lower of the recent and the long-run acceptance: the long-run one starts from the
-        optimistic prior, and a source whose probes keep failing (the self drafter on code edits probed 7-16
+        Costed at the lower of the recent and the long-run first-token acceptance: the long-run one starts from
+        the optimistic prior, and a source whose probes keep failing (the self drafter on code edits probed 7-16
         times per 128-token reply, 0.80-0.96x of plain) must not be re-probed on the strength of that prior.
+        The catch-up grows with every round sat out, so a passed-over draft model is re-probed only while its
+        per-token catch-up stays below the probe budget's share of a round; timed on 1-token catch-ups it
+        read 0.034 s a token, 5 % of a plain step, and the 0.5B (90 % accepted on a code edit) was never probed
+        again for the last 53 rounds of the reply: catch-ups under CATCH_UP_MIN tokens are not timed. Leaving
+        the catch-up out altogether probed back there, but on open prose questions the probes' catch-ups then
+        cost 3-6 s a reply (BENCHMARKS.md §8).
         """
         s = self.stats(source)
         a = min(s.first_accept, s.long_run_first)  # a probe drafts one token: a first token
-        whole = self.round_cost(PROBE_K, source)[0]
+        whole = self.round_cost(PROBE_K, source, lag)[0]
         return max(0.0, whole - (1 + a) / self.expected_rate(instead[1], instead[0]))
 
     def observe(self, source: str, proposed: int, accepted: int) -> None:
