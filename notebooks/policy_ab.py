@@ -109,8 +109,8 @@ def report(runs: list) -> str:
         lines.append(f"| {p} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("(seconds per reply, old → new; drafting: what the drafting rounds cost beyond plain steps at the "
-                 "run's median for the same tokens, negative = saved, shown where both runs have 16 plain steps; `=`: both policies made the same choice in every "
-                 "round, so the difference is timing noise)")
+                 "run's median for the same tokens, negative = saved, shown where both runs have 16 plain steps; "
+                 "`=`: both policies made the same choice in every round, so the difference is timing noise)")
     lines.append("")
     for row, v in pairs.items():
         if not v:

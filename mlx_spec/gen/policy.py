@@ -3,11 +3,11 @@
 Expected tokens from a round with k drafts and per-token acceptance a (the geometric model of
 Leviathan et al.): E(k) = (1 - a^(k+1)) / (1 - a), here with the first draft token accepted with its own
 probability p: E(k) = 1 + p (1 - a^k) / (1 - a) (p = a is the geometric model; see below). Its cost is
-verify(k) + k * draft_per_token, both measured online. Each round the policy takes, over every source the drafter offers and every
-k up to what that source can draft, the pair with the highest E(k) / cost(k); k = 0 is plain
-decoding, so speculation switches itself off wherever it would make the user slower. A source
-passed over (for plain decoding or for another source) gets a one-token probe round now and then, so
-a stale estimate is corrected and drafting switches back on when it pays. Probes are paid from a
+verify(k) + k * draft_per_token, both measured online. Each round the policy takes, over every source
+the drafter offers and every k up to what that source can draft, the pair with the highest
+E(k) / cost(k); k = 0 is plain decoding, so speculation switches itself off wherever it would make the
+user slower. A source passed over (for plain decoding or for another source) gets a one-token probe
+round now and then, so a stale estimate is corrected and drafting switches back on when it pays. Probes are paid from a
 budget: while a source is passed over it earns PROBE_BUDGET of each round's time, and it probes once
 its credit covers what a probe is expected to lose against the round chosen instead, so probes aim to cost
 about 2 % of the time wherever drafting does not pay, however costly the source: on this CPU a
@@ -19,9 +19,9 @@ sooner. While plain decoding is chosen, a probe whose every token is accepted is
 another of twice its length (`SourceStats.follow`), so a source that has become good is back on within
 a few rounds instead of ramping up one token per probe interval; the probe's expected loss uses the
 lower of the recent and the long-run first-token acceptance, so a source that keeps failing its probes is
-not re-probed on the hope of its prior (`probe_loss`). A free source (the n-gram) is judged every round by the engine's shadow drafts
-(`Policy.observe`) and needs no probes. Acceptance and draft cost are kept per source (a hybrid's
-free n-gram drafts and its costly model drafts differ); the verify cost belongs to the target.
+not re-probed on the hope of its prior (`probe_loss`). A free source (the n-gram) is judged every round
+by the engine's shadow drafts (`Policy.observe`) and needs no probes. Acceptance and draft cost are kept
+per source (a hybrid's free n-gram drafts and its costly model drafts differ); the verify cost belongs to the target.
 A source that has not drafted yet gets a short probe round first, so an expensive drafter shows its
 cost before it is trusted with a long draft. One that must catch up first (a draft model not yet fed the
 prompt: 2.1-2.3 s for a 210-245-token code edit here) waits for a round in which nothing else would draft, so
@@ -58,9 +58,10 @@ Drafts fail together: where a context drafter's source stops matching (an n-gram
 rewritten) it fails at its first token round after round, which the per-token count (one judged token per
 failed round) hardly notices, while the tokens after an accepted first one keep their odds. On this CPU a
 verify of 7 drafts costs about 1.8 plain steps, and on one 69 s code edit the hybrid lost 4.9 s against
-plain steps on 13 n-gram drafts that got no token accepted (2.9 s on five of 6-7 tokens). So the first draft token of a round has its own estimate p
-(discounted counts of the rounds' first tokens, shrunk toward the per-token a while they are few), and a
-source whose first tokens fail drafts short, or not at all, until they hold again.
+plain steps on 13 n-gram drafts that got no token accepted (2.9 s on five of 6-7 tokens). So the first
+draft token of a round has its own estimate p (discounted counts of the rounds' first tokens, shrunk
+toward the per-token a while they are few), and a source whose first tokens fail drafts short, or not at
+all, until they hold again.
 
 Between sources, a source's own drafting time must earn its keep too: its rate is discounted by
 COST_MARGIN times the share of the round spent drafting. A draft model's time is a noisy online
@@ -322,8 +323,8 @@ class Policy:
         per-token catch-up stays below the probe budget's share of a round; timed on 1-token catch-ups it
         read 0.034 s a token, 5 % of a plain step, and the 0.5B (90 % accepted on a code edit) was never probed
         again for the last 53 rounds of the reply: catch-ups under CATCH_UP_MIN tokens are not timed. Leaving
-        the catch-up out altogether probed back there, but on open prose questions the probes' catch-ups then
-        cost 3-6 s a reply (BENCHMARKS.md §8).
+        the catch-up out altogether probed back there, but drafted more on open prose questions, at up to
+        5.5 s more a reply (BENCHMARKS.md §8).
         """
         s = self.stats(source)
         a = min(s.first_accept, s.long_run_first)  # a probe drafts one token: a first token
