@@ -1,18 +1,24 @@
-"""A/B of the draft policy: `mlx_spec/gen/policy.py` at an older git revision against the working tree's.
+"""A/B of one engine module (by default the draft policy, `mlx_spec/gen/policy.py`) at an older git revision
+against the working tree's.
 
 Both run in one process on the same loaded target, each drafter made afresh for every run, greedy, the
-two policies' order alternating from one (prompt, row) to the next so that drift falls on both. Each run
-keeps its per-round trace (`Stats.trace`), so a difference can be traced to the rounds where the two
-policies chose differently; pairs that chose the same in every round show the timing noise.
+two sides' order alternating from one (prompt, row) to the next so that drift falls on both. The old side runs
+with the classes of the module swapped for the old revision's (`--file`: their methods and class attributes; the
+module's plain functions stay new). Each run keeps its per-round trace (`Stats.trace`), so a difference can be
+traced to the rounds where the two sides chose differently; pairs that chose the same in every round show the
+timing noise.
 
     python notebooks/policy_ab.py --old 8c9b72f --prompts HumanEval/7,HumanEval/7:rename \
         --rows hybrid:qwen2.5-coder-0.5b,suffix --out notebooks/runs/policy-ab.json
+    python notebooks/policy_ab.py --old HEAD --file mlx_spec/gen/drafters/model.py ...
 
 Prints a markdown table (seconds old -> new per prompt and row, and per row the ratio of total times).
 A development tool, not part of the package: the bench suites measure drafters, this measures a change.
 """
 
 import argparse
+import contextlib
+import importlib
 import importlib.util
 import json
 import math
@@ -26,27 +32,62 @@ ROOT = Path(__file__).resolve().parent.parent
 MIN_PLAIN = 16  # plain steps a run needs for its median step to price its drafting rounds
 
 
-def old_policy(rev: str):
-    """The Policy class of mlx_spec/gen/policy.py at git revision `rev`."""
-    src = subprocess.run(["git", "show", f"{rev}:mlx_spec/gen/policy.py"], cwd=ROOT, capture_output=True, text=True)
+def revision(rev: str) -> str:
+    """The short commit id of a git revision name."""
+    out = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"error: {out.stderr.strip()}")
+    return out.stdout.strip()
+
+
+def old_module(rev: str, path: str):
+    """The module at `path` (e.g. mlx_spec/gen/policy.py) as of git revision `rev`, loaded beside the current one
+    (same package, so its relative imports resolve to the current modules)."""
+    src = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True)
     if src.returncode:
         sys.exit(f"error: {src.stderr.strip()}")
-    path = Path(tempfile.mkdtemp()) / "policy_old.py"
-    path.write_text(src.stdout)
-    spec = importlib.util.spec_from_file_location("policy_old", path)
+    file = Path(tempfile.mkdtemp()) / "old.py"
+    file.write_text(src.stdout)
+    spec = importlib.util.spec_from_file_location(path[:-3].replace("/", ".") + "_old", file)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.Policy
+    return mod
+
+
+@contextlib.contextmanager
+def swapped(old, new):
+    """Within the block, every class `new` defines that `old` defines too has the old class's methods and class
+    attributes (subclasses elsewhere inherit them)."""
+    missing, saved = object(), []
+    for name, old_cls in vars(old).items():
+        new_cls = getattr(new, name, None)
+        if not (isinstance(old_cls, type) and isinstance(new_cls, type) and old_cls.__module__ == old.__name__):
+            continue
+        for attr, value in vars(old_cls).items():
+            if attr.startswith("__") and attr != "__init__":
+                continue
+            saved.append((new_cls, attr, new_cls.__dict__.get(attr, missing)))
+            setattr(new_cls, attr, value)
+    try:
+        yield
+    finally:
+        for cls, attr, value in reversed(saved):
+            if value is missing:
+                delattr(cls, attr)
+            else:
+                setattr(cls, attr, value)
 
 
 def run(args) -> list:
     from mlx_spec.bench.prompts import build
     from mlx_spec.gen.engine import Stats, speculative_generate_step
-    from mlx_spec.gen.policy import Policy as New
+    from mlx_spec.gen.policy import Policy
     from mlx_spec.gen.registry import default_num_draft
     from mlx_spec.named import load_model, make_drafter
 
-    Old = old_policy(args.old)
+    args.old = revision(args.old)  # recorded as a commit, not as a name that moves (HEAD)
+    new = importlib.import_module(args.file[:-3].replace("/", "."))
+    old = old_module(args.old, args.file)
     target, tok, _ = load_model(args.target)
     want = args.prompts.split(",")
     n = 1 + max(int(w.split("/")[1].split(":")[0]) for w in want)
@@ -58,18 +99,19 @@ def run(args) -> list:
     out = []
     for i, p in enumerate(prompts):
         for j, row in enumerate(args.rows.split(",")):
-            order = [("old", Old), ("new", New)][:: -1 if (i + j) % 2 else 1]
-            for name, policy in order:
-                drafter = make_drafter(row, target, tok)
-                stats = Stats(trace=[])
-                t0 = time.perf_counter()
-                tokens = [s.token for s in speculative_generate_step(
-                    p.ids, target, drafter, max_tokens=args.max_tokens, eos_token_ids=eos, stats=stats,
-                    policy=policy(default_num_draft(drafter)))]
+            for name in ["old", "new"][:: -1 if (i + j) % 2 else 1]:
+                with swapped(old, new) if name == "old" else contextlib.nullcontext():
+                    drafter = make_drafter(row, target, tok)
+                    stats = Stats(trace=[])
+                    t0 = time.perf_counter()
+                    tokens = [s.token for s in speculative_generate_step(
+                        p.ids, target, drafter, max_tokens=args.max_tokens, eos_token_ids=eos, stats=stats,
+                        policy=Policy(default_num_draft(drafter)))]
                 out.append({"prompt": p.id, "row": row, "policy": name, "total": time.perf_counter() - t0,
                             "tokens": tokens, "stats": stats.as_dict()})
                 print(f"{p.id:24s} {row:28s} {name} {out[-1]['total']:6.1f} s", file=sys.stderr, flush=True)
-                Path(args.out).write_text(json.dumps({"old": args.old, "target": args.target, "runs": out}))
+                Path(args.out).write_text(json.dumps({"old": args.old, "file": args.file, "target": args.target,
+                                                      "runs": out}))
                 del drafter
     return out
 
@@ -110,7 +152,7 @@ def report(runs: list) -> str:
     lines.append("")
     lines.append("(seconds per reply, old → new; drafting: what the drafting rounds cost beyond plain steps at the "
                  "run's median for the same tokens, negative = saved, shown where both runs have 16 plain steps; "
-                 "`=`: both policies made the same choice in every round, so the difference is timing noise)")
+                 "`=`: both sides made the same choice in every round, so the difference is timing noise)")
     lines.append("")
     for row, v in pairs.items():
         if not v:
@@ -126,7 +168,8 @@ def report(runs: list) -> str:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--old", required=True, help="git revision of the policy to compare against")
+    ap.add_argument("--old", required=True, help="git revision of the module to compare against")
+    ap.add_argument("--file", default="mlx_spec/gen/policy.py", help="the module whose classes are compared")
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--prompts", required=True, help="comma list of benchmark prompt ids (HumanEval/7:rename, ...)")
     ap.add_argument("--rows", required=True, help="comma list of drafter specs")
