@@ -127,6 +127,17 @@ def drafting_loss(run: dict) -> float:
     return sum(t["verify_s"] + t["draft_s"] - (t["accepted"] + 1) * step for t in trace if t["proposed"])
 
 
+def drafting_yield(run: dict):
+    """(drafting rounds, tokens they produced, their time counted in plain steps at the run's median), or None."""
+    trace = run["stats"].get("trace") or []
+    plain = sorted(t["verify_s"] for t in trace if not t["proposed"])
+    if not plain:
+        return None
+    step = plain[len(plain) // 2]
+    drafted = [t for t in trace if t["proposed"]]
+    return len(drafted), sum(t["accepted"] + 1 for t in drafted), sum(t["verify_s"] + t["draft_s"] for t in drafted) / step
+
+
 def report(runs: list) -> str:
     """The markdown table: per prompt and row, old -> new seconds; per row, totals and the spread."""
     by = {(r["prompt"], r["row"], r["policy"]): r for r in runs}
@@ -163,6 +174,13 @@ def report(runs: list) -> str:
                      f"({sum(o for o, _, _ in v) / sum(n for _, n, _ in v):.3f}x of the total; geometric mean "
                      f"{geo:.3f}x, per prompt {min(ratios):.2f}-{max(ratios):.2f}x); outputs identical: "
                      f"{sum(s for _, _, s in v)}/{len(v)}")
+        for side in ("old", "new"):
+            y = [drafting_yield(r) for r in runs if r["row"] == row and r["policy"] == side]
+            y = [t for t in y if t]
+            if y and sum(t[2] for t in y):
+                lines.append(f"  - {side}: {sum(t[0] for t in y)} drafting rounds, {sum(t[1] for t in y) / sum(t[2] for t in y):.2f} "
+                             "tokens per plain step's time (tokens they produced over their time counted in plain steps "
+                             "at each run's median)")
     return "\n".join(lines)
 
 
