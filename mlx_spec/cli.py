@@ -110,8 +110,8 @@ TOP_P = typer.Option(0.0, help="Nucleus sampling threshold (0: off)")
 TOP_K = typer.Option(0, help="Top-k sampling (0: off)")
 SEED = typer.Option(None, help="Random seed")
 ADAPTIVE = typer.Option(True, help="Adapt K and switch speculation off when it does not pay")
-MIN_CONFIDENCE = typer.Option(None, help="Model/self drafters stop at a draft token the draft gives less than "
-                              f"this probability (default {DEFAULT_MIN_CONFIDENCE})")
+MIN_CONFIDENCE = typer.Option(None, help="Model/self drafters end a draft after a token the draft gives less "
+                              f"than this probability (default {DEFAULT_MIN_CONFIDENCE})")
 
 
 @app.command()
