@@ -135,7 +135,8 @@ def drafting_yield(run: dict):
         return None
     step = plain[len(plain) // 2]
     drafted = [t for t in trace if t["proposed"]]
-    return len(drafted), sum(t["accepted"] + 1 for t in drafted), sum(t["verify_s"] + t["draft_s"] for t in drafted) / step
+    steps = sum(t["verify_s"] + t["draft_s"] for t in drafted) / step
+    return len(drafted), sum(t["accepted"] + 1 for t in drafted), steps
 
 
 def report(runs: list) -> str:
@@ -175,12 +176,11 @@ def report(runs: list) -> str:
                      f"{geo:.3f}x, per prompt {min(ratios):.2f}-{max(ratios):.2f}x); outputs identical: "
                      f"{sum(s for _, _, s in v)}/{len(v)}")
         for side in ("old", "new"):
-            y = [drafting_yield(r) for r in runs if r["row"] == row and r["policy"] == side]
-            y = [t for t in y if t]
-            if y and sum(t[2] for t in y):
-                lines.append(f"  - {side}: {sum(t[0] for t in y)} drafting rounds, {sum(t[1] for t in y) / sum(t[2] for t in y):.2f} "
-                             "tokens per plain step's time (tokens they produced over their time counted in plain steps "
-                             "at each run's median)")
+            y = [t for t in (drafting_yield(r) for r in runs if r["row"] == row and r["policy"] == side) if t]
+            n, tokens, steps = (sum(t[i] for t in y) for i in range(3))
+            if steps:
+                lines.append(f"  - {side}: {n} drafting rounds, {tokens / steps:.2f} tokens per plain step's time "
+                             "(the tokens they produced over their time counted in plain steps at each run's median)")
     return "\n".join(lines)
 
 
