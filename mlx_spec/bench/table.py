@@ -209,7 +209,8 @@ class TableRun:
         t = self._generate(model, drafter, k, row, p.ids, self.suite.max_tokens, eos, stats)
         d = stats.as_dict()
         d["trace"] = [[r["source"], r["proposed"], r["accepted"], round(r["verify_s"], 4), round(r["draft_s"], 4),
-                       round(r["catch_up_s"], 4), r["behind"]] for r in d["trace"]] or None  # compact: one row a round
+                       round(r["catch_up_s"], 4), r["behind"]] + r.get("hindsight", [])
+                      for r in d["trace"]] or None  # compact: one row a round
         return {"prompt": p.id, "set": p.set, "repeat": rep, "prompt_tokens": len(p.ids), **t.as_dict(),
                 "stats": d, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 

@@ -260,10 +260,14 @@ def speculative_generate_step(
         stats.draft_time += t1 - t0
         stats.verify_time += t2 - t1
         _record(stats, n, a)
+        if draft.hindsight is not None:  # the output it sat out, judged as it caught up: before this round
+            policy.hindsight(*draft.hindsight)
         policy.update(source, n, a, t2 - t1, t1 - t0, draft.catch_up_s, draft.catch_up_tokens)
         if stats.trace is not None:
             stats.trace.append({"source": source, "proposed": n, "accepted": a, "verify_s": t2 - t1,
                                 "draft_s": t1 - t0, "catch_up_s": draft.catch_up_s, "behind": draft.catch_up_tokens})
+            if draft.hindsight is not None:
+                stats.trace[-1]["hindsight"] = [sum(draft.hindsight[1]), len(draft.hindsight[1])]
         if n and drafter is not None:
             drafter.feedback(source, n, a)
         new = draft.tokens[:a] + [nxt]

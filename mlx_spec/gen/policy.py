@@ -72,7 +72,7 @@ sources; whether to draft at all is still judged on the undiscounted rate agains
 """
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 EMA = 0.3  # weight of the newest timing: adapts within a few rounds, smooths one-off stalls
 PRIOR_ACCEPT = 0.6  # acceptance assumed before any measurement: optimistic, so speculation gets tried
@@ -337,6 +337,25 @@ class Policy:
         s = self.stats(source)
         s.observe(proposed, accepted)
         s.off_steps, s.credit = 0, 0.0
+
+    def hindsight(self, source: str, matches: Sequence[bool]) -> None:
+        """Record what greedy drafts from `source` would have done over output it sat out: `matches[i]` says
+        whether its prediction was the i-th token (`Draft.hindsight`, judged when a draft model catches up).
+
+        Replayed as the rounds drafting would have made, k_max tokens each: each round accepts the matches
+        up to the first miss, whose token the target supplies, and the next round starts after it. So a probe
+        that feeds 40 sat-out tokens judges 40, not one: a draft model rejected early in a reply and good
+        since (the 0.5B on code edits whose first lines are rewritten) is back on after one probe, and one
+        that stays poor (on open prose) is not re-probed on the strength of a lucky one-token probe.
+        """
+        s, i = self.stats(source), 0
+        while i < len(matches):
+            k = min(self.k_max, len(matches) - i)
+            m = 0
+            while m < k and matches[i + m]:
+                m += 1
+            s.observe(k, m)
+            i += m + 1
 
     def update(self, source: str, proposed: int, accepted: int, verify_s: float, draft_s: float,
                catch_up_s: float = 0.0, catch_up_tokens: int = 0) -> None:

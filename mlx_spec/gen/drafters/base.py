@@ -22,6 +22,9 @@ class Draft:
     verify: the verify pass for this draft when the drafter has done part of it (a first-L self draft):
     given [last context token] + tokens, the target's logits for them, as model() would give; None: the
     engine runs the target (and first rewinds anything a drafter left in the target's cache).
+    hindsight: (source, matches) when the catch-up pass also judged the output tokens it fed: for each, in
+    order, whether the drafter's greedy prediction there was that token, i.e. whether a greedy draft
+    would have been accepted at that position. None: nothing judged.
     """
 
     tokens: List[int]
@@ -29,6 +32,7 @@ class Draft:
     catch_up_s: float = 0.0
     catch_up_tokens: int = 0
     verify: Optional[Callable[[List[int]], mx.array]] = None
+    hindsight: Optional[Tuple[str, List[bool]]] = None
 
 
 class Drafter:

@@ -80,7 +80,10 @@ class HybridDrafter(Drafter):
         if probs is not None and head:  # the cheap tokens are deterministic: one-hot rows of the same width
             one_hot = mx.arange(probs.shape[-1])[None] == mx.array(head)[:, None]
             probs = mx.concatenate([one_hot.astype(probs.dtype), probs])
-        return Draft(head + tail.tokens, probs, tail.catch_up_s, tail.catch_up_tokens, tail.verify)
+        seen = tail.hindsight
+        if seen is not None:  # the model also judged the cheap head, which nothing has verified yet: drop those
+            seen = (seen[0], seen[1][: len(seen[1]) - len(head)]) if len(seen[1]) > len(head) else None
+        return Draft(head + tail.tokens, probs, tail.catch_up_s, tail.catch_up_tokens, tail.verify, seen)
 
     def feedback(self, source: str, proposed: int, accepted: int) -> None:
         if JOIN not in source:

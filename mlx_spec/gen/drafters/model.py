@@ -21,6 +21,8 @@ PREFILL_STEP = 512  # prompt tokens per forward pass: bounds the attention scrat
 ONE_PASS = 8  # catch-up tokens fed in the same pass as the token drafting continues from (see _forward)
 STEP_EMA = 0.3  # weight of the newest one-token draft step time (splits a round's catch-up from its steps)
 CALIBRATE_TOKENS = 16  # prompt tokens fed on a scratch cache when a drafter starts, to time its catch-up per token
+HINDSIGHT_MIN = 4  # output tokens a catch-up must feed for the drafter to judge them (`Draft.hindsight`)
+HINDSIGHT_MAX = 128  # ... and the most it judges: the last ones, in the pass that drafts
 
 
 def common_prefix(a: List[int], b: List[int]) -> int:
@@ -59,6 +61,8 @@ class ModelDrafter(Drafter):
         self._fed: List[int] = []
         self._step_s: Optional[float] = None  # seconds per one-token draft pass (EMA)
         self._catch_up_s: Optional[float] = None  # seconds per token fed without logits (timed once, at start)
+        self._output_from: Optional[int] = None  # the context's first output token (the prompt's length)
+        self._hindsight: Optional[List[bool]] = None  # what the last _forward judged
 
     def _new_cache(self):
         cache = new_cache(self.model)
@@ -75,6 +79,7 @@ class ModelDrafter(Drafter):
         """
         if self.cache is None:
             self.cache, self._fed = self._new_cache(), []
+        self._output_from = len(prompt)
         if self.head is not None:
             self.head.add(prompt)
         if len(prompt) > 1:
@@ -93,7 +98,7 @@ class ModelDrafter(Drafter):
         mx.eval([c.state for c in cache])
         t1 = time.perf_counter()
         last = mx.array(tokens[-1:])[None]
-        mx.eval(self.head.subset(self.head.hidden(last, cache)) if self.head is not None
+        mx.eval(self.head.subset(self.head.hidden(last, cache)[-1]) if self.head is not None
                 else self.model(last, cache=cache)[0, -1])
         t2 = time.perf_counter()
         self._catch_up_s, self._step_s = (t1 - t0) / max(1, len(tokens) - 2), t2 - t1
@@ -130,28 +135,48 @@ class ModelDrafter(Drafter):
             self._fed.extend(chunk)
             self.fed_total += len(chunk)
 
-    def _forward(self, tokens: List[int], hidden: bool = False) -> mx.array:
+    def _forward(self, tokens: List[int], hidden: bool = False, judge: int = 0) -> mx.array:
         """Feed tokens, return the last position's logits (V,), target-aligned (its hidden state if `hidden`).
 
         The last ONE_PASS tokens (a short catch-up and the token the draft continues from) go through the
         model together: on a memory-bound CPU or GPU a pass over 2-8 tokens costs about what a pass over one
         does. Earlier tokens are fed without logits, so a long catch-up (after the n-gram drafted for a
         while) does not compute the output head over every position.
+
+        judge: the last `judge` tokens are output the target produced while this drafter sat out; the pass
+        that feeds them also scores the positions before them, and `_hindsight` records, for each, whether the
+        greedy draft there would have been that token (on the subset head when there is one: a few thousand
+        rows, not the whole vocabulary).
         """
-        split = max(0, len(tokens) - ONE_PASS)
+        split = max(0, len(tokens) - max(ONE_PASS, judge + 1))
         self._feed(tokens[:split])
         last = tokens[split:]
         x = mx.array(last)[None]
-        out = self.head.hidden(x, self.cache) if hidden else self.model(x, cache=self.cache)[0, -1]
+        if hidden:
+            h = self.head.hidden(x, self.cache)
+            out, best = h[-1], (self.head.best(h[-1 - judge : -1]) if judge else None)
+        else:
+            logits = self.model(x, cache=self.cache)[0]
+            out, best = logits[-1], (mx.argmax(logits[-1 - judge : -1], axis=-1) if judge else None)
+        if judge:
+            self._hindsight = [a == b for a, b in zip(best.tolist(), last[-judge:])]
         self._fed.extend(last)
         self.fed_total += len(last)
         return out if hidden else self._align(out)
 
-    def _subset_step(self, tokens: List[int]) -> Tuple[mx.array, mx.array]:
+    def _judged(self, context: List[int], todo: List[int]) -> int:
+        """How many of `todo`'s tokens (the catch-up) to judge: the target's output among them, but not the first
+        (the position before it was fed in an earlier pass), and only a catch-up of HINDSIGHT_MIN or more."""
+        if self._output_from is None:
+            return 0
+        n = min(len(todo) - 1, len(context) - self._output_from, HINDSIGHT_MAX)
+        return n if n >= HINDSIGHT_MIN else 0
+
+    def _subset_step(self, tokens: List[int], judge: int = 0) -> Tuple[mx.array, mx.array]:
         """(token, confidence) of a greedy step scored on the vocabulary subset, or on the full head where the
         subset's best token is not sure."""
         self.head.add(tokens)
-        h = self._forward(tokens, hidden=True)
+        h = self._forward(tokens, hidden=True, judge=judge)
         logits = self.head.subset(h)
         best = mx.argmax(logits)
         conf = mx.softmax(logits.astype(mx.float32))[best]
@@ -200,13 +225,15 @@ class ModelDrafter(Drafter):
     def _draft(self, context: List[int], k: int, probs_fn) -> Draft:
         todo = self._sync(context)  # what the cache lacks, ending with the token to continue from
         tokens, rows, catch_up, behind = [], [], 0.0, len(todo) - 1
+        # Greedy only: there a draft token is accepted exactly where it is the target's token.
+        judge, self._hindsight = (self._judged(context, todo) if probs_fn is None else 0), None
         for _ in range(k):
             t0 = time.perf_counter()
             if probs_fn is None and self.head is not None:
-                tok, conf = self._subset_step(todo)
+                tok, conf = self._subset_step(todo, judge)
                 probs = None
             else:
-                logits = self._forward(todo)
+                logits = self._forward(todo, judge=judge)
                 if probs_fn is None:
                     probs = mx.softmax(logits.astype(mx.float32))
                     tok = mx.argmax(logits)
@@ -228,5 +255,6 @@ class ModelDrafter(Drafter):
             # cost one wasted draft pass per early stop (~0.2 s for the 0.5B here, a third of its rounds).
             if conf.item() < self.min_confidence:
                 break
-            todo = tokens[-1:]
-        return Draft(tokens, mx.stack(rows) if probs_fn is not None else None, catch_up, behind)
+            todo, judge = tokens[-1:], 0
+        return Draft(tokens, mx.stack(rows) if probs_fn is not None else None, catch_up, behind,
+                     hindsight=(self.name, self._hindsight) if self._hindsight else None)

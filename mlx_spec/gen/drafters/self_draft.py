@@ -76,10 +76,11 @@ class SelfDrafter(ModelDrafter):
                               layer_view(self.whole, range(n, len(self.whole.model.layers)))) if ok else None
         self.reuse_n = n if first and self._views.get(n) else 0
 
-    def _forward(self, tokens: List[int], hidden: bool = False) -> mx.array:
-        """With reuse: the first blocks' pass, keeping its hidden states for the verify pass."""
+    def _forward(self, tokens: List[int], hidden: bool = False, judge: int = 0) -> mx.array:
+        """With reuse: the first blocks' pass, keeping its hidden states for the verify pass (a self draft shares
+        the target's cache, so it never catches up: nothing to judge)."""
         if not self.reuse_n:
-            return super()._forward(tokens, hidden)
+            return super()._forward(tokens, hidden, judge)
         h = self._views[self.reuse_n][0].model(mx.array(tokens)[None], cache=self.cache)
         self._kept.append(h)
         self._fed.extend(tokens)
