@@ -36,6 +36,12 @@ reply (the self drafter drafted 80 of 81 rounds of one code edit, at 0.81x of pl
 timed once, at the start). A re-measure costs at most RECHECK of one round's tokens, so about 1 % of the
 time; a drafter well ahead of plain is never interrupted.
 
+A probe of a draft model that sat out is worth more than its one drafted token: the catch-up pass that feeds
+the output it missed also scores it (`Draft.hindsight`, greedy decoding), so the policy learns what drafting
+would have done over every one of those tokens (`Policy.hindsight`), and a model switched off by a few early
+rejections (the 0.5B on code edits whose first lines are rewritten, then copied at 87-94 % acceptance by
+mlx-lm's fixed-K drafting) is back on after one probe, while one that stays poor stays off.
+
 A draft model's catch-up (the tokens it must feed before drafting: the whole prompt before its first
 round, which it is fed only then, and after that what was produced since it last drafted) is costed per
 token behind (`Drafter.lag`). A source that could not repay its catch-up even with every draft accepted
