@@ -3,14 +3,14 @@ against the working tree's.
 
 Both run in one process on the same loaded target, each drafter made afresh for every run, greedy, the
 two sides' order alternating from one (prompt, row) to the next so that drift falls on both. The old side runs
-with the classes of the module swapped for the old revision's (`--file`: their methods and class attributes; the
-module's plain functions stay new). Each run keeps its per-round trace (`Stats.trace`), so a difference can be
+with the classes of the module swapped for the old revision's (`--file`, one module or several that changed
+together: their methods and class attributes; the modules' plain functions stay new). Each run keeps its per-round trace (`Stats.trace`), so a difference can be
 traced to the rounds where the two sides chose differently; pairs that chose the same in every round show the
 timing noise.
 
     python notebooks/policy_ab.py --old 8c9b72f --prompts HumanEval/7,HumanEval/7:rename \
         --rows hybrid:qwen2.5-coder-0.5b,suffix --out notebooks/runs/policy-ab.json
-    python notebooks/policy_ab.py --old HEAD --file mlx_spec/gen/drafters/model.py ...
+    python notebooks/policy_ab.py --old HEAD --file mlx_spec/gen/drafters/model.py,mlx_spec/gen/drafters/head.py ...
 
 Prints a markdown table (seconds old -> new per prompt and row, and per row the ratio of total times).
 A development tool, not part of the package: the bench suites measure drafters, this measures a change.
@@ -86,8 +86,8 @@ def run(args) -> list:
     from mlx_spec.named import load_model, make_drafter
 
     args.old = revision(args.old)  # recorded as a commit, not as a name that moves (HEAD)
-    new = importlib.import_module(args.file[:-3].replace("/", "."))
-    old = old_module(args.old, args.file)
+    files = args.file.split(",")
+    pairs = [(old_module(args.old, f), importlib.import_module(f[:-3].replace("/", "."))) for f in files]
     target, tok, _ = load_model(args.target)
     want = args.prompts.split(",")
     n = 1 + max(int(w.split("/")[1].split(":")[0]) for w in want)
@@ -100,7 +100,9 @@ def run(args) -> list:
     for i, p in enumerate(prompts):
         for j, row in enumerate(args.rows.split(",")):
             for name in ["old", "new"][:: -1 if (i + j) % 2 else 1]:
-                with swapped(old, new) if name == "old" else contextlib.nullcontext():
+                with contextlib.ExitStack() as stack:
+                    for old, new in pairs if name == "old" else []:
+                        stack.enter_context(swapped(old, new))
                     drafter = make_drafter(row, target, tok)
                     stats = Stats(trace=[])
                     t0 = time.perf_counter()
@@ -187,7 +189,8 @@ def report(runs: list) -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--old", required=True, help="git revision of the module to compare against")
-    ap.add_argument("--file", default="mlx_spec/gen/policy.py", help="the module whose classes are compared")
+    ap.add_argument("--file", default="mlx_spec/gen/policy.py",
+                    help="the module (or comma list of modules) whose classes are compared")
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--prompts", required=True, help="comma list of benchmark prompt ids (HumanEval/7:rename, ...)")
     ap.add_argument("--rows", required=True, help="comma list of drafter specs")
