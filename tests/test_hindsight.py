@@ -35,17 +35,28 @@ def expected(draft, context, n):
     return [b == t for b, t in zip(best, context[-n:])]
 
 
-@pytest.mark.parametrize("subset", [False, True])
-def test_a_catch_up_judges_the_output_it_feeds(pair, subset):
+def drafted(make, context, n):
+    """Whether a drafter made by `make`, drafting at each of the last n positions of context, drafts that token."""
+    flags = []
+    for i in range(len(context) - n, len(context)):
+        d = make()
+        d.reset(context[:i])
+        flags.append(d.propose(context[:i], 1).tokens == [context[i]])
+    return flags
+
+
+@pytest.mark.parametrize("ids", [None, "all", [0, 1, 2]])  # the full head; a subset head, exact; a small subset
+def test_a_catch_up_judges_the_output_it_feeds_as_drafting_would(pair, ids):
     (target, tok), draft = pair
     prompt, out = output(target, draft, tok)
     v = target.args.vocab_size
-    d = ModelDrafter(draft, v, min_confidence=0.0, head_ids=range(v) if subset else None)
+    make = lambda: ModelDrafter(draft, v, min_confidence=0.0, head_ids=range(v) if ids == "all" else ids)  # noqa: E731
+    d = make()
     d.reset(prompt)
     got = d.propose(prompt + out, 3).hindsight
-    want = expected(draft, prompt + out, OUT)
-    assert got == ("model", want)
-    assert all(want[: OUT // 2]) and not all(want)  # its own continuation, then the target's
+    assert got == ("model", drafted(make, prompt + out, OUT))
+    if ids != [0, 1, 2]:  # the full head decides every step: the draft's own continuation, then the target's
+        assert got[1] == expected(draft, prompt + out, OUT) and all(got[1][: OUT // 2]) and not all(got[1])
     assert d.propose(prompt + out + [5], 3).hindsight is None  # caught up: nothing sat out to judge
 
 
@@ -140,3 +151,14 @@ def test_the_engine_hands_the_hindsight_to_the_policy_and_stays_lossless(pair):
     assert out == plain_greedy(target, prompt, 20)
     assert [(s, len(m)) for s, m in policy.seen] == [("model", 6)]  # the 6 plain steps' tokens, judged once
     assert stats.trace[6]["hindsight"] == [sum(policy.seen[0][1]), 6]
+
+
+def test_where_the_subset_is_unsure_the_full_head_judges(pair):
+    """The subset lacks every position's best token: no position is sure, so each is judged on the full head,
+    as the drafting step would (the subset's best would be a token the draft never drafts there)."""
+    (target, tok), draft = pair
+    x = mx.array([tok.encode(PROMPTS[0])])
+    full = mx.argmax(draft(x)[0], axis=-1).tolist()
+    v = target.args.vocab_size
+    d = ModelDrafter(draft, v, head_ids=[t for t in range(v) if t not in set(full)])
+    assert d._greedy(draft.model(x)[0]) == full

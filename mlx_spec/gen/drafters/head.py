@@ -95,10 +95,6 @@ class SubsetHead:
         """The hidden states (L, d) of feeding `tokens` (1, L)."""
         return self.model.model(tokens, cache=cache)[0]
 
-    def best(self, h: mx.array) -> mx.array:
-        """The subset's best token at each of the hidden states h (n, d): token ids (n,)."""
-        return self.ids()[mx.argmax(self.subset(h), axis=-1)]
-
     def full(self, h: mx.array) -> mx.array:
         return _rows(self.layer, h, None)
 

@@ -154,15 +154,30 @@ class ModelDrafter(Drafter):
         x = mx.array(last)[None]
         if hidden:
             h = self.head.hidden(x, self.cache)
-            out, best = h[-1], (self.head.best(h[-1 - judge : -1]) if judge else None)
+            out, best = h[-1], (self._greedy(h[-1 - judge : -1]) if judge else None)
         else:
             logits = self.model(x, cache=self.cache)[0]
-            out, best = logits[-1], (mx.argmax(logits[-1 - judge : -1], axis=-1) if judge else None)
+            out = logits[-1]
+            best = mx.argmax(self._align(logits[-1 - judge : -1]), axis=-1).tolist() if judge else None
         if judge:
-            self._hindsight = [a == b for a, b in zip(best.tolist(), last[-judge:])]
+            self._hindsight = [a == b for a, b in zip(best, last[-judge:])]
         self._fed.extend(last)
         self.fed_total += len(last)
         return out if hidden else self._align(out)
+
+    def _greedy(self, h: mx.array) -> List[int]:
+        """The token a greedy draft step would choose at each hidden state h (n, d), by `_subset_step`'s rule: the
+        subset's best where it is sure, the full head's elsewhere (scored for those positions only)."""
+        logits = self.head.subset(h).astype(mx.float32)
+        best = mx.argmax(logits, axis=-1)
+        share = mx.take_along_axis(mx.softmax(logits, axis=-1), best[:, None], axis=-1)[:, 0]
+        out, sure = self.head.ids()[best].tolist(), (share >= SURE).tolist()
+        unsure = [i for i, ok in enumerate(sure) if not ok]
+        if unsure:
+            full = mx.argmax(self._align(self.head.full(h[mx.array(unsure)])), axis=-1).tolist()
+            for i, t in zip(unsure, full):
+                out[i] = t
+        return out
 
     def _judged(self, context: List[int], todo: List[int]) -> int:
         """How many of `todo`'s tokens (the catch-up) to judge: the target's output among them, but not the first
@@ -193,12 +208,13 @@ class ModelDrafter(Drafter):
         return tok, conf
 
     def _align(self, logits: mx.array) -> mx.array:
-        """Pad or cut the draft's logits to the target's width and mask padding ids."""
+        """Pad or cut the draft's logits (..., V) to the target's width and mask padding ids."""
         v = logits.shape[-1]
         if v > self.vocab_size:
-            logits = logits[: self.vocab_size]
+            logits = logits[..., : self.vocab_size]
         elif v < self.vocab_size:
-            logits = mx.concatenate([logits, mx.full((self.vocab_size - v,), -mx.inf, logits.dtype)])
+            pad = mx.full((*logits.shape[:-1], self.vocab_size - v), -mx.inf, logits.dtype)
+            logits = mx.concatenate([logits, pad], axis=-1)
         if self.real_vocab is not None and self.real_vocab < self.vocab_size:
             mask = mx.arange(self.vocab_size) >= self.real_vocab
             logits = mx.where(mask, -mx.inf, logits)
