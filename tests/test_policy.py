@@ -315,3 +315,15 @@ def test_short_catch_ups_are_not_timed_per_token_so_a_draft_model_sat_out_is_pro
         p.update("", 0, 0, STEP, 0.0)
         lag += 1
     assert rounds < 40  # probed again, the catch-up of every round sat out included
+
+
+def test_a_timed_catch_up_replaces_the_seed():
+    """The seed comes from a short pass on a scratch cache before drafting; the first catch-up long enough to time
+    per token is the real rate, and blending the two kept the seed's weight (70 %) for the whole reply."""
+    p = Policy(6)
+    p.seed("model", 0.2, 0.03)
+    p.update("", 0, 0, STEP, 0.0)
+    p.update("model", 1, 1, STEP * 1.1, 0.2 + 1.2, 1.2, 132)  # the prompt's catch-up: 132 tokens in 1.2 s
+    assert p.stats("model").catch_up == pytest.approx(1.2 / 132)
+    p.update("model", 1, 1, STEP * 1.1, 0.2 + 0.2, 0.2, 10)  # later ones are smoothed as usual
+    assert p.stats("model").catch_up == pytest.approx(0.7 * 1.2 / 132 + 0.3 * 0.02)

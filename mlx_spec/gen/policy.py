@@ -109,6 +109,7 @@ class SourceStats:
     first_judged: int = 0
     draft_per_token: Optional[float] = None  # seconds per drafted token (EMA); None: never measured
     catch_up: float = 0.0  # seconds per token fed before drafting (a draft model catching up; EMA)
+    catch_up_timed: bool = False  # catch_up comes from a real catch-up, not from the drafter's seed
     rounds: int = 0
     proposed: int = 0
     accepted: int = 0
@@ -382,6 +383,7 @@ class Policy:
         per_tok = max(draft_s - catch_up_s, 0.0) / proposed
         first = s.draft_per_token is None
         s.draft_per_token = per_tok if first else (1 - EMA) * s.draft_per_token + EMA * per_tok
-        if catch_up_tokens >= CATCH_UP_MIN:
+        if catch_up_tokens >= CATCH_UP_MIN:  # the first one replaces the seed: a short pass on a scratch cache
             per_tok = catch_up_s / catch_up_tokens
-            s.catch_up = per_tok if not s.catch_up else (1 - EMA) * s.catch_up + EMA * per_tok
+            s.catch_up = (1 - EMA) * s.catch_up + EMA * per_tok if s.catch_up_timed else per_tok
+            s.catch_up_timed = True
