@@ -40,7 +40,8 @@ A probe of a draft model that sat out is worth more than its one drafted token: 
 the output it missed also scores it (`Draft.hindsight`, greedy decoding), so the policy learns what drafting
 would have done over every one of those tokens (`Policy.hindsight`), and a model switched off by a few early
 rejections (the 0.5B on code edits whose first lines are rewritten, then copied at 87-94 % acceptance by
-mlx-lm's fixed-K drafting) is back on after one probe, while one that stays poor stays off.
+mlx-lm's fixed-K drafting) can be back on after one probe, and one that stays poor is judged on many tokens,
+not on one lucky probe.
 
 A draft model's catch-up (the tokens it must feed before drafting: the whole prompt before its first
 round, which it is fed only then, and after that what was produced since it last drafted) is costed per
@@ -352,8 +353,8 @@ class Policy:
         Replayed as the rounds drafting would have made, k_max tokens each: each round accepts the matches
         up to the first miss, whose token the target supplies, and the next round starts after it. So a probe
         that feeds 40 sat-out tokens judges 40, not one: a draft model rejected early in a reply and good
-        since (the 0.5B on code edits whose first lines are rewritten) is back on after one probe, and one
-        that stays poor (on open prose) is not re-probed on the strength of a lucky one-token probe.
+        since (the 0.5B on code edits whose first lines are rewritten) can be back on after one probe, and one
+        that stays poor (on open prose) is judged on many tokens, not on one lucky probe.
         """
         s, i = self.stats(source), 0
         while i < len(matches):

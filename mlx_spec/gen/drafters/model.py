@@ -92,9 +92,10 @@ class ModelDrafter(Drafter):
         cache: the drafter's own cache is untouched.
 
         The catch-up is costed per token beyond the one pass a draft step makes anyway (a catch-up rides along in
-        the first draft pass): a 14-token pass of the 0.5B took about 0.3 s here, 0.021 s a token if divided
-        evenly, while each token it adds costs 0.009 s (a 132-token catch-up); costed evenly, the probe of a
-        sat-out 0.5B outgrew the probe budget after 8 rounds and it was never probed again."""
+        the first draft pass): a 14-token pass of the 0.5B took 0.22-0.27 s here against 0.17-0.19 s for one
+        token, 0.015-0.019 s a token split evenly but 0.003-0.007 s beyond the step (a 132-token catch-up in a
+        reply: 0.009 s a token). Split evenly, the seed priced the probe of a sat-out 0.5B above the probe budget
+        (BENCHMARKS.md §10-11; `notebooks/catch_up_cost.py`)."""
         cache = make_prompt_cache(self.model)
         tokens = prompt[-CALIBRATE_TOKENS - 1:]
         mx.eval(self.model(mx.array(tokens[:1])[None], cache=cache))  # warm-up: first-call allocations
