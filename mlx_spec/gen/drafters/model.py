@@ -163,7 +163,7 @@ class ModelDrafter(Drafter):
         x = mx.array(last)[None]
         if hidden:
             h = self.head.hidden(x, self.cache)
-            out, best = h[-1], (self._greedy(h[-1 - judge : -1]) if judge else None)
+            out, best = h[-1], (self._head_choice(h[-1 - judge : -1])[0] if judge else None)
         else:
             logits = self.model(x, cache=self.cache)[0]
             out = logits[-1]
@@ -174,19 +174,23 @@ class ModelDrafter(Drafter):
         self.fed_total += len(last)
         return out if hidden else self._align(out)
 
-    def _greedy(self, h: mx.array) -> List[int]:
-        """The token a greedy draft step would choose at each hidden state h (n, d), by `_subset_step`'s rule: the
-        subset's best where it is sure, the full head's elsewhere (scored for those positions only)."""
+    def _head_choice(self, h: mx.array) -> Tuple[List[int], List[float], List[bool]]:
+        """The greedy draft token at each hidden state h (n, d), the draft's probability of it, and whether the
+        subset decided it: the subset's best where it holds SURE of the subset's mass, the full head's elsewhere
+        (scored for those rows only). One rule for the drafting step and for the hindsight of a catch-up."""
         logits = self.head.subset(h).astype(mx.float32)
         best = mx.argmax(logits, axis=-1)
         share = mx.take_along_axis(mx.softmax(logits, axis=-1), best[:, None], axis=-1)[:, 0]
-        out, sure = self.head.ids()[best].tolist(), (share >= SURE).tolist()
+        tokens, conf = self.head.ids()[best].tolist(), share.tolist()
+        sure = [c >= SURE for c in conf]
         unsure = [i for i, ok in enumerate(sure) if not ok]
         if unsure:
-            full = mx.argmax(self._align(self.head.full(h[mx.array(unsure)])), axis=-1).tolist()
-            for i, t in zip(unsure, full):
-                out[i] = t
-        return out
+            full = self._align(self.head.full(h[mx.array(unsure)])).astype(mx.float32)
+            best = mx.argmax(full, axis=-1)
+            share = mx.take_along_axis(mx.softmax(full, axis=-1), best[:, None], axis=-1)[:, 0]
+            for i, t, c in zip(unsure, best.tolist(), share.tolist()):
+                tokens[i], conf[i] = t, c
+        return tokens, conf, sure
 
     def _judged(self, context: List[int], todo: List[int]) -> int:
         """How many of `todo`'s tokens (the catch-up) to judge: the target's output among them, but not the first
@@ -196,24 +200,13 @@ class ModelDrafter(Drafter):
         n = min(len(todo) - 1, len(context) - self._output_from, HINDSIGHT_MAX)
         return n if n >= HINDSIGHT_MIN else 0
 
-    def _subset_step(self, tokens: List[int], judge: int = 0) -> Tuple[mx.array, mx.array]:
+    def _subset_step(self, tokens: List[int], judge: int = 0) -> Tuple[int, float]:
         """(token, confidence) of a greedy step scored on the vocabulary subset, or on the full head where the
         subset's best token is not sure."""
         self.head.add(tokens)
         h = self._forward(tokens, hidden=True, judge=judge)
-        logits = self.head.subset(h)
-        best = mx.argmax(logits)
-        conf = mx.softmax(logits.astype(mx.float32))[best]
-        tok = self.head.ids()[best]
-        mx.eval(tok, conf)
-        if conf.item() >= SURE:
-            self.head_steps[0] += 1
-            return tok, conf
-        self.head_steps[1] += 1
-        logits = self._align(self.head.full(h))
-        tok = mx.argmax(logits)
-        conf = mx.softmax(logits.astype(mx.float32))[tok]
-        mx.eval(tok, conf)
+        (tok,), (conf,), (sure,) = self._head_choice(h[None])
+        self.head_steps[0 if sure else 1] += 1
         return tok, conf
 
     def _align(self, logits: mx.array) -> mx.array:
@@ -267,18 +260,19 @@ class ModelDrafter(Drafter):
                     tok = mx.random.categorical(mx.log(probs))
                 conf = probs[tok]
                 mx.eval(tok, conf)
+                tok, conf = tok.item(), conf.item()
             step = time.perf_counter() - t0
             if len(todo) == 1:  # a pure draft step: what one more drafted token costs
                 self._step_s = step if self._step_s is None else (1 - STEP_EMA) * self._step_s + STEP_EMA * step
             else:  # the first pass also fed the catch-up: its time beyond one draft step is the round's catch-up
                 catch_up = max(0.0, step - (self._step_s or 0.0))
-            tokens.append(tok.item())
+            tokens.append(tok)
             rows.append(probs)
             # Stop after a low-confidence token: the tokens past it would seldom be accepted. The token itself is
             # kept: its pass is paid for, and one more token in the verify pass costs little (on this CPU ~5 % of a
             # target step) beside the target step it saves when accepted. Dropping it, as this loop once did,
             # cost one wasted draft pass per early stop (~0.2 s for the 0.5B here, a third of its rounds).
-            if conf.item() < self.min_confidence:
+            if conf < self.min_confidence:
                 break
             todo, judge = tokens[-1:], 0
         return Draft(tokens, mx.stack(rows) if probs_fn is not None else None, catch_up, behind,
