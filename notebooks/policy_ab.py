@@ -4,13 +4,14 @@ against the working tree's.
 Both run in one process on the same loaded target, each drafter made afresh for every run, greedy, the
 two sides' order alternating from one (prompt, row) to the next so that drift falls on both. The old side runs
 with the classes of the module swapped for the old revision's (`--file`, one module or several that changed
-together: their methods and class attributes; the modules' plain functions stay new). Each run keeps its per-round trace (`Stats.trace`), so a difference can be
-traced to the rounds where the two sides chose differently; pairs that chose the same in every round show the
-timing noise.
+together: their methods and class attributes; the modules' plain functions stay new). Each run keeps its
+per-round trace (`Stats.trace`), so a difference can be traced to the rounds where the two sides chose
+differently; pairs that chose the same in every round show the timing noise.
 
     python notebooks/policy_ab.py --old 8c9b72f --prompts HumanEval/7,HumanEval/7:rename \
         --rows hybrid:qwen2.5-coder-0.5b,suffix --out notebooks/runs/policy-ab.json
-    python notebooks/policy_ab.py --old HEAD --file mlx_spec/gen/drafters/model.py,mlx_spec/gen/drafters/head.py ...
+    python notebooks/policy_ab.py --old HEAD \
+        --file mlx_spec/gen/drafters/model.py,mlx_spec/gen/drafters/head.py ...
 
 Prints a markdown table (seconds old -> new per prompt and row, and per row the ratio of total times).
 A development tool, not part of the package: the bench suites measure drafters, this measures a change.
@@ -118,25 +119,28 @@ def run(args) -> list:
     return out
 
 
+def plain_step(run: dict, least: int = 1):
+    """(the run's median plain step in seconds, its drafting rounds); the step is None with fewer than `least`
+    plain steps."""
+    trace = run["stats"].get("trace") or []
+    plain = sorted(t["verify_s"] for t in trace if not t["proposed"])
+    return (plain[len(plain) // 2] if len(plain) >= max(least, 1) else None), [t for t in trace if t["proposed"]]
+
+
 def drafting_loss(run: dict) -> float:
     """Seconds the drafting rounds cost beyond what plain steps (at this run's median) would have for their tokens:
     less noisy than the totals, since the plain steps both runs share drop out."""
-    trace = run["stats"].get("trace") or []
-    plain = sorted(t["verify_s"] for t in trace if not t["proposed"])
-    if len(plain) < MIN_PLAIN:
+    step, drafted = plain_step(run, MIN_PLAIN)
+    if step is None:
         return None
-    step = plain[len(plain) // 2]
-    return sum(t["verify_s"] + t["draft_s"] - (t["accepted"] + 1) * step for t in trace if t["proposed"])
+    return sum(t["verify_s"] + t["draft_s"] - (t["accepted"] + 1) * step for t in drafted)
 
 
 def drafting_yield(run: dict):
     """(drafting rounds, tokens they produced, their time counted in plain steps at the run's median), or None."""
-    trace = run["stats"].get("trace") or []
-    plain = sorted(t["verify_s"] for t in trace if not t["proposed"])
-    if not plain:
+    step, drafted = plain_step(run)
+    if step is None:
         return None
-    step = plain[len(plain) // 2]
-    drafted = [t for t in trace if t["proposed"]]
     steps = sum(t["verify_s"] + t["draft_s"] for t in drafted) / step
     return len(drafted), sum(t["accepted"] + 1 for t in drafted), steps
 
