@@ -124,6 +124,13 @@ def test_model_drafter_sampling_matches_target(pair, kw):
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 
+def test_a_pipelined_model_drafter_sampling_matches_target(pair):
+    """Its next pass is launched on the sampled token before the host reads it: the same law."""
+    target, draft = pair
+    ok, stat, crit = check(target, ModelDrafter(draft, V, min_confidence=0.0, pipeline=True), dict(temp=0.7, top_k=3))
+    assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
+
+
 def test_deterministic_drafter_sampling_matches_target(pair):
     target, _ = pair
     ok, stat, crit = check(target, ConstantDrafter(), dict(temp=1.0))

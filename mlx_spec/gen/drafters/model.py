@@ -1,7 +1,8 @@
 """A separate small model drafts autoregressively with its own KV cache (e.g. an int4 0.5B for a 1.5B)."""
 
 import time
-from typing import Iterable, List, Optional, Tuple
+from collections import deque
+from typing import Deque, Iterable, List, Optional, Tuple
 
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
@@ -20,6 +21,9 @@ DEFAULT_MIN_CONFIDENCE = 0.5
 PREFILL_STEP = 512  # prompt tokens per forward pass: bounds the attention scratch memory
 ONE_PASS = 8  # catch-up tokens fed in the same pass as the token drafting continues from (see _forward)
 STEP_EMA = 0.3  # weight of the newest one-token draft step time (splits a round's catch-up from its steps)
+# The share of draft steps whose pass launched ahead is wasted, over the last WASTE_WINDOW steps, (wasted + 1) /
+# (steps + 2): a window, not an EMA, so that a stop every ~20 steps does not flip launching on after each clean run.
+WASTE_WINDOW = 64
 CALIBRATE_TOKENS = 16  # prompt tokens fed on a scratch cache when a drafter starts, to time its catch-up per token
 HINDSIGHT_MIN = 4  # output tokens a catch-up must feed for the drafter to judge them (`Draft.hindsight`)
 HINDSIGHT_MAX = 128  # ... and the most it judges: the last ones, in the pass that drafts
@@ -46,11 +50,15 @@ class ModelDrafter(Drafter):
     name = "model"
 
     def __init__(self, model, vocab_size: int, real_vocab: Optional[int] = None,
-                 min_confidence: float = DEFAULT_MIN_CONFIDENCE, head_ids: Optional[Iterable[int]] = None):
+                 min_confidence: float = DEFAULT_MIN_CONFIDENCE, head_ids: Optional[Iterable[int]] = None,
+                 pipeline: Optional[bool] = None):
         """vocab_size: the target's logits width; real_vocab: tokens the tokenizer really has
         (ids at or above it are padding and are never drafted); head_ids: the base vocabulary subset of
-        greedy draft steps (`head.SubsetHead`; the context's tokens join it), None for the full head."""
+        greedy draft steps (`head.SubsetHead`; the context's tokens join it), None for the full head;
+        pipeline: launch each next draft pass before reading the token (True), never (False), or where this
+        machine's measured costs say it pays (None, `_launches`)."""
         self.model = model
+        self.pipeline = pipeline
         self.head = SubsetHead(model, head_ids) if head_ids is not None and SubsetHead.supports(model) else None
         self.head_steps = [0, 0]  # greedy draft steps decided by the subset, and by the full head
         self.vocab_size = vocab_size
@@ -60,6 +68,9 @@ class ModelDrafter(Drafter):
         self.cache = None
         self._fed: List[int] = []
         self._step_s: Optional[float] = None  # seconds per one-token draft pass (EMA)
+        self._host_s: Optional[float] = None  # ... of which the host spends building it, before it waits (EMA)
+        self.ahead = [0, 0]  # draft steps a next pass could have been launched from, and those where it is wasted
+        self._recent: Deque[bool] = deque(maxlen=WASTE_WINDOW)  # ... whether each of the last ones was wasted
         self._catch_up_s: Optional[float] = None  # seconds per token fed without logits (timed once, at start)
         self._output_from: Optional[int] = None  # the context's first output token (the prompt's length)
         self._hindsight: Optional[List[bool]] = None  # what the last _forward judged
@@ -92,9 +103,9 @@ class ModelDrafter(Drafter):
         cache: the drafter's own cache is untouched.
 
         The catch-up is costed per token beyond the one pass a draft step makes anyway (a catch-up rides along in
-        the first draft pass): a 14-token pass of the 0.5B took 0.22-0.27 s here against 0.17-0.19 s for one
-        token, 0.015-0.019 s a token split evenly but 0.003-0.007 s beyond the step (a 132-token catch-up in a
-        reply: 0.009 s a token). Split evenly, the seed priced the probe of a sat-out 0.5B above the probe budget
+        the first draft pass): a 14-token pass of the 0.5B took 0.26 s here against 0.16-0.18 s for one token,
+        0.018 s a token split evenly but 0.005-0.008 s beyond the step (a 132-token catch-up in a reply: 0.009 s
+        a token). Split evenly, the seed priced the probe of a sat-out 0.5B above the probe budget
         (BENCHMARKS.md §10-11; `notebooks/catch_up_cost.py`)."""
         cache = make_prompt_cache(self.model)
         tokens = prompt[-CALIBRATE_TOKENS - 1:]
@@ -174,20 +185,26 @@ class ModelDrafter(Drafter):
         self.fed_total += len(last)
         return out if hidden else self._align(out)
 
-    def _head_choice(self, h: mx.array) -> Tuple[List[int], List[float], List[bool]]:
+    def _head_choice(self, h: mx.array, logits: Optional[mx.array] = None,
+                     best: Optional[mx.array] = None) -> Tuple[List[int], List[float], List[bool]]:
         """The greedy draft token at each hidden state h (n, d), the draft's probability of it, and whether the
         subset decided it: the subset's best where it holds SURE of the subset's mass, the full head's elsewhere
-        (scored for those rows only). One rule for the drafting step and for the hindsight of a catch-up."""
-        logits = self.head.subset(h).astype(mx.float32)
-        best = mx.argmax(logits, axis=-1)
-        share = mx.take_along_axis(mx.softmax(logits, axis=-1), best[:, None], axis=-1)[:, 0]
-        tokens, conf = self.head.ids()[best].tolist(), share.tolist()
+        (scored for those rows only). One rule for the drafting step and for the hindsight of a catch-up.
+        logits, best: the subset's logits and best token ids, when the caller built them already. One host
+        synchronisation, and one more where some row is unsure."""
+        logits = self.head.subset(h).astype(mx.float32) if logits is None else logits
+        at = mx.argmax(logits, axis=-1)
+        best = self.head.ids()[at] if best is None else best
+        share = mx.take_along_axis(mx.softmax(logits, axis=-1), at[:, None], axis=-1)[:, 0]
+        mx.eval(best, share)
+        tokens, conf = best.tolist(), share.tolist()
         sure = [c >= SURE for c in conf]
         unsure = [i for i, ok in enumerate(sure) if not ok]
         if unsure:
             full = self._align(self.head.full(h[mx.array(unsure)])).astype(mx.float32)
             best = mx.argmax(full, axis=-1)
             share = mx.take_along_axis(mx.softmax(full, axis=-1), best[:, None], axis=-1)[:, 0]
+            mx.eval(best, share)
             for i, t, c in zip(unsure, best.tolist(), share.tolist()):
                 tokens[i], conf[i] = t, c
         return tokens, conf, sure
@@ -199,15 +216,6 @@ class ModelDrafter(Drafter):
             return 0
         n = min(len(todo) - 1, len(context) - self._output_from, HINDSIGHT_MAX)
         return n if n >= HINDSIGHT_MIN else 0
-
-    def _subset_step(self, tokens: List[int], judge: int = 0) -> Tuple[int, float]:
-        """(token, confidence) of a greedy step scored on the vocabulary subset, or on the full head where the
-        subset's best token is not sure."""
-        self.head.add(tokens)
-        h = self._forward(tokens, hidden=True, judge=judge)
-        (tok,), (conf,), (sure,) = self._head_choice(h[None])
-        self.head_steps[0 if sure else 1] += 1
-        return tok, conf
 
     def _align(self, logits: mx.array) -> mx.array:
         """Pad or cut the draft's logits (..., V) to the target's width and mask padding ids."""
@@ -240,30 +248,85 @@ class ModelDrafter(Drafter):
             self.cache = self._new_cache()
         return self._guarded(lambda: self._draft(context, k, probs_fn))
 
+    def _launches(self) -> bool:
+        """Whether this round launches each next draft pass before reading the token it continues from (mlx-lm's
+        generate_step does, with mx.async_eval): the device then never waits for the host between passes, but a
+        pass launched on a token the round does not keep (the confidence stop, or the subset's best token
+        overruled by the full head) is thrown away. Decided by what this drafter measured on this machine: the
+        host's time per step against the recent share of launches that would be wasted times the cost of a pass.
+        On this CPU the host takes 2-3 % of a 0.5B pass (3.5 ms of 155 ms): it launches ahead while drafts run
+        long and sure (HumanEval code: 1.004-1.023x a drafted token), and stays synchronous where they stop early
+        (a prose question: half the launches wasted, 0.65x forced); `notebooks/pipeline_cost.py`, BENCHMARKS.md
+        §12. `pipeline` forces it either way."""
+        if self.pipeline is not None:
+            return self.pipeline
+        if self._host_s is None or self._step_s is None:
+            return False
+        return self._host_s > self.waste() * self._step_s
+
+    def waste(self) -> float:
+        """The recent share of draft steps whose pass, launched ahead, would be or was thrown away."""
+        return (sum(self._recent) + 1) / (len(self._recent) + 2)
+
+    def _choice(self, out: mx.array, probs_fn, subset: bool):
+        """The step's guessed token as a lazy array (what a pass launched ahead is fed) and a function that reads the
+        step in one host synchronisation: (token, confidence, probability row or None, the guess). Token and guess
+        differ only where the subset's best token is not sure and the full head picks another."""
+        if subset:
+            logits = self.head.subset(out[None]).astype(mx.float32)
+            guess = self.head.ids()[mx.argmax(logits, axis=-1)]
+
+            def read():
+                (tok,), (conf,), (sure,) = self._head_choice(out[None], logits, guess)
+                self.head_steps[0 if sure else 1] += 1
+                return tok, conf, None, guess.item()
+
+            return guess, read
+        if probs_fn is None:
+            probs = mx.softmax(out.astype(mx.float32))
+            tok = mx.argmax(out)
+        else:
+            probs = probs_fn(out)
+            tok = mx.random.categorical(mx.log(probs))
+
+        def read():
+            conf = probs[tok]
+            mx.eval(tok, conf)
+            token = tok.item()
+            return token, conf.item(), probs, token
+
+        return tok, read
+
+    def _launch(self, token: mx.array, hidden: bool) -> mx.array:
+        """Feed a token the host has not read yet and start its pass (mx.async_eval); return its output as
+        `_forward` does. The caller either keeps it (`_fed` gains the token) or rewinds the cache past it."""
+        x = token.reshape(1, 1)
+        out = self.head.hidden(x, self.cache)[-1] if hidden else self._align(self.model(x, cache=self.cache)[0, -1])
+        mx.async_eval(out)
+        self.fed_total += 1
+        return out
+
     def _draft(self, context: List[int], k: int, probs_fn) -> Draft:
         todo = self._sync(context)  # what the cache lacks, ending with the token to continue from
         tokens, rows, catch_up, behind = [], [], 0.0, len(todo) - 1
         # Greedy only: there a draft token is accepted exactly where it is the target's token.
         judge, self._hindsight = (self._judged(context, todo) if probs_fn is None else 0), None
-        for _ in range(k):
+        subset, pipelined = probs_fn is None and self.head is not None, self._launches()
+        out = None  # this step's output when its pass was launched in the step before
+        for i in range(k):
             t0 = time.perf_counter()
-            if probs_fn is None and self.head is not None:
-                tok, conf = self._subset_step(todo, judge)
-                probs = None
-            else:
-                logits = self._forward(todo, judge=judge)
-                if probs_fn is None:
-                    probs = mx.softmax(logits.astype(mx.float32))
-                    tok = mx.argmax(logits)
-                else:
-                    probs = probs_fn(logits)
-                    tok = mx.random.categorical(mx.log(probs))
-                conf = probs[tok]
-                mx.eval(tok, conf)
-                tok, conf = tok.item(), conf.item()
+            if out is None:
+                if subset:
+                    self.head.add(todo)
+                out = self._forward(todo, hidden=subset, judge=judge)
+            guess, read = self._choice(out, probs_fn, subset)
+            ahead = self._launch(guess, subset) if pipelined and i + 1 < k else None
+            host = time.perf_counter() - t0
+            tok, conf, probs, guessed = read()
             step = time.perf_counter() - t0
             if len(todo) == 1:  # a pure draft step: what one more drafted token costs
                 self._step_s = step if self._step_s is None else (1 - STEP_EMA) * self._step_s + STEP_EMA * step
+                self._host_s = host if self._host_s is None else (1 - STEP_EMA) * self._host_s + STEP_EMA * host
             else:  # the first pass also fed the catch-up: its time beyond one draft step is the round's catch-up
                 catch_up = max(0.0, step - (self._step_s or 0.0))
             tokens.append(tok)
@@ -272,8 +335,22 @@ class ModelDrafter(Drafter):
             # kept: its pass is paid for, and one more token in the verify pass costs little (on this CPU ~5 % of a
             # target step) beside the target step it saves when accepted. Dropping it, as this loop once did,
             # cost one wasted draft pass per early stop (~0.2 s for the 0.5B here, a third of its rounds).
-            if conf < self.min_confidence:
+            go_on = conf >= self.min_confidence and i + 1 < k
+            if i + 1 < k:  # a pass launched ahead here is wasted unless the round goes on with the guessed token
+                wasted = not (go_on and tok == guessed)
+                self.ahead[0] += 1
+                self.ahead[1] += wasted
+                self._recent.append(wasted)
+            out, todo, judge = None, tokens[-1:], 0
+            if ahead is not None:
+                if go_on and tok == guessed:
+                    out = ahead
+                    self._fed.append(tok)
+                    if subset:
+                        self.head.add(todo)
+                elif not rewind(self.cache, len(self._fed)):  # as in _sync: start over (slow, but correct)
+                    self.cache, self._fed = self._new_cache(), []
+            if not go_on:
                 break
-            todo, judge = tokens[-1:], 0
         return Draft(tokens, mx.stack(rows) if probs_fn is not None else None, catch_up, behind,
                      hindsight=(self.name, self._hindsight) if self._hindsight else None)

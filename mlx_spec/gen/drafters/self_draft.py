@@ -91,6 +91,9 @@ class SelfDrafter(ModelDrafter):
     def lag(self, source: str, context: List[int]) -> int:
         return 0  # the target's cache is ours: nothing to catch up
 
+    def _launches(self) -> bool:
+        return False  # its passes write the target's cache (and, reusing, keep hidden states): never launched ahead
+
     def propose(self, context: List[int], k: int, probs_fn=None, source: Optional[str] = None) -> Draft:
         if self.target_cache is None:
             raise GenerationError("self drafter used before reset(prompt, target_cache)")
