@@ -54,6 +54,21 @@ def test_sources_include_the_suffix_and_the_joined_draft(pair):
     assert offers["suffix"] == suffix_n and offers["model"] == 3 and offers["suffix+model"] == suffix_n + 3
 
 
+def test_the_ngram_is_offered_only_where_the_suffix_has_no_match(pair):
+    (model, tok), draft = pair
+    d = hybrid(model, draft)
+    copying = tok.encode(REPEAT)
+    d.reset(copying)
+    assert "suffix" in d.sources(copying) and "ngram" not in d.sources(copying)
+    assert NGramDrafter().sources(copying)  # the n-gram alone would have offered
+    short = [5, 6, 7, 8, 5]  # only the last token was seen before: a match of 1, too short for the suffix
+    d.reset(short)
+    assert set(d.sources(short)) == {"ngram", "model"}
+    free = HybridDrafter(NGramDrafter(), ModelDrafter(draft, model.args.vocab_size))  # no suffix: the n-gram always
+    free.reset(copying)
+    assert "ngram" in free.sources(copying)
+
+
 def test_a_joined_draft_is_the_suffix_draft_then_the_model_continuing_it(pair):
     (model, tok), draft = pair
     context = tok.encode(REPEAT)

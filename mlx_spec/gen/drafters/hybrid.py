@@ -11,8 +11,8 @@ JOIN = "+"  # "suffix+model": the suffix draft, continued by the model
 
 
 class HybridDrafter(Drafter):
-    """Offers each free source where the context has a match, the model draft always, and for every `extra`
-    source the same draft continued by the model.
+    """Offers each extra free source (the suffix) where the context has a match, the n-gram where none has, the
+    model draft always, and for every `extra` source the same draft continued by the model.
 
     It does not choose: the policy weighs each source's measured acceptance and cost per round.
     fallback_k caps the model's drafts (the policy's K may be longer, for long suffix matches).
@@ -36,10 +36,19 @@ class HybridDrafter(Drafter):
             d.reset(prompt, target_cache)
 
     def sources(self, context: List[int]) -> Dict[str, int]:
-        """The free sources first (where they match), then the fallback's, then the joined ones."""
-        out = dict(self.ngram.sources(context))
+        """The free sources first, then the fallback's, then the joined ones.
+
+        The n-gram is offered only where no extra source (the suffix) matches: there the suffix's longer match
+        is the better guide, and where it has none the n-gram's short keys are all that is left. Offered (and so
+        judged by the engine's shadow drafts) only where it could be chosen, its odds are those of that case: in
+        the engine2 run of revision 40509be, where it was offered beside the suffix, the hybrid's n-gram rounds
+        lost time against plain steps on every one of 10 HumanEval and edit prompts (0.5-2.3 s each), their
+        odds raised by the copies the suffix was drafting (BENCHMARKS.md §13)."""
+        out: Dict[str, int] = {}
         for d in self.extra:
             out.update(d.sources(context))
+        if not out:
+            out.update(self.ngram.sources(context))
         fb = {s: min(c, self.fallback_k or c) for s, c in self.fallback.sources(context).items()}
         joined = {f"{d.name}{JOIN}{s}": out[d.name] + c for d in self.extra if d.name in out for s, c in fb.items()}
         return {**out, **fb, **joined}
