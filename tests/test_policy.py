@@ -327,3 +327,28 @@ def test_a_timed_catch_up_replaces_the_seed():
     assert p.stats("model").catch_up == pytest.approx(1.2 / 132)
     p.update("model", 1, 1, STEP * 1.1, 0.2 + 0.2, 0.2, 10)  # later ones are smoothed as usual
     assert p.stats("model").catch_up == pytest.approx(0.7 * 1.2 / 132 + 0.3 * 0.02)
+
+
+def test_a_verify_pass_is_padded_to_a_size_measured_cheaper():
+    """OpenBLAS here: 16 positions cost less than 8 or 12. Each pad size is tried once, then used only where
+    measured cheaper, and the draft-length choice sees the padded cost."""
+    p = Policy(24)
+    assert p.padded(6) == 6  # the engine has not allowed padding (a recurrent or rotating cache)
+    p.pad = True
+    assert p.padded(2) == 2  # too short to try
+    for k, s in [(0, 0.51), (1, 0.65), (6, 0.94)]:
+        p.update("" if k == 0 else "x", k, k, s, 0.0)
+    assert p.padded(6) == 15  # 16 positions never measured: tried once
+    p.update("x", 6, 6, 0.78, 0.0, verified=15)
+    assert p.verify[15] == 0.78 and p.verify[6] == 0.94  # recorded at the size that ran
+    assert p.padded(6) == 15 and p.padded(11) == 15 and p.verify_cost(6) == 0.78 and p.verify_cost(11) == 0.78
+    assert p.verify_cost(1) == 0.65 and p.padded(1) == 1  # a size cheaper than the padded one stays as it is
+    assert p.padded(20) == 31  # past 16: 32 positions, tried once
+    p.update("x", 20, 20, 1.40, 0.0, verified=31)
+    assert p.padded(20) == 20  # measured dearer than the interpolated 21 positions: not padded
+    q = Policy(24, pad=True)
+    for k, s in [(0, 0.010), (4, 0.012)]:
+        q.update("" if k == 0 else "x", k, k, s, 0.0)
+    q.update("x", 4, 4, 0.030, 0.0, verified=15)  # a GPU: 16 positions cost more than 5
+    assert q.padded(4) == 4 and q.verify_cost(4) == 0.012
+    assert not Policy(24, pad=False).pad

@@ -105,11 +105,11 @@ def spec_run(target, drafter, stats_seen, **kw):
     return run
 
 
-def check(target, drafter, kw):
+def check(target, drafter, kw, **engine):
     """(chi-square ok, stat, crit) of the engine's samples against the exact law; asserts K=2 really ran."""
     joint = exact_joint(target, make_probs_fn(**kw))
     seen = []
-    counts = sample_pairs(spec_run(target, drafter, seen, **kw), SAMPLES)
+    counts = sample_pairs(spec_run(target, drafter, seen, **kw, **engine), SAMPLES)
     assert min(seen) == 2, "every sample must verify two draft positions (K > 1)"
     return chi_square_pvalue_ok(counts, joint, SAMPLES)
 
@@ -128,6 +128,15 @@ def test_a_pipelined_model_drafter_sampling_matches_target(pair):
     """Its next pass is launched on the sampled token before the host reads it: the same law."""
     target, draft = pair
     ok, stat, crit = check(target, ModelDrafter(draft, V, min_confidence=0.0, pipeline=True), dict(temp=0.7, top_k=3))
+    assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
+
+
+def test_a_padded_verify_pass_keeps_the_target_law(pair):
+    """Every verify pass padded with dummy positions (trimmed at once): the same law."""
+    from test_speculative import Padding
+
+    target, draft = pair
+    ok, stat, crit = check(target, ModelDrafter(draft, V, min_confidence=0.0), dict(temp=1.0), policy=Padding(2, adaptive=False))
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 

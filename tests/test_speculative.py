@@ -211,6 +211,29 @@ def test_trim_then_regenerate_gives_the_same_tokens(target):
     assert mx.argmax(first[0, -1]).item() == cont[0]
 
 
+class Padding(Policy):
+    """Pads every verify pass with nine dummy positions, whatever it costs."""
+
+    def padded(self, k):
+        return k + 9 if k and self.pad else k
+
+
+@pytest.mark.parametrize("name", ["model", "ngram", "hybrid-model"])
+def test_a_padded_verify_pass_changes_nothing(target, draft_model, name):
+    model, tok = target
+    for text in PROMPTS:
+        prompt = tok.encode(text)
+        ref = plain_greedy(model, prompt, 30)
+        cache, policy, stats, out = make_prompt_cache(model), Padding(4, adaptive=False), Stats(), []
+        for step in speculative_generate_step(prompt, model, drafters(target, draft_model)[name](), max_tokens=30,
+                                              policy=policy, prompt_cache=cache, stats=stats):
+            out.append(step.token)
+            if not step.from_draft:  # a round's last token: the cache holds the context but it, dummies gone
+                assert [c.offset for c in cache] == [len(prompt) + len(out) - 1] * len(cache)
+        assert out == ref and policy.pad and stats.spec_rounds > 0
+        assert min(k for k in policy.verify if k) >= 10  # every draft was verified padded
+
+
 def test_adaptive_switches_speculation_off_for_a_useless_drafter(target):
     model, tok = target
     prompt = tok.encode(PROMPTS[1])

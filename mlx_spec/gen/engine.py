@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import mlx.core as mx
-from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, trim_prompt_cache
 
 from ..errors import GenerationError
 from . import recurrent
@@ -215,6 +215,10 @@ def speculative_generate_step(
         rewind(cache, cached)  # an interrupted prefill leaves the cache as it came
         raise
 
+    # Padding a verify pass writes dummy KV entries that are trimmed at once: plain attention caches only (a
+    # recurrent layer's state or a rotating window would have to be rewound through them).
+    padding = all(type(c) is KVCache for c in cache)
+    policy.pad = padding
     free = drafter.free_sources() if drafter is not None else set()  # judged every round (shadow drafts)
     if drafter is not None:
         for s in drafter.sources(context):  # a draft model's own timing, before it is fed the prompt
@@ -239,12 +243,19 @@ def speculative_generate_step(
             draft.tokens = draft.tokens[:k]
             n = len(draft.tokens)
             t1 = time.perf_counter()
+            size = n
             if draft.verify is not None:  # the drafter ran part of the verify pass already
                 logits = draft.verify([context[-1]] + draft.tokens)
             else:
                 if drafter is not None and cache_tokens(cache) != base - 1:
                     rewind(cache, base - 1)  # a draft left entries it did not hand over: the target writes its own
-                logits = model(mx.array([context[-1]] + draft.tokens)[None], cache=cache)[0]  # (n+1, V)
+                # Dummy positions after the draft where a larger pass costs less (causal: they change nothing
+                # before them), trimmed at once.
+                size = policy.padded(n) if padding else n
+                fed = [context[-1]] + draft.tokens + [context[-1]] * (size - n)
+                logits = model(mx.array(fed)[None], cache=cache)[0][: n + 1]  # (n+1, V)
+                if size > n:
+                    trim_prompt_cache(cache, size - n)
             if probs_fn is None:
                 a, nxt = verify_greedy(logits, draft.tokens)
             else:
@@ -262,12 +273,14 @@ def speculative_generate_step(
         _record(stats, n, a)
         if draft.hindsight is not None:  # the output it sat out, judged as it caught up: before this round
             policy.hindsight(*draft.hindsight)
-        policy.update(source, n, a, t2 - t1, t1 - t0, draft.catch_up_s, draft.catch_up_tokens)
+        policy.update(source, n, a, t2 - t1, t1 - t0, draft.catch_up_s, draft.catch_up_tokens, size)
         if stats.trace is not None:
             stats.trace.append({"source": source, "proposed": n, "accepted": a, "verify_s": t2 - t1,
                                 "draft_s": t1 - t0, "catch_up_s": draft.catch_up_s, "behind": draft.catch_up_tokens})
             if draft.hindsight is not None:
                 stats.trace[-1]["hindsight"] = [sum(draft.hindsight[1]), len(draft.hindsight[1])]
+            if size > n:
+                stats.trace[-1]["padded"] = size
         if n and drafter is not None:
             drafter.feedback(source, n, a)
         new = draft.tokens[:a] + [nxt]

@@ -96,6 +96,12 @@ FIRST_PRIOR = 1.0  # weight of the per-token estimate in the first-token one (no
 CATCH_UP_MIN = 8  # catch-ups shorter than this ride along in the first draft pass: too short to time per token
 RECHECK = 0.25  # drafting expected to beat plain by less than this re-measures plain decoding now and then
 RECHECK_EVERY = 16  # ... once per this many rounds without a plain step
+# Draft counts a verify pass may be padded to (16 and 32 positions): a larger matmul can cost less than a smaller
+# one. OpenBLAS's sgemm here: the 1.5B's forward over 16 positions took 781 ms, over 8 939 ms, over 12 1444 ms
+# (BENCHMARKS.md §14). Each size is tried once where it could pay (PAD_FROM drafts or more) and used where measured
+# cheaper, so a machine whose costs rise with the size (a GPU) pads at most once per size.
+PAD_SIZES = (15, 31)
+PAD_FROM = 3
 
 
 @dataclass
@@ -173,12 +179,32 @@ class Policy:
     rounds: int = 0  # target passes recorded, plain or speculative
     probing: Optional[str] = None  # the source of the probe round chosen last, until its update
     plain_age: int = 0  # rounds since a plain step was last measured
+    pad: bool = False  # the engine may pad a verify pass with dummy positions (`padded`): a plain KV cache
 
     def stats(self, source: str) -> SourceStats:
         return self.sources.setdefault(source, SourceStats())
 
     def verify_cost(self, k: int) -> float:
-        """Seconds (or relative units before any measurement) to verify k drafts in one target pass."""
+        """Seconds (or relative units before any measurement) to verify k drafts in one target pass: at the size
+        measured cheapest among k and the larger ones it may be padded to (`padded`)."""
+        cost = self._size_cost(k)
+        if self.pad and k:
+            cost = min([cost] + [v for j, v in self.verify.items() if j > k])
+        return cost
+
+    def padded(self, k: int) -> int:
+        """The draft count to run the verify pass of k drafts at (the rest dummy positions the engine trims): k,
+        or a larger measured size that cost less, or once, a PAD_SIZES size not measured yet."""
+        if not self.pad or k < PAD_FROM:
+            return k
+        nearest = min((j for j in PAD_SIZES if j > k), default=None)
+        if nearest is not None and nearest not in self.verify:
+            return nearest
+        cheaper = [j for j, v in self.verify.items() if j > k and v < self._size_cost(k)]
+        return min(cheaper, key=lambda j: self.verify[j]) if cheaper else k
+
+    def _size_cost(self, k: int) -> float:
+        """The cost of a verify pass over exactly k drafts: measured, or interpolated between measured sizes."""
         if k in self.verify:
             return self.verify[k]
         known = sorted(self.verify)
@@ -366,13 +392,15 @@ class Policy:
             i += m + 1
 
     def update(self, source: str, proposed: int, accepted: int, verify_s: float, draft_s: float,
-               catch_up_s: float = 0.0, catch_up_tokens: int = 0) -> None:
+               catch_up_s: float = 0.0, catch_up_tokens: int = 0, verified: Optional[int] = None) -> None:
         """Record one round: `accepted` of `proposed` drafts from `source`, and what verify and drafting cost
-        (draft_s includes catch_up_s, the time feeding the catch_up_tokens the source was behind)."""
+        (draft_s includes catch_up_s, the time feeding the catch_up_tokens the source was behind); verified: the
+        size the verify pass ran at (`padded`), if not `proposed`."""
         self.rounds += 1
-        n = self.verify_n[proposed] = self.verify_n.get(proposed, 0) + 1
+        size = proposed if verified is None else verified
+        n = self.verify_n[size] = self.verify_n.get(size, 0) + 1
         w = max(EMA, 1 / n)  # the first few timings are averaged: one slow first step must not stand for many
-        self.verify[proposed] = (1 - w) * self.verify.get(proposed, 0.0) + w * verify_s
+        self.verify[size] = (1 - w) * self.verify.get(size, 0.0) + w * verify_s
         self.plain_age = 0 if proposed == 0 else self.plain_age + 1
         if proposed == 0:
             return
