@@ -17,11 +17,11 @@ from pathlib import Path
 
 import mlx_spec  # noqa: F401  (first: the BLAS it loads must be there before MLX's)
 
-from mlx_spec.bench.prompts import build
 from mlx_spec.gen.engine import Stats, speculative_generate_step
 from mlx_spec.gen.policy import Policy
 from mlx_spec.gen.registry import default_num_draft
-from mlx_spec.named import load_model, make_drafter
+from mlx_spec.named import make_drafter
+from policy_ab import load  # a sibling script: python puts notebooks/ on the path
 
 
 class NoPad(Policy):
@@ -44,14 +44,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    target, tok, _ = load_model(args.target)
-    want = args.prompts.split(",")
-    n = 1 + max(int(w.split("/")[1].split(":")[0]) for w in want)
-    prompts = [p for p in build(tok, n, n, n_prose=6) if p.id in want]
-    if len(prompts) != len(want):
-        sys.exit(f"error: unknown prompt(s): {sorted(set(want) - {p.id for p in prompts})}")
-    eos = list(tok.eos_token_ids)
-    list(speculative_generate_step(prompts[0].ids[:20], target, None, max_tokens=4))  # warm-up
+    target, tok, prompts, eos = load(args.target, args.prompts)
     out = []
     for i, p in enumerate(prompts):
         for j, row in enumerate(args.rows.split(",")):

@@ -79,24 +79,32 @@ def swapped(old, new):
                 setattr(cls, attr, value)
 
 
-def run(args) -> list:
+def load(target_name: str, prompt_ids: str):
+    """(target, tokenizer, the benchmark prompts named in the comma list, EOS ids), the target warmed up."""
     from mlx_spec.bench.prompts import build
-    from mlx_spec.gen.engine import Stats, speculative_generate_step
-    from mlx_spec.gen.policy import Policy
-    from mlx_spec.gen.registry import default_num_draft
-    from mlx_spec.named import load_model, make_drafter
+    from mlx_spec.gen.engine import speculative_generate_step
+    from mlx_spec.named import load_model
 
-    args.old = revision(args.old)  # recorded as a commit, not as a name that moves (HEAD)
-    files = args.file.split(",")
-    pairs = [(old_module(args.old, f), importlib.import_module(f[:-3].replace("/", "."))) for f in files]
-    target, tok, _ = load_model(args.target)
-    want = args.prompts.split(",")
+    target, tok, _ = load_model(target_name)
+    want = prompt_ids.split(",")
     n = 1 + max(int(w.split("/")[1].split(":")[0]) for w in want)
     prompts = [p for p in build(tok, n, n, n_prose=6) if p.id in want]
     if len(prompts) != len(want):
         sys.exit(f"error: unknown prompt(s): {sorted(set(want) - {p.id for p in prompts})}")
-    eos = list(tok.eos_token_ids)
     list(speculative_generate_step(prompts[0].ids[:20], target, None, max_tokens=4))  # warm-up
+    return target, tok, prompts, list(tok.eos_token_ids)
+
+
+def run(args) -> list:
+    from mlx_spec.gen.engine import Stats, speculative_generate_step
+    from mlx_spec.gen.policy import Policy
+    from mlx_spec.gen.registry import default_num_draft
+    from mlx_spec.named import make_drafter
+
+    args.old = revision(args.old)  # recorded as a commit, not as a name that moves (HEAD)
+    files = args.file.split(",")
+    pairs = [(old_module(args.old, f), importlib.import_module(f[:-3].replace("/", "."))) for f in files]
+    target, tok, prompts, eos = load(args.target, args.prompts)
     out = []
     for i, p in enumerate(prompts):
         for j, row in enumerate(args.rows.split(",")):
