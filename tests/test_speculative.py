@@ -234,6 +234,17 @@ def test_a_padded_verify_pass_changes_nothing(target, draft_model, name):
         assert min(k for k in policy.verify if k) >= 10  # every draft was verified padded
 
 
+def test_no_dummy_position_goes_past_the_model_context(target):
+    model, tok = target
+    limit = model.args.max_position_embeddings
+    prompt = (tok.encode(PROMPTS[0]) * 200)[: limit - 12]
+    ref = plain_greedy(model, prompt, 12)  # the context has room for 12 more tokens
+    policy = Padding(4, adaptive=False)
+    out, stats = spec(model, prompt, NGramDrafter(), max_tokens=64, policy=policy)
+    assert out == ref and stats.finish_reason == "context" and stats.spec_rounds > 0
+    assert max(policy.verify) <= 12  # the first round: 499 cached + 13 fed = the 512-token context
+
+
 def test_adaptive_switches_speculation_off_for_a_useless_drafter(target):
     model, tok = target
     prompt = tok.encode(PROMPTS[1])

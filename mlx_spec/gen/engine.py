@@ -252,6 +252,8 @@ def speculative_generate_step(
                 # Dummy positions after the draft where a larger pass costs less (causal: they change nothing
                 # before them), trimmed at once.
                 size = policy.padded(n) if padding else n
+                if limit is not None:  # no dummy position past the model's context (absolute position tables)
+                    size = max(n, min(size, limit - base))
                 fed = [context[-1]] + draft.tokens + [context[-1]] * (size - n)
                 logits = model(mx.array(fed)[None], cache=cache)[0][: n + 1]  # (n+1, V)
                 if size > n:
