@@ -97,9 +97,10 @@ CATCH_UP_MIN = 8  # catch-ups shorter than this ride along in the first draft pa
 RECHECK = 0.25  # drafting expected to beat plain by less than this re-measures plain decoding now and then
 RECHECK_EVERY = 16  # ... once per this many rounds without a plain step
 # Draft counts a verify pass may be padded to (16 and 32 positions): a larger matmul can cost less than a smaller
-# one. OpenBLAS's sgemm here: the 1.5B's forward over 16 positions took 781 ms, over 8 939 ms, over 12 1444 ms
-# (BENCHMARKS.md §14). Each size is tried once where it could pay (PAD_FROM drafts or more) and used where measured
-# cheaper, so a machine whose costs rise with the size (a GPU) pads at most once per size.
+# one. OpenBLAS under MLX here: the 1.5B's pass over 16 positions took 0.79-0.80 s, over 8 0.96-0.97 s, over 12
+# 1.45-1.48 s (BENCHMARKS.md §14, `notebooks/verify_cost.py`). Each size is tried once where it could pay
+# (PAD_FROM drafts or more) and used where measured cheaper, so a machine whose costs rise with the size (a GPU)
+# pads at most once per size.
 PAD_SIZES = (15, 31)
 PAD_FROM = 3
 
