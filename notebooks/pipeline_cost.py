@@ -3,9 +3,10 @@ synchronous loop: seconds per drafted token, the host's share of a step, and wha
 
     python notebooks/pipeline_cost.py [--draft qwen2.5-coder-0.5b] [--rounds 12] [--prose]
 
-Two drafters with the vocabulary-subset head draft the same growing context in alternation, K=6 a round, each draft
-taken as accepted, on the longest HumanEval prompt (or the first open prose question). With the confidence stop off, no launch is wasted (the case most favourable to launching
-ahead); with the default stop on, the wasted launches count. A development tool, not part of the package
+Two drafters with the vocabulary-subset head draft the same growing context in alternation, K=6 a round, each
+draft taken as accepted, on the longest HumanEval prompt (or the first open prose question). With the confidence
+stop off, no launch is wasted (the case most favourable to launching ahead); with the default stop on, the
+wasted launches count. A development tool, not part of the package
 (BENCHMARKS.md quotes it). Run it on an idle machine.
 """
 

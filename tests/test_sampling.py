@@ -136,7 +136,8 @@ def test_a_padded_verify_pass_keeps_the_target_law(pair):
     from test_speculative import Padding
 
     target, draft = pair
-    ok, stat, crit = check(target, ModelDrafter(draft, V, min_confidence=0.0), dict(temp=1.0), policy=Padding(2, adaptive=False))
+    drafter = ModelDrafter(draft, V, min_confidence=0.0)
+    ok, stat, crit = check(target, drafter, dict(temp=1.0), policy=Padding(2, adaptive=False))
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 

@@ -256,8 +256,8 @@ class ModelDrafter(Drafter):
         host's time per step against the recent share of launches that would be wasted times the cost of a pass.
         On this CPU the host takes 2-3 % of a 0.5B pass (3.6 ms of 155-165 ms): it launches ahead while drafts
         run long and sure (HumanEval code: 0.999-1.009x a drafted token, nothing measurable), and stays
-        synchronous where they stop early (a prose question: half the launches wasted, 0.65x forced); `notebooks/pipeline_cost.py`, BENCHMARKS.md
-        §12. `pipeline` forces it either way."""
+        synchronous where they stop early (a prose question: half the launches wasted, 0.65x forced);
+        `notebooks/pipeline_cost.py`, BENCHMARKS.md §12. `pipeline` forces it either way."""
         if self.pipeline is not None:
             return self.pipeline
         if self._host_s is None or self._step_s is None:
