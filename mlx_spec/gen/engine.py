@@ -217,8 +217,7 @@ def speculative_generate_step(
 
     # Padding a verify pass writes dummy KV entries that are trimmed at once: plain attention caches only (a
     # recurrent layer's state or a rotating window would have to be rewound through them).
-    padding = all(type(c) is KVCache for c in cache)
-    policy.pad = padding
+    policy.pad = all(type(c) is KVCache for c in cache)
     free = drafter.free_sources() if drafter is not None else set()  # judged every round (shadow drafts)
     if drafter is not None:
         for s in drafter.sources(context):  # a draft model's own timing, before it is fed the prompt
@@ -251,7 +250,7 @@ def speculative_generate_step(
                     rewind(cache, base - 1)  # a draft left entries it did not hand over: the target writes its own
                 # Dummy positions after the draft where a larger pass costs less (causal: they change nothing
                 # before them), trimmed at once.
-                size = policy.padded(n) if padding else n
+                size = policy.padded(n)
                 if limit is not None:  # no dummy position past the model's context (absolute position tables)
                     size = max(n, min(size, limit - base))
                 fed = [context[-1]] + draft.tokens + [context[-1]] * (size - n)

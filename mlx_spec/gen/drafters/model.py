@@ -38,6 +38,12 @@ def common_prefix(a: List[int], b: List[int]) -> int:
     return i
 
 
+def _top(logits: mx.array) -> Tuple[mx.array, mx.array]:
+    """Each row's best column of logits (n, V) and its softmax probability (lazy)."""
+    at = mx.argmax(logits, axis=-1)
+    return at, mx.take_along_axis(mx.softmax(logits, axis=-1), at[:, None], axis=-1)[:, 0]
+
+
 class ModelDrafter(Drafter):
     """Greedy or sampled drafts from a small model.
 
@@ -193,17 +199,14 @@ class ModelDrafter(Drafter):
         logits, best: the subset's logits and best token ids, when the caller built them already. One host
         synchronisation, and one more where some row is unsure."""
         logits = self.head.subset(h).astype(mx.float32) if logits is None else logits
-        at = mx.argmax(logits, axis=-1)
+        at, share = _top(logits)
         best = self.head.ids()[at] if best is None else best
-        share = mx.take_along_axis(mx.softmax(logits, axis=-1), at[:, None], axis=-1)[:, 0]
         mx.eval(best, share)
         tokens, conf = best.tolist(), share.tolist()
         sure = [c >= SURE for c in conf]
         unsure = [i for i, ok in enumerate(sure) if not ok]
         if unsure:
-            full = self._align(self.head.full(h[mx.array(unsure)])).astype(mx.float32)
-            best = mx.argmax(full, axis=-1)
-            share = mx.take_along_axis(mx.softmax(full, axis=-1), best[:, None], axis=-1)[:, 0]
+            best, share = _top(self._align(self.head.full(h[mx.array(unsure)])).astype(mx.float32))
             mx.eval(best, share)
             for i, t, c in zip(unsure, best.tolist(), share.tolist()):
                 tokens[i], conf[i] = t, c
@@ -336,14 +339,14 @@ class ModelDrafter(Drafter):
             # target step) beside the target step it saves when accepted. Dropping it, as this loop once did,
             # cost one wasted draft pass per early stop (~0.2 s for the 0.5B here, a third of its rounds).
             go_on = conf >= self.min_confidence and i + 1 < k
-            if i + 1 < k:  # a pass launched ahead here is wasted unless the round goes on with the guessed token
-                wasted = not (go_on and tok == guessed)
+            keep = go_on and tok == guessed  # a pass launched ahead here goes on with the guessed token
+            if i + 1 < k:
                 self.ahead[0] += 1
-                self.ahead[1] += wasted
-                self._recent.append(wasted)
+                self.ahead[1] += not keep
+                self._recent.append(not keep)
             out, todo, judge = None, tokens[-1:], 0
             if ahead is not None:
-                if go_on and tok == guessed:
+                if keep:
                     out = ahead
                     self._fed.append(tok)
                     if subset:
