@@ -42,8 +42,8 @@ class HybridDrafter(Drafter):
         is the better guide, and where it has none the n-gram's short keys are all that is left. Offered (and so
         judged by the engine's shadow drafts) only where it could be chosen, its odds are those of that case: in
         the engine2 run of revision 40509be, where it was offered beside the suffix, the hybrid's n-gram rounds
-        lost time against plain steps on every one of 10 HumanEval and edit prompts (0.5-2.3 s each), their
-        odds raised by the copies the suffix was drafting (BENCHMARKS.md §13)."""
+        lost time against plain steps on each of the 10 HumanEval and edit prompts they came on (0.5-2.3 s
+        each), their odds raised by the copies the suffix was drafting (BENCHMARKS.md §13)."""
         out: Dict[str, int] = {}
         for d in self.extra:
             out.update(d.sources(context))
