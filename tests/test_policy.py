@@ -173,7 +173,9 @@ def test_a_costly_source_must_beat_a_free_one_by_a_margin():
 
 def test_a_fully_accepted_probe_is_followed_at_once_by_a_longer_one_until_one_fails():
     p = Policy(8)
-    feed(p, "model", 4, 0, STEP * 0.4)  # off: nothing accepted
+    feed(p, "model", 4, 4, STEP * 0.4)  # good for a while ...
+    feed(p, "model", 4, 0, STEP * 0.4, rounds=8)  # ... then off: nothing accepted lately
+    assert p.choose({"model": 4}, 100)[1] == 0
     lengths = []
     for _ in range(400):
         src, k = p.choose({"model": 1 << 30}, 1000)
@@ -186,6 +188,29 @@ def test_a_fully_accepted_probe_is_followed_at_once_by_a_longer_one_until_one_fa
             p.update("", 0, 0, STEP, 0.0)
     # 1 accepted -> 2 at once, accepted -> 4 at once, rejected -> back to a budgeted one-token probe
     assert lengths[:3] == [PROBE_K, 2 * PROBE_K, 4 * PROBE_K] and lengths[3] == PROBE_K
+
+
+def test_no_follow_up_for_a_source_that_could_not_pay_at_the_best_odds_it_has_shown():
+    """A self draft at half a target step per token, two thirds of its tokens accepted: a 2-token round needs
+    about 80 % to pay, so an accepted one-token probe is not followed by a longer one (the bet is not paid from
+    the probe budget; the test above has a source whose odds make the bet)."""
+    p = Policy(8)
+    p.update("", 0, 0, STEP, 0.0)
+    for i in range(30):  # rounds of one draft, accepted two times in three
+        p.update("self", 1, int(i % 3 < 2), STEP * 1.1, STEP * 0.5)
+    for _ in range(3):
+        p.update("", 0, 0, STEP, 0.0)
+    lengths = []
+    for _ in range(400):
+        src, k = p.choose({"self": 8}, 1000)
+        if k:
+            lengths.append(k)
+            p.update(src, k, k, STEP * 1.1 * (1 + 0.05 * k), STEP * 0.5 * k)  # every probe accepted
+            if len(lengths) == 2:
+                break
+        else:
+            p.update("", 0, 0, STEP, 0.0)
+    assert lengths == [PROBE_K, PROBE_K]  # the next probe is a budgeted one-token probe again
 
 
 def test_a_source_whose_probes_keep_failing_is_probed_on_its_recent_acceptance_not_its_prior():
