@@ -12,6 +12,7 @@ differently; pairs that chose the same in every round show the timing noise.
         --rows hybrid:qwen2.5-coder-0.5b,suffix --out notebooks/runs/policy-ab.json
     python notebooks/policy_ab.py --old HEAD \
         --file mlx_spec/gen/drafters/model.py,mlx_spec/gen/drafters/head.py ...
+    python notebooks/policy_ab.py --old HEAD --old-k model=6 ...   # a default draft length changed
 
 Prints a markdown table (seconds old -> new per prompt and row, and per row the ratio of total times).
 A development tool, not part of the package: the bench suites measure drafters, this measures a change.
@@ -79,6 +80,24 @@ def swapped(old, new):
                 setattr(cls, attr, value)
 
 
+@contextlib.contextmanager
+def draft_lengths(spec: str):
+    """Within the block, `registry.DEFAULT_K` has the entries of `spec` ("model=6,self=6"; "" changes nothing)."""
+    from mlx_spec.gen import registry
+
+    saved = dict(registry.DEFAULT_K)
+    for item in filter(None, spec.split(",")):
+        kind, _, k = item.partition("=")
+        if kind not in registry.DEFAULT_K or not k.isdigit():
+            sys.exit(f"error: --old-k: '{item}' is not KIND=K for a kind in {sorted(registry.DEFAULT_K)}")
+        registry.DEFAULT_K[kind] = int(k)
+    try:
+        yield
+    finally:
+        registry.DEFAULT_K.clear()
+        registry.DEFAULT_K.update(saved)
+
+
 def load(target_name: str, prompt_ids: str):
     """(target, tokenizer, the benchmark prompts named in the comma list, EOS ids), the target warmed up."""
     from mlx_spec.bench.prompts import build
@@ -112,6 +131,8 @@ def run(args) -> list:
                 with contextlib.ExitStack() as stack:
                     for old, new in pairs if name == "old" else []:
                         stack.enter_context(swapped(old, new))
+                    if name == "old":
+                        stack.enter_context(draft_lengths(args.old_k))
                     drafter = make_drafter(row, target, tok)
                     stats = Stats(trace=[])
                     t0 = time.perf_counter()
@@ -121,8 +142,8 @@ def run(args) -> list:
                 out.append({"prompt": p.id, "row": row, "policy": name, "total": time.perf_counter() - t0,
                             "tokens": tokens, "stats": stats.as_dict()})
                 print(f"{p.id:24s} {row:28s} {name} {out[-1]['total']:6.1f} s", file=sys.stderr, flush=True)
-                Path(args.out).write_text(json.dumps({"old": args.old, "file": args.file, "target": args.target,
-                                                      "runs": out}))
+                Path(args.out).write_text(json.dumps({"old": args.old, "file": args.file, "old_k": args.old_k,
+                                                      "target": args.target, "runs": out}))
                 del drafter
     return out
 
@@ -206,6 +227,9 @@ def main():
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--prompts", required=True, help="comma list of benchmark prompt ids (HumanEval/7:rename, ...)")
     ap.add_argument("--rows", required=True, help="comma list of drafter specs")
+    ap.add_argument("--old-k", default="",
+                    help="the old side's default draft lengths where they changed, e.g. model=6 "
+                         "(`registry.DEFAULT_K`: a module constant, which the class swap does not reach)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", required=True, help="JSON file for the runs (rewritten after each)")
     ap.add_argument("--report", action="store_true", help="only print the table of an existing --out file")
