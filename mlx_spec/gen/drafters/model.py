@@ -15,7 +15,7 @@ from .head import SURE, SubsetHead
 
 # Most draft tokens per round for model and self drafters: a cap, the policy (from measured acceptance and verify
 # costs) and the confidence stop draft fewer. 15 fills the cheapest verify pass measured here (16 positions, §14 of
-# BENCHMARKS.md); it was 6 before verify passes were padded (BENCHMARKS.md §15).
+# BENCHMARKS.md); it was 6 before verify passes were padded (BENCHMARKS.md §16).
 DEFAULT_K = 15
 # Stop drafting after a token the draft itself gives < 50 % (the token is still proposed). 0.5 was picked from two
 # 64-token tuning runs on the Qwen pair (one HumanEval, one edit prompt): K=6 with 0.5 was 11-19 % faster than
