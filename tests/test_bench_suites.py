@@ -100,6 +100,7 @@ def test_a_table_suite_runs_every_row_and_marks_an_unavailable_model(target, tin
     assert data["schema"] == SCHEMA and data["complete"] and data["suite"]["name"] == "t"
     assert {"cpu", "memory_gb", "mlx", "blas_status", "git_rev"} <= set(data["machine"])
     assert len(data["models"][str(target)]["sha256"]) == 64
+    assert all(isinstance(r["loadavg"], float) and r["loadavg"] >= 0 for r in data["records"])  # others' load, per record
     rows = {e["draft"]: e for e in data["summary"]}
     assert rows["no-such-model-anywhere"]["status"] == "unavailable" and rows["no-such-model-anywhere"]["reason"]
     for d in ("none", "ngram", str(tiny_models["qwen2_draft"]), "self:1"):

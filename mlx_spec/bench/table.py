@@ -9,6 +9,7 @@ ones it has. A target or draft that cannot be fetched or loaded marks its rows u
 why, and the rest goes on.
 """
 
+import os
 import time
 import zlib
 from pathlib import Path
@@ -212,7 +213,8 @@ class TableRun:
                        round(r["catch_up_s"], 4), r["behind"]] + r.get("hindsight", [])
                       for r in d["trace"]] or None  # compact: one row a round
         return {"prompt": p.id, "set": p.set, "repeat": rep, "prompt_tokens": len(p.ids), **t.as_dict(),
-                "stats": d, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                "stats": d, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "loadavg": os.getloadavg()[0]}  # other work beside a measurement slows it: 1-minute load at its end
 
 
 def _compare(mine: Dict[tuple, dict], base: Dict[tuple, dict], k: Optional[int]) -> dict:
