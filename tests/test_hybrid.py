@@ -10,7 +10,7 @@ from mlx_spec.gen.drafters.ngram import NGramDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter, SuffixMemory
 from mlx_spec.gen.engine import speculative_generate_step
 from mlx_spec.gen.policy import Policy
-from mlx_spec.gen.registry import build
+from mlx_spec.gen.registry import DEFAULT_K, build
 from mlx_spec.gen.sampling import make_probs_fn
 from mlx_spec.named import load_model
 
@@ -109,9 +109,10 @@ def test_eos_and_max_tokens_inside_long_joined_drafts(pair, stop_at):
 def test_registry_hybrid_has_the_suffix_source_and_caps_the_model(pair):
     (model, tok), _ = pair
     d = build("hybrid", model, tok)
-    assert [x.name for x in d.extra] == ["suffix"] and d.fallback_k == 6
+    cap = DEFAULT_K["self"]
+    assert [x.name for x in d.extra] == ["suffix"] and d.fallback_k == cap
     offers = d.sources(tok.encode(REPEAT))
-    assert offers["self"] == 6 and offers["suffix+self"] == offers["suffix"] + 6
+    assert offers["self"] == cap and offers["suffix+self"] == offers["suffix"] + cap
 
 
 class OneToken(Drafter):
