@@ -334,8 +334,9 @@ class Policy:
         for src, cap in caps.items():  # while nothing drafts, a fully accepted probe is followed by a longer one
             s = self.stats(src)
             if best[1] == 0 and s.follow:
-                if self.follow_pays(src, min(s.follow, cap), lags.get(src, 0)):
-                    return self._probe(src, min(s.follow, cap))
+                k = min(s.follow, cap)
+                if self.follow_pays(src, k, lags.get(src, 0)):
+                    return self._probe(src, k)
                 s.follow = 0
         for src, cap in caps.items():  # probe a source passed over once its credit pays for the probe
             s = self.stats(src)
