@@ -244,6 +244,8 @@ def draft_search(
         typer.echo(f"\nnote: {note}")
     if saved:
         typer.echo(f"\nrecommended: {result.recommended}; use it with: mlx-spec chat --model {target} --draft {saved}")
+        for kind, (margin, rival) in result.margins().items():
+            typer.echo(f"  on {kind}: {100 * margin:+.0f}% over the best single drafter measured ({rival})")
     typer.echo(f"\nresult: {path}")
 
 
@@ -253,7 +255,7 @@ def format_stats(s) -> str:
         "=" * 40,
         f"prompt:     {s.prompt_tokens} tokens ({s.prompt_cached} cached), {s.prompt_tps:.1f} tokens/s",
         f"generation: {s.generation_tokens} tokens, {s.generation_tps:.2f} tokens/s",
-        f"peak memory: {s.peak_memory_gb:.2f} GB",
+        f"memory:     {s.peak_memory_gb:.2f} GB peak above the loaded models",
     ]
     if s.proposed or s.rounds != s.generation_tokens:
         pos = " ".join(f"{a:.2f}" for a in s.acceptance_by_position())

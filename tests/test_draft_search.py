@@ -61,6 +61,35 @@ def test_the_hybrid_of_the_first_paying_draft_is_measured_next(tiny_models, home
     assert "hybrid:bad" not in order and result.recommended == "hybrid:good"
 
 
+def test_estimates_leave_time_for_several_full_measurements(tiny_models, home, monkeypatch):
+    """On a planted clock: a full measurement takes 100 s, an estimate 50 s (a draft to build), the budget 600 s.
+    Estimating stops at the reserve (min(4 full, half the budget) = 300 s), so 3 candidates get measured in
+    full, not the 1 that a reserve of a single measurement left."""
+    clock = {"left": 600.0}
+    monkeypatch.setattr(ds, "minimum_seconds", lambda *a: 100.0)
+    monkeypatch.setattr(ds.Search, "left", lambda self: clock["left"])
+    monkeypatch.setattr(ds.Search, "cost_of", lambda self, c, full: 100.0 if full else 50.0)
+    quick, full = [], []
+
+    def fake_quick(self, c):
+        clock["left"] -= 50
+        c.estimate, c.status = 2.0 - len(quick) / 100, "estimated"
+        quick.append(c.name)
+
+    def fake_full(self, c):
+        clock["left"] -= 100
+        c.speedup, c.identical, c.status, c.by_set = 1.5, True, "measured", {}
+        full.append(c.name)
+
+    monkeypatch.setattr(ds.Search, "quick", fake_quick)
+    monkeypatch.setattr(ds.Search, "full", fake_full)
+    search = ds.Search(str(tiny_models["qwen2"]), budget_minutes=10, prompts=1, max_tokens=4, methods=ds.DEFAULT_LADDER)
+    search.load()
+    result = search.search()
+    assert len(quick) == 6 and full == quick[:3]  # the best estimates, in order
+    assert sum(c.status == "skipped: budget" for c in result.candidates) == len(result.candidates) - 6
+
+
 def test_a_rerun_reuses_the_drafts_it_built(tiny_models, home):
     search = ds.Search(str(tiny_models["qwen2"]), budget_minutes=10, prompts=1, max_tokens=6, methods=["layers-half"])
     search.load()
@@ -128,6 +157,34 @@ def test_prompt_sets_stand_in_for_the_calibration_text(tiny_models, home, tmp_pa
         ds.Search(str(tiny_models["qwen2"]), prompt_sets=["humaneval", "poetry"])
     with pytest.raises(ds.DraftSearchError, match="not both"):
         ds.Search(str(tiny_models["qwen2"]), prompt_sets=["edit"], calibration=tmp_path / "cal.txt")
+
+
+def test_speed_ups_are_reported_per_prompt_set(tiny_models, home):
+    plant("good", tiny_models["qwen2"])
+    search = ds.Search(str(tiny_models["qwen2"]), prompt_sets=["humaneval", "prose"], budget_minutes=10, prompts=2,
+                       max_tokens=6, methods=[])
+    search.load()
+    result = search.search()
+    assert result.sets == ["humaneval", "prose"]
+    measured = [c for c in result.candidates if c.speedup is not None]
+    assert measured
+    for c in measured:  # one prompt of each set: its mean is that prompt's ratio
+        assert c.by_set == {"humaneval": c.spread[0], "prose": c.spread[1]}
+    head = result.table().splitlines()[0]
+    assert "humaneval speed-up" in head and "prose speed-up" in head
+
+
+def test_margins_judge_the_recommendation_against_the_best_other_single_drafter():
+    C = ds.Candidate
+    cands = [C("hybrid:x", "hybrid", by_set={"humaneval": 3.0, "edit": 2.2}, identical=True),
+             C("suffix", "drafter", by_set={"humaneval": 2.5, "edit": 2.0}, identical=True),
+             C("x", "recipe", by_set={"humaneval": 1.5, "edit": 2.1}, identical=True),
+             C("hybrid:y", "hybrid", by_set={"humaneval": 2.9, "edit": 2.9}, identical=True),  # not a single drafter
+             C("wrong", "drafter", by_set={"humaneval": 9.0, "edit": 9.0}, identical=False)]  # not lossless
+    result = ds.SearchResult("t", cands, 1.0, "hybrid:x", sets=["humaneval", "edit", "humaneval"])
+    m = result.margins()
+    assert m["humaneval"] == (pytest.approx(0.2), "suffix") and m["edit"] == (pytest.approx(2.2 / 2.1 - 1), "x")
+    assert ds.SearchResult("t", cands, 1.0, None, sets=["edit"]).margins() == {}
 
 
 def test_cli(tiny_models, home, tmp_path):

@@ -29,7 +29,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import MlxSpecError
 from .common import free
@@ -41,6 +41,7 @@ QUANT_SELF = ("int4", "int8")
 DEFAULT_PROMPTS = 3
 DEFAULT_MAX_TOKENS = 48
 QUICK_TOKENS = 24  # tokens drafted for a candidate's cheap estimate
+FULL_RESERVE = 4  # full measurements the estimates leave time for (the top 3 and a hybrid), at most half the budget
 PROMPT_TOKENS = 256  # each calibration prompt is cut to this many tokens
 PROMPT_SETS = ("humaneval", "edit", "prose")  # bench prompt sets that may stand in for the calibration text
 BUILD_S_PER_GB = 60.0  # assumed conversion time per GB of target weights, before one is measured
@@ -66,6 +67,7 @@ class Candidate:
     tokens_per_s: Optional[float] = None  # end-to-end, adaptive engine
     speedup: Optional[float] = None  # over plain decoding on the same prompts, same run
     spread: List[float] = field(default_factory=list)  # per-prompt speed-ups
+    by_set: Dict[str, float] = field(default_factory=dict)  # mean speed-up per prompt set ('humaneval', 'edit', ...)
     identical: Optional[bool] = None  # every greedy output equal to plain decoding's
 
 
@@ -78,6 +80,7 @@ class SearchResult:
     saved: Optional[str] = None  # what `--draft` to pass to use it
     notes: List[str] = field(default_factory=list)
     prompts: List[str] = field(default_factory=list)  # what was measured on: calibration passages or set prompts
+    sets: List[str] = field(default_factory=list)  # each prompt's set: 'calibration', 'humaneval', 'edit', 'prose'
 
     def table(self) -> str:
         from .common import md_table
@@ -85,12 +88,33 @@ class SearchResult:
         def f(x, fmt):
             return format(x, fmt) if x is not None else "-"
 
-        rows = [(c.name, c.kind, f(c.size_gb, ".2f"), f(c.accepted, ".2f"), f(c.draft_ms, ".0f"),
+        rows = [[c.name, c.kind, f(c.size_gb, ".2f"), f(c.accepted, ".2f"), f(c.draft_ms, ".0f"),
                  f(c.tokens_per_s, ".2f"), f(c.speedup, ".2f") + ("x" if c.speedup is not None else ""),
-                 (f"{min(c.spread):.2f}-{max(c.spread):.2f}" if c.spread else "-"), f(c.estimate, ".2f"), c.status)
+                 (f"{min(c.spread):.2f}-{max(c.spread):.2f}" if c.spread else "-"), f(c.estimate, ".2f"), c.status]
                 for c in self.candidates]
-        return md_table(["method", "kind", "size GB", f"avg accepted (K={K})", "ms / draft token", "tokens/s",
-                         "speed-up", "min-max", "estimate", "status"], rows)
+        head = ["method", "kind", "size GB", f"avg accepted (K={K})", "ms / draft token", "tokens/s",
+                "speed-up", "min-max", "estimate", "status"]
+        sets = list(dict.fromkeys(self.sets))
+        if len(sets) > 1:  # a column per set, where the search mixed them
+            head[7:7] = [f"{s} speed-up" for s in sets]
+            for row, c in zip(rows, self.candidates):
+                row[7:7] = [f(c.by_set.get(s), ".2f") + ("x" if s in c.by_set else "") for s in sets]
+        return md_table(head, rows)
+
+    def margins(self) -> Dict[str, tuple]:
+        """Per prompt set: (the recommended drafter's speed-up over the best *other single* drafter measured - 1,
+        that drafter's name): what combining drafters gained over the best single method, on each kind of prompt."""
+        best = next((c for c in self.candidates if c.name == self.recommended), None)
+        if best is None:
+            return {}
+        out = {}
+        for s in dict.fromkeys(self.sets):
+            others = [c for c in self.candidates if c is not best and c.kind != "hybrid" and c.identical
+                      and s in c.by_set]
+            if s in best.by_set and others:
+                rival = max(others, key=lambda c: c.by_set[s])
+                out[s] = (best.by_set[s] / rival.by_set[s] - 1, rival.name)
+        return out
 
 
 def minimum_seconds(step_s: float, prompts: int, max_tokens: int) -> float:
@@ -139,11 +163,12 @@ class Search:
         except MlxSpecError as e:
             raise DraftSearchError(f"cannot load the target '{self.target_spec}': {e}") from None
         if self.prompt_sets:
-            self.prompts, self.prompt_names = self._set_prompts()
+            self.prompts, self.prompt_names, self.prompt_kinds = self._set_prompts()
         else:
             ids = [self.tokenizer.encode(t)[:PROMPT_TOKENS] for t in self.texts]
             self.prompts = [p for p in ids if len(p) >= 2][: self.prompts_n]
             self.prompt_names = [f"calibration/{i}" for i in range(len(self.prompts))]
+            self.prompt_kinds = ["calibration"] * len(self.prompts)
         if not self.prompts:
             raise DraftSearchError("the calibration text gives no prompt of at least 2 tokens")
         limit = context_limit(self.model)
@@ -163,7 +188,7 @@ class Search:
                 f"{len(self.prompts)} prompts x {self.max_tokens} tokens)")
 
     def _set_prompts(self):
-        """(ids, names) of the first prompts of the chosen benchmark sets, one of each set in turn."""
+        """(ids, names, sets) of the first prompts of the chosen benchmark sets, one of each set in turn."""
         from .prompts import PROSE_QUESTIONS, build
 
         per_set = -(-self.prompts_n // len(self.prompt_sets))  # ceil: the interleaving is cut to prompts_n
@@ -173,7 +198,7 @@ class Search:
             chosen = build(self.tokenizer, n["humaneval"], n["edit"], n_prose=n["prose"])[: self.prompts_n]
         except MlxSpecError as e:
             raise DraftSearchError(f"--prompt-set: {e}") from None
-        return [p.ids for p in chosen], [p.id for p in chosen]
+        return [p.ids for p in chosen], [p.id for p in chosen], [p.set for p in chosen]
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -289,6 +314,9 @@ class Search:
         c.accepted = accepted / rounds if rounds else 0.0
         c.speedup = sum(ratios) / len(ratios)
         c.spread, c.identical = ratios, same
+        for s in dict.fromkeys(self.prompt_kinds):
+            mine = [r for r, k in zip(ratios, self.prompt_kinds) if k == s]
+            c.by_set[s] = sum(mine) / len(mine)
         c.tokens_per_s = spec_tokens / spec_s
         c.status = "measured" if same else "WRONG OUTPUT"
 
@@ -310,7 +338,10 @@ class Search:
         self.notes: List[str] = []
         cands = self.cands = self.candidates()
         notes = self.notes
-        reserve = minimum_seconds(self.step_s, len(self.prompts), self.max_tokens)  # at least one full measurement
+        # Estimating stops while several full measurements still fit: uncached drafts cost minutes each to build,
+        # and a search that spent its budget building them would measure a single candidate in full.
+        one = minimum_seconds(self.step_s, len(self.prompts), self.max_tokens)
+        reserve = min(FULL_RESERVE * one, max(one, self.budget_minutes * 60 / 2))
         for c in cands:
             if self.left() - reserve < self.cost_of(c, full=False):
                 c.status = "skipped: budget"
@@ -363,7 +394,7 @@ class Search:
         """The search so far (every candidate, measured or not) with `best` recommended."""
         plain_tps = self._plain_tokens / self._plain_s if self._plain_s else 1 / self.step_s
         return SearchResult(str(self.target_spec), self.cands, plain_tps, best.name if best else None,
-                            notes=self.notes, prompts=list(self.prompt_names))
+                            notes=self.notes, prompts=list(self.prompt_names), sets=list(self.prompt_kinds))
 
     @staticmethod
     def _best(cands: List[Candidate]) -> Optional[Candidate]:
