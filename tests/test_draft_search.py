@@ -61,6 +61,24 @@ def test_the_hybrid_of_the_first_paying_draft_is_measured_next(tiny_models, home
     assert "hybrid:bad" not in order and result.recommended == "hybrid:good"
 
 
+def test_a_paying_draft_model_gets_its_hybrid_where_a_context_drafter_beats_it(tiny_models, home, monkeypatch):
+    """On code the suffix drafter alone beats the draft model; the hybrid (suffix + n-gram + model) is still measured,
+    right after the model, and recommended when it is the fastest."""
+    plant("good", tiny_models["qwen2"])
+    order, planted = [], {"suffix": 3.0, "good": 1.5, "hybrid:good": 3.3}
+
+    def full(self, c):
+        order.append(c.name)
+        c.speedup, c.identical, c.status = planted.get(c.name, 0.8), True, "measured"
+
+    monkeypatch.setattr(ds.Search, "full", full)
+    search = ds.Search(str(tiny_models["qwen2"]), budget_minutes=10, prompts=1, max_tokens=6, methods=[])
+    search.load()
+    result = search.search()
+    assert order.index("hybrid:good") == order.index("good") + 1 and order.count("hybrid:good") == 1
+    assert result.recommended == "hybrid:good"
+
+
 def test_estimates_leave_time_for_several_full_measurements(tiny_models, home, monkeypatch):
     """On a planted clock: a full measurement takes 100 s, an estimate 50 s (a draft to build), the budget 600 s.
     Estimating stops at the reserve (min(4 full, half the budget) = 300 s), so 3 candidates get measured in

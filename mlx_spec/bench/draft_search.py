@@ -17,8 +17,8 @@ MLX's int4 slow, on Metal int4 is fast), so it is measured here instead of guess
    engine (adaptive, as users run it) against plain decoding run right after it on the same prompt.
 4. The best one measured is recommended; a converted draft is saved as a user recipe (and its
    folder) so that `mlx-spec chat --draft NAME` uses it. The hybrid (n-gram + suffix + a draft model) of
-   the first draft model that beats plain decoding is measured right after it, and that of the final
-   best one at the end, while time allows.
+   the first draft model that beats plain decoding is measured right after it (even where suffix alone is
+   faster), and that of the fastest draft model at the end, while time allows.
 
 Drafts converted for the search are cached (`bench.variants.variant_folder`), so a rerun reuses them.
 Algorithms return data; the CLI prints.
@@ -361,14 +361,15 @@ class Search:
             free()
             if progress:
                 progress(c)
-            if self._best(cands) is c and not any(x.kind == "hybrid" for x in cands):
-                # The first draft model that pays gets its hybrid measured at once: copy-heavy prompts make the
-                # hybrid the likeliest winner, and the weaker candidates after it must not use up its time.
+            if c.kind in ("variant", "recipe") and _pays(c) and not any(x.kind == "hybrid" for x in cands):
+                # The first draft model that pays gets its hybrid measured at once, even where a context drafter
+                # (suffix) beats it alone: copy-heavy prompts make the hybrid the likeliest winner, and the weaker
+                # candidates after it must not use up its time.
                 self._hybrid(c, progress)
+        models = [c for c in cands if c.kind in ("variant", "recipe") and _pays(c)]
+        if models:  # and that of the best-paying draft model, if it is another one
+            self._hybrid(max(models, key=lambda c: c.speedup), progress)
         best = self._best(cands)
-        if best is not None and best.kind in ("variant", "recipe"):
-            self._hybrid(best, progress)
-            best = self._best(cands)
         result = self.result(best)
         if best is None:
             notes.append("no candidate was faster than plain decoding on this machine: use no --draft")
@@ -398,8 +399,13 @@ class Search:
 
     @staticmethod
     def _best(cands: List[Candidate]) -> Optional[Candidate]:
-        ok = [c for c in cands if c.speedup is not None and c.identical and c.speedup > 1.0]
+        ok = [c for c in cands if _pays(c)]
         return max(ok, key=lambda c: c.speedup) if ok else None
+
+
+def _pays(c: Candidate) -> bool:
+    """Measured lossless and faster than plain decoding."""
+    return c.speedup is not None and bool(c.identical) and c.speedup > 1.0
 
 
 def save(search: Search, result: SearchResult, name: Optional[str] = None) -> Optional[str]:
