@@ -42,18 +42,22 @@ def test_a_planted_good_draft_ranks_above_a_planted_bad_one(tiny_models, home):
     assert "good" in result.table() and "avg accepted (K=5)" in result.table()
 
 
+def planted_full(order, planted):
+    """A stand-in for Search.full: records the order and plants each candidate's speed-up (default 0.8)."""
+
+    def full(self, c):
+        order.append(c.name)
+        c.speedup, c.identical, c.status = planted.get(c.name, 0.8), True, "measured"
+    return full
+
+
 def test_the_hybrid_of_the_first_paying_draft_is_measured_next(tiny_models, home, monkeypatch):
     """The hybrid must not wait behind weaker candidates that use up the budget: the order is asserted with
     the measurements' outcomes planted (their real timing on tiny models is noise)."""
     plant("good", tiny_models["qwen2"])
     plant("bad", tiny_models["qwen2_draft"])
     order, planted = [], {"good": 1.5, "hybrid:good": 1.7}
-
-    def full(self, c):
-        order.append(c.name)
-        c.speedup, c.identical, c.status = planted.get(c.name, 0.8), True, "measured"
-
-    monkeypatch.setattr(ds.Search, "full", full)
+    monkeypatch.setattr(ds.Search, "full", planted_full(order, planted))
     search = ds.Search(str(tiny_models["qwen2"]), budget_minutes=10, prompts=1, max_tokens=6, methods=[])
     search.load()
     result = search.search()
@@ -66,12 +70,7 @@ def test_a_paying_draft_model_gets_its_hybrid_where_a_context_drafter_beats_it(t
     right after the model, and recommended when it is the fastest."""
     plant("good", tiny_models["qwen2"])
     order, planted = [], {"suffix": 3.0, "good": 1.5, "hybrid:good": 3.3}
-
-    def full(self, c):
-        order.append(c.name)
-        c.speedup, c.identical, c.status = planted.get(c.name, 0.8), True, "measured"
-
-    monkeypatch.setattr(ds.Search, "full", full)
+    monkeypatch.setattr(ds.Search, "full", planted_full(order, planted))
     search = ds.Search(str(tiny_models["qwen2"]), budget_minutes=10, prompts=1, max_tokens=6, methods=[])
     search.load()
     result = search.search()
