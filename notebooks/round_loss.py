@@ -2,6 +2,7 @@
 
     python notebooks/round_loss.py notebooks/runs/engine2-....json [--rows hybrid:qwen2.5-coder-0.5b]
     python notebooks/round_loss.py notebooks/runs/ngram-gate-ab-20261124.json   # a policy_ab.py / pad_ab.py file
+    python notebooks/round_loss.py notebooks/runs/engine2-....json --set edit   # one prompt set of a bench run
 
 A round saves (tokens it produced x a plain step) - (its verify + drafting time). The plain step is the median
 step of the prompt's plain row (`none`) in a bench run, and in an A/B file the median plain step over every run
@@ -30,6 +31,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file")
     ap.add_argument("--rows", help="comma list of rows to show (default: all drafted rows)")
+    ap.add_argument("--set", help="only the prompts of this set (humaneval, edit, prose) of a bench run")
     args = ap.parse_args()
     data = json.load(open(args.file))
     ab = "runs" in data
@@ -37,7 +39,8 @@ def main():
     name = (lambda r: f"{r['row']} {r['policy']}") if ab else (lambda r: r["row"].split("|")[1])
     by_prompt = defaultdict(list)
     for r in runs:
-        by_prompt[r["prompt"]].append(r)
+        if not args.set or r.get("set") == args.set:
+            by_prompt[r["prompt"]].append(r)
     want = set(args.rows.split(",")) if args.rows else None
     totals = defaultdict(lambda: defaultdict(lambda: [0, 0, 0.0]))
     for prompt, group in by_prompt.items():
