@@ -44,6 +44,7 @@ QUICK_TOKENS = 24  # tokens drafted for a candidate's cheap estimate
 FULL_RESERVE = 4  # full measurements the estimates leave time for (the top 3 and a hybrid), at most half the budget
 PROMPT_TOKENS = 256  # each calibration prompt is cut to this many tokens
 PROMPT_SETS = ("humaneval", "edit", "prose")  # bench prompt sets that may stand in for the calibration text
+MODEL_KINDS = ("variant", "recipe")  # candidates that are a draft model, which a hybrid can wrap
 BUILD_S_PER_GB = 60.0  # assumed conversion time per GB of target weights, before one is measured
 
 Log = Callable[[str], None]
@@ -361,12 +362,12 @@ class Search:
             free()
             if progress:
                 progress(c)
-            if c.kind in ("variant", "recipe") and _pays(c) and not any(x.kind == "hybrid" for x in cands):
+            if c.kind in MODEL_KINDS and _pays(c) and not any(x.kind == "hybrid" for x in cands):
                 # The first draft model that pays gets its hybrid measured at once, even where a context drafter
                 # (suffix) beats it alone: copy-heavy prompts make the hybrid the likeliest winner, and the weaker
                 # candidates after it must not use up its time.
                 self._hybrid(c, progress)
-        models = [c for c in cands if c.kind in ("variant", "recipe") and _pays(c)]
+        models = [c for c in cands if c.kind in MODEL_KINDS and _pays(c)]
         if models:  # and that of the best-paying draft model, if it is another one
             self._hybrid(max(models, key=lambda c: c.speedup), progress)
         best = self._best(cands)
@@ -378,7 +379,7 @@ class Search:
     def _hybrid(self, inner: Candidate, progress=None) -> None:
         """Measure the hybrid (n-gram + suffix + `inner`, a draft model) if it is not yet and time allows."""
         name = f"hybrid:{inner.name}"
-        if inner.kind not in ("variant", "recipe") or any(c.name == name for c in self.cands):
+        if inner.kind not in MODEL_KINDS or any(c.name == name for c in self.cands):
             return
         if self.left() < self.cost_of(inner, full=True):
             if (note := f"{name} not measured: budget") not in self.notes:  # asked early, and again at the end
