@@ -309,6 +309,32 @@ def test_a_new_source_that_must_catch_up_waits_for_a_round_nothing_else_drafts()
     assert q.choose({"suffix": 7, "self": 6}, 1000, {"self": 0}) == ("self", PROBE_K)
 
 
+def _behind(lag_cost):
+    """A draft model that pays well when caught up (11 of 12 drafts accepted, 0.3 steps a draft token), with a
+    catch-up of `lag_cost` steps a token."""
+    p = Policy(6)
+    p.update("", 0, 0, STEP, 0.0)
+    p.seed("model", None, lag_cost * STEP)
+    for i in range(10):
+        p.update("model", 6, 6 if i % 2 else 5, STEP * 1.6, STEP * 0.3 * 6)
+    p.update("", 0, 0, STEP, 0.0)
+    return p
+
+
+def test_a_catch_up_is_spread_over_the_output_it_serves_not_charged_to_one_round():
+    """The hybrid's 0.5B sat out a 100-token copy of the suffix source; fed that (3 plain steps here), it drafts the
+    rest of the reply at about 1.4x plain. Charged whole to the next round, every round looked slower than plain, and
+    the rest of the reply was decoded plainly."""
+    p = _behind(0.03)
+    assert p.expected_rate(6, "model", 100) < p.expected_rate(0) * (1 + MARGIN) < p.expected_rate(6, "model", 0)
+    src, k = p.choose({"model": 6}, 1000, {"model": 100})
+    assert src == "model" and k >= 4
+    q = _behind(0.03)  # the reply is about to end: too few tokens left to repay the catch-up
+    assert q.choose({"model": 6}, 3, {"model": 100}) == ("", 0)
+    r = _behind(0.2)  # a catch-up of 20 steps is not repaid within the horizon either
+    assert r.choose({"model": 6}, 1000, {"model": 100}) == ("", 0)
+
+
 def test_drafting_resumes_on_the_lower_of_the_recent_and_the_long_run_acceptance():
     """A source that pays only in lucky streaks: a few accepted drafts in a row must not switch on a source whose
     long-run odds do not beat plain."""

@@ -46,10 +46,11 @@ not on one lucky probe.
 
 A draft model's catch-up (the tokens it must feed before drafting: the whole prompt before its first
 round, which it is fed only then, and after that what was produced since it last drafted) is costed per
-token behind (`Drafter.lag`). A source that could not repay its catch-up even with every draft accepted
-over the rest of the reply (`pays_back`), such as a draft whose own step costs about a target step, is
-neither probed nor fed; its costs come from a short timed pass the drafter makes when it starts
-(`Drafter.step_cost`, `Policy.seed`).
+token behind (`Drafter.lag`), and when choosing a source it is spread over the output it will serve
+(`amortized`, CATCH_UP_HORIZON tokens): it is paid once, not by one round. A source that could not repay its
+catch-up even with every draft accepted over the rest of the reply (`pays_back`), such as a draft whose own
+step costs about a target step, is neither probed nor fed; its costs come from a short timed pass the
+drafter makes when it starts (`Drafter.step_cost`, `Policy.seed`).
 
 Acceptance is estimated per drafted token from discounted counts (accepted / judged tokens, older
 rounds weighing less): a round of 7 accepted drafts says more than a round rejected at its first
@@ -90,6 +91,9 @@ IDLE_PULL = 0.1  # per round offered but not chosen: share of the way back to th
 MARGIN = 0.05  # drafting must promise 5 % more tokens/s than plain decoding
 COST_MARGIN = 0.5  # between sources: rate / (1 + 0.5 * share of the round spent drafting)
 PRIOR_VERIFY_SLOPE = 0.05  # verify(k) ~ verify(0) * (1 + 0.05 k) until measured (CPU: 633 ms -> 809 ms at k=4)
+# A catch-up is spread over this many output tokens (or what is left of the reply) when a source is chosen: about
+# two long drafts of a draft model, so it is paid where the source will serve a stretch of output, not one round.
+CATCH_UP_HORIZON = 32
 PROBE_K = 1  # draft length of a probe round (first use of a source, or a re-check): one token risks the least
 PROBE_BUDGET = 0.02  # a passed-over source earns this share of each round's time towards its next probe
 PROBE_MIN = 8  # ... and probes at most once per this many rounds, however cheap
@@ -233,25 +237,46 @@ class Policy:
         drafting = s.catch_up * lag + k * (s.draft_per_token or 0.0)
         return self.verify_cost(k) + drafting, drafting
 
-    def expected_rate(self, k: int, source: str = "", lag: int = 0, accept: Optional[float] = None,
-                      cautious: bool = False) -> float:
-        """Expected tokens per second (or per relative unit) of a round drafting k tokens from `source`
-        (at `accept` for every draft token, default the source's estimates; `cautious`: the lower of the recent
-        and the long-run ones)."""
+    def expected_tokens(self, k: int, source: str = "", accept: Optional[float] = None,
+                        cautious: bool = False) -> float:
+        """Expected tokens from a round drafting k tokens from `source` (at `accept` for every draft token, default
+        the source's estimates; `cautious`: the lower of the recent and the long-run ones)."""
         if k == 0:
-            return 1.0 / self.verify_cost(0)
+            return 1.0
         s = self.stats(source)
         a = min(s.accept if accept is None else accept, 0.999)
         p = s.first_accept if accept is None else accept
         if cautious and accept is None:
             a, p = min(a, s.long_run_accept), min(p, s.long_run_first)
-        tokens = 1 + p * (1 - a ** k) / (1 - a)
-        return tokens / self.round_cost(k, source, lag)[0]
+        return 1 + p * (1 - a ** k) / (1 - a)
 
-    def ranked_rate(self, k: int, source: str, lag: int = 0) -> float:
+    def expected_rate(self, k: int, source: str = "", lag: int = 0, accept: Optional[float] = None,
+                      cautious: bool = False, horizon: Optional[int] = None) -> float:
+        """Expected tokens per second (or per relative unit) of a round drafting k tokens from `source`
+        (`expected_tokens`); horizon: spread the catch-up of `lag` tokens over that many output tokens
+        (`amortized`), else charge it all to this round."""
+        if k == 0:
+            return 1.0 / self.verify_cost(0)
+        tokens = self.expected_tokens(k, source, accept, cautious)
+        return tokens / self.round_cost(k, source, self.amortized(lag, tokens, horizon))[0]
+
+    @staticmethod
+    def amortized(lag: float, tokens: float, horizon: Optional[int]) -> float:
+        """The part of a catch-up of `lag` tokens that a round yielding `tokens` pays, when the catch-up serves the
+        next `horizon` output tokens: a catch-up is paid once, and every later round of the source starts caught
+        up. Charged whole to the first round, a draft model that sat out a long copy of the suffix source was never
+        worth its catch-up again: in the engine2 run of revision 9143f65 the hybrid's 0.5B (9 of 10 tokens agreed
+        in hindsight) was 100 tokens behind when HumanEval/12's copy ended, 0.6 s to feed against 0.44 s a plain
+        step, so each 5-token round looked slower than plain and the last 23 tokens of the reply were decoded
+        plainly (HumanEval/16: 42 of 57 rounds)."""
+        if not horizon or not lag:
+            return lag
+        return lag * min(1.0, tokens / horizon)
+
+    def ranked_rate(self, k: int, source: str, lag: int = 0, horizon: Optional[int] = None) -> float:
         """expected_rate discounted by the share of the round spent drafting (COST_MARGIN): ranks sources only."""
-        whole, drafting = self.round_cost(k, source, lag)
-        return self.expected_rate(k, source, lag) / (1 + COST_MARGIN * drafting / whole)
+        whole, drafting = self.round_cost(k, source, self.amortized(lag, self.expected_tokens(k, source), horizon))
+        return self.expected_rate(k, source, lag, horizon=horizon) / (1 + COST_MARGIN * drafting / whole)
 
     def pays_back(self, source: str, lag: int, remaining: int) -> bool:
         """Could drafting from `source` for the `remaining` tokens save more than its catch-up of `lag` tokens costs?
@@ -307,19 +332,21 @@ class Policy:
             if not lags.get(src, 0):
                 return self._probe(src, min(PROBE_K, caps[src]))
         floor = self.expected_rate(0) * (1 + MARGIN)  # drafting at all must beat plain by MARGIN
+        horizon = min(remaining, CATCH_UP_HORIZON)  # the output a catch-up paid now serves (`amortized`)
         best, best_rank = ("", 0), 0.0
         for src, cap in caps.items():  # each source's best length, then the sources ranked against each other
             if src in fresh:
                 continue
             lag = lags.get(src, 0)
-            k = max(range(1, cap + 1), key=lambda j: self.expected_rate(j, src, lag))
-            rank = self.ranked_rate(k, src, lag)
-            if rank > best_rank and self.expected_rate(k, src, lag, cautious=True) > floor:
+            k = max(range(1, cap + 1), key=lambda j: self.expected_rate(j, src, lag, horizon=horizon))
+            rank = self.ranked_rate(k, src, lag, horizon)
+            if rank > best_rank and self.expected_rate(k, src, lag, cautious=True, horizon=horizon) > floor:
                 best, best_rank = (src, k), rank
         if best[1] == 0 and fresh:  # nothing else would draft: now a new source's catch-up is worth a look
             return self._probe(fresh[0], min(PROBE_K, caps[fresh[0]]))
         if (best[1] > 0 and self.plain_age >= RECHECK_EVERY
-                and self.expected_rate(best[1], best[0], lags.get(best[0], 0)) < floor * (1 + RECHECK)):
+                and self.expected_rate(best[1], best[0], lags.get(best[0], 0), horizon=horizon)
+                < floor * (1 + RECHECK)):
             return "", 0  # a marginal draft: is the baseline it beats still what a plain step costs?
         if best[1] > 0:
             s = self.stats(best[0])
