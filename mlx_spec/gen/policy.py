@@ -368,7 +368,7 @@ class Policy:
         for src, cap in caps.items():  # probe a source passed over once its credit pays for the probe
             s = self.stats(src)
             if (src != best[0] and s.off_steps >= PROBE_MIN
-                    and s.credit >= self.probe_loss(src, best, lags.get(src, 0))):
+                    and s.credit >= self.probe_loss(src, best, lags.get(src, 0), horizon)):
                 return self._probe(src, min(PROBE_K, cap))
         return best
 
@@ -389,9 +389,9 @@ class Policy:
         self.probing = source
         return source, k
 
-    def probe_loss(self, source: str, instead: Tuple[str, int], lag: int = 0) -> float:
+    def probe_loss(self, source: str, instead: Tuple[str, int], lag: int = 0, horizon: Optional[int] = None) -> float:
         """Expected time a probe round of `source` loses against the round `instead` (src, k) for the same tokens,
-        its catch-up of `lag` tokens included.
+        its catch-up of `lag` tokens included (spread over `horizon` output tokens, `amortized`, as in choosing).
 
         Costed at the lower of the recent and the long-run first-token acceptance: the long-run one starts from
         the optimistic prior, and a source whose probes keep failing (the self drafter on code edits probed 7-16
@@ -401,11 +401,14 @@ class Policy:
         read 0.034 s a token, 5 % of a plain step, and the 0.5B (90 % accepted on a code edit) was never probed
         again for the last 53 rounds of the reply: catch-ups under CATCH_UP_MIN tokens are not timed. Leaving
         the catch-up out altogether probed back there, but drafted more on open prose questions, at up to
-        5.5 s more a reply (BENCHMARKS.md §8).
+        5.5 s more a reply (BENCHMARKS.md §8). Charged whole, a catch-up that grows by 0.0066 s a round sat out
+        against credit earned at 0.009 s a round kept the hybrid's 0.5B, 90 tokens behind after a suffix copy, from
+        ever being probed again (HumanEval/16 of the engine2 run of 9143f65: 33 of the 47 rounds after the copy plain, the 0.5B back in the last three); a
+        catch-up is paid once per output token however it is split, and it buys the probe's hindsight over them.
         """
         s = self.stats(source)
         a = min(s.first_accept, s.long_run_first)  # a probe drafts one token: a first token
-        whole = self.round_cost(PROBE_K, source, lag)[0]
+        whole = self.round_cost(PROBE_K, source, self.amortized(lag, 1 + a, horizon))[0]
         return max(0.0, whole - (1 + a) / self.expected_rate(instead[1], instead[0]))
 
     def observe(self, source: str, proposed: int, accepted: int) -> None:
