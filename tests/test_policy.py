@@ -342,13 +342,17 @@ def test_a_draft_model_sat_out_behind_a_long_copy_is_probed_again():
     p = Policy(15)
     p.update("", 0, 0, STEP, 0.0)
     p.update("model", 1, 0, STEP * 1.2, STEP * 0.3 + 0.7 * STEP, 0.7 * STEP, 93)  # its prompt: 93 tokens
-    lag = 90
-    for rounds in range(1, 200):
-        if p.choose({"model": 15}, 1000, {"model": lag})[1]:
-            break
+    assert rounds_until_probed(p, 15, lag=90) < 60
+
+
+def rounds_until_probed(p, cap, lag, most=200):
+    """Plain rounds a draft model sits out, `lag` tokens behind and one more each round, before it drafts again."""
+    for rounds in range(1, most):
+        if p.choose({"model": cap}, 1000, {"model": lag})[1]:
+            return rounds
         p.update("", 0, 0, STEP, 0.0)
         lag += 1
-    assert rounds < 60
+    return most
 
 
 def test_drafting_resumes_on_the_lower_of_the_recent_and_the_long_run_acceptance():
@@ -375,13 +379,7 @@ def test_short_catch_ups_are_not_timed_per_token_so_a_draft_model_sat_out_is_pro
     for accepted in (1, 0, 1):
         p.update("model", 1, accepted, STEP * 1.1, STEP * 0.4 + 0.05, 0.05, 1)  # 1-token catch-ups: not timed
     assert p.stats("model").catch_up == pytest.approx(0.01)
-    lag = 1
-    for rounds in range(1, 100):
-        if p.choose({"model": 6}, 1000, {"model": lag})[1]:
-            break
-        p.update("", 0, 0, STEP, 0.0)
-        lag += 1
-    assert rounds < 40  # probed again, the catch-up of every round sat out included
+    assert rounds_until_probed(p, 6, lag=1) < 40  # probed again, the catch-up of every round sat out included
 
 
 def test_a_timed_catch_up_replaces_the_seed():
