@@ -46,8 +46,8 @@ not on one lucky probe.
 
 A draft model's catch-up (the tokens it must feed before drafting: the whole prompt before its first
 round, which it is fed only then, and after that what was produced since it last drafted) is costed per
-token behind (`Drafter.lag`), and when choosing a source it is spread over the output it will serve
-(`amortized`, CATCH_UP_HORIZON tokens): it is paid once, not by one round. A source that could not repay its
+token behind (`Drafter.lag`), and when choosing a source or pricing a probe it is spread over the output it
+will serve (`amortized`, CATCH_UP_HORIZON tokens): it is paid once, not by one round. A source that could not repay its
 catch-up even with every draft accepted over the rest of the reply (`pays_back`), such as a draft whose own
 step costs about a target step, is neither probed nor fed; its costs come from a short timed pass the
 drafter makes when it starts (`Drafter.step_cost`, `Policy.seed`).
@@ -267,8 +267,7 @@ class Policy:
         up. Charged whole to the first round, a draft model that sat out a long copy of the suffix source was never
         worth its catch-up again: in the engine2 run of revision 9143f65 the hybrid's 0.5B (9 of 10 tokens agreed
         in hindsight) was 100 tokens behind when HumanEval/12's copy ended, 0.6 s to feed against 0.44 s a plain
-        step, so each 5-token round looked slower than plain and the last 23 tokens of the reply were decoded
-        plainly (HumanEval/16: 42 of 57 rounds)."""
+        step, and the last 23 tokens of the reply were decoded plainly (BENCHMARKS.md §19)."""
         if not horizon or not lag:
             return lag
         return lag * min(1.0, tokens / horizon)
@@ -396,15 +395,17 @@ class Policy:
         Costed at the lower of the recent and the long-run first-token acceptance: the long-run one starts from
         the optimistic prior, and a source whose probes keep failing (the self drafter on code edits probed 7-16
         times per 128-token reply, 0.80-0.96x of plain) must not be re-probed on the strength of that prior.
-        The catch-up grows with every round sat out, so a passed-over draft model is re-probed only while its
-        per-token catch-up stays below the probe budget's share of a round; timed on 1-token catch-ups it
-        read 0.034 s a token, 5 % of a plain step, and the 0.5B (90 % accepted on a code edit) was never probed
-        again for the last 53 rounds of the reply: catch-ups under CATCH_UP_MIN tokens are not timed. Leaving
+        Charged whole, the catch-up grows with every round sat out, so a passed-over draft model was re-probed
+        only while its per-token catch-up stayed below the probe budget's share of a round; timed on 1-token
+        catch-ups it read 0.034 s a token, 5 % of a plain step, and the 0.5B (90 % accepted on a code edit) was
+        never probed again for the last 53 rounds of the reply: catch-ups under CATCH_UP_MIN tokens are not timed.
+        Leaving
         the catch-up out altogether probed back there, but drafted more on open prose questions, at up to
         5.5 s more a reply (BENCHMARKS.md §8). Charged whole, a catch-up that grows by 0.0066 s a round sat out
         against credit earned at 0.009 s a round kept the hybrid's 0.5B, 90 tokens behind after a suffix copy, from
-        ever being probed again (HumanEval/16 of the engine2 run of 9143f65: 33 of the 47 rounds after the copy plain, the 0.5B back in the last three); a
-        catch-up is paid once per output token however it is split, and it buys the probe's hindsight over them.
+        ever being probed again (HumanEval/16 of the engine2 run of 9143f65: 33 of the 47 rounds after the copy
+        plain, the 0.5B back in the last three); a catch-up is paid once per output token however it is split,
+        and it buys the probe's hindsight over them (BENCHMARKS.md §19).
         """
         s = self.stats(source)
         a = min(s.first_accept, s.long_run_first)  # a probe drafts one token: a first token
