@@ -335,16 +335,6 @@ def test_a_catch_up_is_spread_over_the_output_it_serves_not_charged_to_one_round
     assert r.choose({"model": 6}, 1000, {"model": 100}) == ("", 0)
 
 
-def test_a_draft_model_sat_out_behind_a_long_copy_is_probed_again():
-    """The hybrid's 0.5B failed its first token, then the suffix source copied 90 tokens: its catch-up (0.0066 s a
-    token against a 0.46 s step) grew by about what a round sat out earns towards a probe, so charged whole it was
-    never probed again. Spread over the output it would serve, it is probed within the usual interval."""
-    p = Policy(15)
-    p.update("", 0, 0, STEP, 0.0)
-    p.update("model", 1, 0, STEP * 1.2, STEP * 0.3 + 0.7 * STEP, 0.7 * STEP, 93)  # its prompt: 93 tokens
-    assert rounds_until_probed(p, 15, lag=90) < 60
-
-
 def rounds_until_probed(p, cap, lag, most=200):
     """Plain rounds a draft model sits out, `lag` tokens behind and one more each round, before it drafts again."""
     for rounds in range(1, most):
@@ -353,6 +343,16 @@ def rounds_until_probed(p, cap, lag, most=200):
         p.update("", 0, 0, STEP, 0.0)
         lag += 1
     return most
+
+
+def test_a_draft_model_sat_out_behind_a_long_copy_is_probed_again():
+    """The hybrid's 0.5B failed its first token, then the suffix source copied 90 tokens: its catch-up (0.0066 s a
+    token against a 0.46 s step) grew by about what a round sat out earns towards a probe, so charged whole it was
+    never probed again. Spread over the output it would serve, it is probed within the usual interval."""
+    p = Policy(15)
+    p.update("", 0, 0, STEP, 0.0)
+    p.update("model", 1, 0, STEP * 1.2, STEP * 0.3 + 0.7 * STEP, 0.7 * STEP, 93)  # its prompt: 93 tokens
+    assert rounds_until_probed(p, 15, lag=90) < 60
 
 
 def test_drafting_resumes_on_the_lower_of_the_recent_and_the_long_run_acceptance():

@@ -274,8 +274,9 @@ class Policy:
 
     def ranked_rate(self, k: int, source: str, lag: int = 0, horizon: Optional[int] = None) -> float:
         """expected_rate discounted by the share of the round spent drafting (COST_MARGIN): ranks sources only."""
-        whole, drafting = self.round_cost(k, source, self.amortized(lag, self.expected_tokens(k, source), horizon))
-        return self.expected_rate(k, source, lag, horizon=horizon) / (1 + COST_MARGIN * drafting / whole)
+        tokens = self.expected_tokens(k, source)
+        whole, drafting = self.round_cost(k, source, self.amortized(lag, tokens, horizon))
+        return tokens / whole / (1 + COST_MARGIN * drafting / whole)  # expected_rate, from the same round cost
 
     def pays_back(self, source: str, lag: int, remaining: int) -> bool:
         """Could drafting from `source` for the `remaining` tokens save more than its catch-up of `lag` tokens costs?
@@ -399,8 +400,7 @@ class Policy:
         only while its per-token catch-up stayed below the probe budget's share of a round; timed on 1-token
         catch-ups it read 0.034 s a token, 5 % of a plain step, and the 0.5B (90 % accepted on a code edit) was
         never probed again for the last 53 rounds of the reply: catch-ups under CATCH_UP_MIN tokens are not timed.
-        Leaving
-        the catch-up out altogether probed back there, but drafted more on open prose questions, at up to
+        Leaving the catch-up out altogether probed back there, but drafted more on open prose questions, at up to
         5.5 s more a reply (BENCHMARKS.md §8). Charged whole, a catch-up that grows by 0.0066 s a round sat out
         against credit earned at 0.009 s a round kept the hybrid's 0.5B, 90 tokens behind after a suffix copy, from
         ever being probed again (HumanEval/16 of the engine2 run of 9143f65: 33 of the 47 rounds after the copy
