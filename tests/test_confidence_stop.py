@@ -1,9 +1,9 @@
-"""The model drafter's confidence stop: it stops after an unsure token, and proposes that token."""
+"""The model drafter's stops: after an unsure token (which it proposes), and where one more token would not pay."""
 
 import mlx.core as mx
 import pytest
 
-from mlx_spec.gen.drafters.model import ModelDrafter
+from mlx_spec.gen.drafters.model import ModelDrafter, pays_to_go_on
 from mlx_spec.named import load_model
 
 from test_speculative import PROMPTS
@@ -46,3 +46,33 @@ def test_a_sure_only_drafter_proposes_one_token_for_one_pass(draft):
     d = ModelDrafter(model, model.args.vocab_size, min_confidence=1.0)  # nothing is that sure
     assert d.propose(context, K).tokens == tokens[:1]
     assert d.fed_total == len(context)  # no second pass whose token is thrown away
+
+
+def test_a_priced_draft_ends_where_one_more_token_would_not_pay(draft):
+    model, tok = draft
+    context = tok.encode(PROMPTS[1])
+    tokens, conf = reference(model, context)
+    m = 3
+    # Verifying up to m drafts costs so much that the draft steps hardly count; a larger pass costs a million
+    # times more: the round's rate only falls at the (m+1)-th token, whatever the confidences and the step time.
+    reach = 1.0
+    for c in conf[:m]:
+        reach *= c
+    big = 1e3 / reach
+    d = ModelDrafter(model, model.args.vocab_size, min_confidence=0.0)
+    d.price(lambda k: big if k <= m else big * 1e6)
+    assert d.propose(context, K).tokens == tokens[:m]  # unpriced (the code before): all K
+    d.price(None)  # fixed-K decoding: not cut
+    assert d.propose(context, K).tokens == tokens
+
+
+def test_the_cost_rule_drafts_longer_where_a_draft_step_is_cheap():
+    flat = lambda k: 0.7  # noqa: E731  (a verify pass padded to one size)
+    # Four drafts at 0.8 each: the fifth, as sure as the fourth, pays for a step at a tenth of a target step...
+    reach, expected = 0.8 ** 4, 1 + sum(0.8 ** i for i in range(1, 5))
+    assert pays_to_go_on(4, 0.8, reach, expected, flat, step=0.05)
+    # ... but not for one at a third of a target step (the 0.5B's on this CPU)
+    assert not pays_to_go_on(4, 0.8, reach, expected, flat, step=0.17)
+    # and a sure draft goes on there too, while verify costs unknown never cut a draft
+    assert pays_to_go_on(4, 0.999, 0.996, 4.99, flat, step=0.17)
+    assert pays_to_go_on(4, 0.1, 1e-4, 1.1, lambda k: None, step=0.17)

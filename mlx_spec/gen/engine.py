@@ -222,6 +222,7 @@ def speculative_generate_step(
     if drafter is not None:
         for s in drafter.sources(context):  # a draft model's own timing, before it is fed the prompt
             policy.seed(s, *drafter.step_cost(s))
+        drafter.price(policy.verify_seconds if policy.adaptive else None)  # fixed K: drafts are not cut to cost
     produced, first_at = 0, None
     while produced < budget:
         source, k, shadows = "", 0, {}

@@ -198,6 +198,11 @@ class Policy:
             cost = min([cost] + [v for j, v in self.verify.items() if j > k])
         return cost
 
+    def verify_seconds(self, k: int) -> Optional[float]:
+        """`verify_cost` in seconds, or None before a plain step has been timed (until then it is in relative
+        units)."""
+        return self.verify_cost(k) if 0 in self.verify else None
+
     def padded(self, k: int) -> int:
         """The draft count to run the verify pass of k drafts at (the rest dummy positions the engine trims): k,
         or a larger measured size that cost less, or once, a PAD_SIZES size not measured yet."""

@@ -46,6 +46,15 @@ class Drafter:
     """
 
     name = "drafter"
+    # Seconds to verify k drafts, as the engine's policy measured them on this machine (None: not known yet), or
+    # None when the engine does not price drafts (fixed-K decoding): a model drafter cuts a draft where one more
+    # token no longer pays (`price`).
+    verify_cost: Optional[Callable[[int], Optional[float]]] = None
+
+    def price(self, verify_cost: Optional[Callable[[int], Optional[float]]]) -> None:
+        """The engine's verify costs for this generation (`verify_cost`); drafters whose drafts cost nothing
+        ignore them."""
+        self.verify_cost = verify_cost
 
     def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
         """A generation starts whose context begins with `prompt`.

@@ -35,6 +35,10 @@ class HybridDrafter(Drafter):
         for d in (self.ngram, *self.extra, self.fallback):
             d.reset(prompt, target_cache)
 
+    def price(self, verify_cost) -> None:
+        for d in (self.ngram, *self.extra, self.fallback):
+            d.price(verify_cost)
+
     def sources(self, context: List[int]) -> Dict[str, int]:
         """The free sources first, then the fallback's, then the joined ones.
 
