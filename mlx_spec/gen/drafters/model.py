@@ -30,12 +30,6 @@ WASTE_WINDOW = 64
 CALIBRATE_TOKENS = 16  # prompt tokens fed on a scratch cache when a drafter starts, to time its catch-up per token
 HINDSIGHT_MIN = 4  # output tokens a catch-up must feed for the drafter to judge them (`Draft.hindsight`)
 HINDSIGHT_MAX = 128  # ... and the most it judges: the last ones, in the pass that drafts
-# Of a catch-up over output the drafter sat out that repeats what it has read (a copy the suffix source drafted),
-# only the last CATCH_UP_WINDOW tokens are fed (`_skippable`); COPY_GRAM-token windows of at least COPY_SHARE of
-# its tokens must occur in the context before it.
-CATCH_UP_WINDOW = 16
-COPY_GRAM = 4
-COPY_SHARE = 0.8
 
 
 def common_prefix(a: List[int], b: List[int]) -> int:
@@ -74,11 +68,10 @@ def _top(logits: mx.array) -> Tuple[mx.array, mx.array]:
 class ModelDrafter(Drafter):
     """Greedy or sampled drafts from a small model.
 
-    The cache stands for the context tokens `self._fed`: it holds each of them, except the ranges in `self._gaps`
-    (a long copy it sat out, `_skippable`). Each round it is trimmed back to the longest prefix it shares with
-    the new context (rejected drafts go), and the missing context tokens are fed in one forward pass, so rounds
-    may be skipped freely and a session's next turn only feeds what is new. `fed_total` counts every token fed
-    through the model.
+    The cache holds exactly `self._fed` tokens. Each round it is trimmed back to the longest
+    prefix it shares with the new context (rejected drafts go), and the missing context tokens
+    are fed in one forward pass, so rounds may be skipped freely and a session's next turn only
+    feeds what is new. `fed_total` counts every token fed through the model.
     """
 
     name = "model"
@@ -101,7 +94,6 @@ class ModelDrafter(Drafter):
         self.fed_total = 0
         self.cache = None
         self._fed: List[int] = []
-        self._gaps: List[Tuple[int, int]] = []  # ranges [a, b) of _fed the cache does not hold
         self._step_s: Optional[float] = None  # seconds per one-token draft pass (EMA)
         self._host_s: Optional[float] = None  # ... of which the host spends building it, before it waits (EMA)
         self.ahead = [0, 0]  # draft steps a next pass could have been launched from, and those where it is wasted
@@ -124,7 +116,7 @@ class ModelDrafter(Drafter):
         short pass instead (`step_cost`), which is what the policy needs to decide.
         """
         if self.cache is None:
-            self.cache, self._fed, self._gaps = self._new_cache(), [], []
+            self.cache, self._fed = self._new_cache(), []
         self._output_from = len(prompt)
         if self.head is not None:
             self.head.add(prompt)
@@ -159,57 +151,15 @@ class ModelDrafter(Drafter):
         self._catch_up_s = marginal if marginal > 0 else whole / len(fed)  # timing noise: the even split, dearer
 
     def lag(self, source: str, context: List[int]) -> int:
-        """Context tokens (all but the last, which drafting starts from) it would feed before drafting: those the cache
-        does not hold yet, less a long copy it would leave out (`_skippable`).
+        """Context tokens (all but the last, which drafting starts from) the cache does not hold yet.
 
         Cheap: the cache holds a prefix of the context plus at most the drafts rejected last round, so only
-        its tail is compared (a rejected draft equal to the context token there is missed: an estimate); far behind,
-        `_skippable` reads the context once more.
+        its tail is compared (a rejected draft equal to the context token there is missed: an estimate).
         """
         i = min(len(self._fed), len(context) - 1)
         while i > 0 and self._fed[i - 1] != context[i - 1]:
             i -= 1
-        skip = self._skippable(context, i)
-        return max(0, len(context) - 1 - i - (skip[1] - skip[0] if skip else 0))
-
-    def _held(self, n: int) -> int:
-        """Cache entries standing for the first n tokens of `_fed` (those not in a gap)."""
-        return n - sum(max(0, min(b, n) - a) for a, b in self._gaps)
-
-    def _skippable(self, context: List[int], keep: int) -> Optional[Tuple[int, int]]:
-        """The range [a, b) of context a catch-up from `keep` may leave out, or None: the output it sat out but its last
-        CATCH_UP_WINDOW tokens, where that is a long repeat of what it read before (the suffix source copying).
-
-        A draft model must read every token it sat out before it drafts again: about 0.006 s a token for the 0.5B on
-        this CPU, 0.7-0.8 s after a 110-token copy of a HumanEval docstring, more than a target step, and 15 s of
-        the 159 s the hybrid took on 10 HumanEval tasks (BENCHMARKS.md §20) went to its catch-ups. A copy repeats
-        what the cache holds already; the tokens right before the draft carry what it continues from. The prompt
-        is never left out, nor output that does not repeat the context (the target's own new text)."""
-        if self._output_from is None:
-            return None
-        a, b = max(keep, self._output_from), len(context) - 1 - CATCH_UP_WINDOW
-        if b - a < CATCH_UP_WINDOW:
-            return None
-        seen = {tuple(context[i - COPY_GRAM : i]) for i in range(COPY_GRAM, a + 1)}
-        hits = sum(tuple(context[i - COPY_GRAM + 1 : i + 1]) in seen for i in range(a, b))
-        return (a, b) if hits >= COPY_SHARE * (b - a) else None
-
-    def _skip(self, context: List[int], todo: List[int]) -> Tuple[List[int], int, float]:
-        """Leave out what `_skippable` allows of the catch-up `todo` (the tail of `context`): (what is left to feed,
-        the tokens fed here, the seconds it took). Tokens before the gap (the prompt, at first use) are fed here,
-        without logits."""
-        keep = len(context) - len(todo)
-        skip = self._skippable(context, keep)
-        if skip is None:
-            return todo, 0, 0.0
-        a, b = skip
-        t0 = time.perf_counter()
-        self._feed(context[keep:a])
-        self._fed.extend(context[a:b])
-        self._gaps.append((a, b))
-        if self.head is not None:
-            self.head.add(context[a:b])
-        return context[b:], a - keep, time.perf_counter() - t0
+        return max(0, len(context) - 1 - i)
 
     def step_cost(self, source: str) -> Tuple[Optional[float], Optional[float]]:
         return self._step_s, self._catch_up_s
@@ -219,8 +169,8 @@ class ModelDrafter(Drafter):
         try:
             return fn()
         except BaseException:
-            if not rewind(self.cache, self._held(len(self._fed))):
-                self.cache, self._fed, self._gaps = self._new_cache(), [], []
+            if not rewind(self.cache, len(self._fed)):
+                self.cache, self._fed = self._new_cache(), []
             raise
 
     def _feed(self, tokens: List[int]) -> None:
@@ -308,11 +258,10 @@ class ModelDrafter(Drafter):
         """Rewind the cache to what it shares with `context`; return the tokens still to feed."""
         keep = min(common_prefix(self._fed, context), len(context) - 1)
         if len(self._fed) > keep:
-            if can_trim_prompt_cache(self.cache) and rewind(self.cache, self._held(keep)):
+            if can_trim_prompt_cache(self.cache) and rewind(self.cache, keep):
                 del self._fed[keep:]
-                self._gaps = [(a, min(b, keep)) for a, b in self._gaps if a < keep]
             else:  # e.g. a sliding-window cache past its window: start over (slow, but correct)
-                self.cache, self._fed, self._gaps, keep = self._new_cache(), [], [], 0
+                self.cache, self._fed, keep = self._new_cache(), [], 0
         recurrent.commit(self.cache)  # the held prefix is the context's: only this round's drafts get trimmed
         return context[keep:]
 
@@ -388,9 +337,8 @@ class ModelDrafter(Drafter):
         return out
 
     def _draft(self, context: List[int], k: int, probs_fn) -> Draft:
-        # what the cache lacks, ending with the token to continue from; a long copy it sat out mostly left out
-        todo, fed, before = self._skip(context, self._sync(context))
-        tokens, rows, catch_up, behind = [], [], before, fed + len(todo) - 1
+        todo = self._sync(context)  # what the cache lacks, ending with the token to continue from
+        tokens, rows, catch_up, behind = [], [], 0.0, len(todo) - 1
         reach, expected = 1.0, 1.0  # the odds every draft so far is accepted, and the round's expected tokens
         # Greedy only: there a draft token is accepted exactly where it is the target's token.
         judge, self._hindsight = (self._judged(context, todo) if probs_fn is None else 0), None
@@ -411,7 +359,7 @@ class ModelDrafter(Drafter):
                 self._step_s = step if self._step_s is None else (1 - STEP_EMA) * self._step_s + STEP_EMA * step
                 self._host_s = host if self._host_s is None else (1 - STEP_EMA) * self._host_s + STEP_EMA * host
             else:  # the first pass also fed the catch-up: its time beyond one draft step is the round's catch-up
-                catch_up += max(0.0, step - (self._step_s or 0.0))
+                catch_up = max(0.0, step - (self._step_s or 0.0))
             tokens.append(tok)
             rows.append(probs)
             # Stop after a low-confidence token: the tokens past it would seldom be accepted. The token itself is
@@ -434,8 +382,8 @@ class ModelDrafter(Drafter):
                     self._fed.append(tok)
                     if subset:
                         self.head.add(todo)
-                elif not rewind(self.cache, self._held(len(self._fed))):  # as in _sync: start over (slow, but correct)
-                    self.cache, self._fed, self._gaps = self._new_cache(), [], []
+                elif not rewind(self.cache, len(self._fed)):  # as in _sync: start over (slow, but correct)
+                    self.cache, self._fed = self._new_cache(), []
             if not go_on:
                 break
         return Draft(tokens, mx.stack(rows) if probs_fn is not None else None, catch_up, behind,
