@@ -4,6 +4,8 @@ import mlx.core as mx
 import pytest
 
 from mlx_spec.gen.drafters.model import ModelDrafter, pays_to_go_on
+from mlx_spec.gen.engine import speculative_generate_step
+from mlx_spec.gen.policy import Policy
 from mlx_spec.named import load_model
 
 from test_speculative import PROMPTS
@@ -76,3 +78,16 @@ def test_the_cost_rule_drafts_longer_where_a_draft_step_is_cheap():
     # and a sure draft goes on there too, while verify costs unknown never cut a draft
     assert pays_to_go_on(4, 0.999, 0.996, 4.99, flat, step=0.17)
     assert pays_to_go_on(4, 0.1, 1e-4, 1.1, lambda k: None, step=0.17)
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_the_engine_prices_a_drafter_only_when_it_adapts(draft, tiny_models, adaptive):
+    model, tok = draft
+    target = load_model(str(tiny_models["qwen2"]))[0]
+    d = ModelDrafter(model, model.args.vocab_size)
+    policy = Policy(K, adaptive=adaptive)
+    list(speculative_generate_step(tok.encode(PROMPTS[0]), target, d, max_tokens=4, policy=policy))
+    if adaptive:  # the policy's measured verify seconds (a plain step is timed first)
+        assert d.verify_cost == policy.verify_seconds and d.verify_cost(0) == policy.verify[0]
+    else:  # fixed K: mlx-lm's rule, drafts are not cut to cost
+        assert d.verify_cost is None
