@@ -1,12 +1,14 @@
 """Replay draft-length stop rules offline: the 0.5B teacher-forced over the target's greedy replies of a bench run.
 
-    python notebooks/stop_rule_sim.py notebooks/runs/engine2-....json [--draft qwen2.5-coder-0.5b] [--n 40]
+    python notebooks/stop_rule_sim.py notebooks/runs/engine2-....json [--draft qwen2.5-coder-0.5b] [--row ROW]
 
 Within a round the draft model's greedy tokens equal the target's up to the first rejection, so one pass of the
 draft over prompt + reply gives, at every reply position, the token it would draft there and its confidence (the
 softmax probability of its top token). Each rule is replayed as rounds over the reply (every round drafts from the
 position after the last one's bonus token) and priced with the costs measured in the same run (median verify
-seconds by draft count, padded as the engine pads, and the draft step). Prints seconds and tokens per rule and set.
+seconds by draft count, a count of 3 or more at the cheapest such size as the engine pads, and the median draft
+step of the row). Prints the draft's calibration (how often its top token was the target's, by probability), then
+seconds per rule and set. "rate" is the shipped rule (`pays_to_go_on`).
 A development tool, not part of the package.
 """
 
@@ -20,6 +22,7 @@ import mlx.core as mx
 from mlx_lm import load
 
 from mlx_spec.bench import prompts as P
+from mlx_spec.gen.drafters.model import pays_to_go_on
 from mlx_spec.make.paths import home
 
 K = 15
@@ -34,15 +37,6 @@ def positions(model, ids, out):
     conf = mx.take_along_axis(probs, best[:, None], axis=-1)[:, 0]
     mx.eval(best, conf)
     return [(b == t, c) for b, t, c in zip(best.tolist(), out, conf.tolist())]
-
-
-def rate_rule(verify, step):
-    """Go on while one more token, at the last token's confidence, raises the round's expected tokens per second:
-    expected tokens 1 + sum of the cumulative confidences, cost verify(k) + k * step."""
-    def rule(k, c, cum, expected):
-        now = expected / (verify(k) + k * step)
-        return c >= 0.5 and (expected + cum * c) / (verify(k + 1) + (k + 1) * step) > now
-    return rule
 
 
 def replay(pos, rule, verify, step):
@@ -105,7 +99,7 @@ def main():
         "cum*c<step ratio": lambda i, c, cum, e: c >= 0.5 and cum * c >= ratio,
         "cum<0.5": lambda i, c, cum, e: c >= 0.5 and cum >= 0.5,
         "cum<0.2": lambda i, c, cum, e: c >= 0.5 and cum >= 0.2,
-        "rate": rate_rule(verify, step),
+        "rate": lambda i, c, cum, e: c >= 0.5 and pays_to_go_on(i, c, cum, e, verify, step),  # the shipped rule
     }
     calib = defaultdict(lambda: [0, 0])
     total = defaultdict(lambda: defaultdict(float))
