@@ -23,7 +23,8 @@ class HybridDrafter(Drafter):
     def __init__(self, ngram: Drafter, fallback: Drafter, extra: Sequence[Drafter] = (),
                  fallback_k: Optional[int] = None):
         self.ngram, self.fallback, self.extra, self.fallback_k = ngram, fallback, list(extra), fallback_k
-        self._owner = {d.name: d for d in (ngram, *self.extra, fallback)}
+        self._drafters = (ngram, *self.extra, fallback)  # every drafter it holds
+        self._owner = {d.name: d for d in self._drafters}
         self._split = 0  # cheap tokens at the head of the last joined draft
 
     def _parts(self, source: str) -> Tuple[Drafter, str]:
@@ -32,11 +33,11 @@ class HybridDrafter(Drafter):
         return self._owner[cheap], rest
 
     def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
-        for d in (self.ngram, *self.extra, self.fallback):
+        for d in self._drafters:
             d.reset(prompt, target_cache)
 
     def price(self, verify_cost) -> None:
-        for d in (self.ngram, *self.extra, self.fallback):
+        for d in self._drafters:
             d.price(verify_cost)
 
     def sources(self, context: List[int]) -> Dict[str, int]:
@@ -58,7 +59,7 @@ class HybridDrafter(Drafter):
         return {**out, **fb, **joined}
 
     def free_sources(self) -> Set[str]:
-        return set().union(*(d.free_sources() for d in (self.ngram, *self.extra, self.fallback)))
+        return set().union(*(d.free_sources() for d in self._drafters))
 
     def lag(self, source: str, context: List[int]) -> int:
         if JOIN in source:
