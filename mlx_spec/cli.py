@@ -13,7 +13,6 @@ from .errors import MlxSpecError
 from .bench.common import DEFAULT_OUT
 from .bench.draft_search import DEFAULT_LADDER as DS_LADDER, DEFAULT_MAX_TOKENS as DS_MAX_TOKENS, \
     DEFAULT_PROMPTS as DS_PROMPTS
-from .gen.drafters.model import DEFAULT_MIN_CONFIDENCE
 from .gen.engine import DEFAULT_MAX_TOKENS
 from .gen.registry import DEFAULT_K
 from .make.convert import DEFAULT_GROUP_SIZE
@@ -110,8 +109,6 @@ TOP_P = typer.Option(0.0, help="Nucleus sampling threshold (0: off)")
 TOP_K = typer.Option(0, help="Top-k sampling (0: off)")
 SEED = typer.Option(None, help="Random seed")
 ADAPTIVE = typer.Option(True, help="Adapt K and switch speculation off when it does not pay")
-MIN_CONFIDENCE = typer.Option(None, help="Model/self drafters end a draft after a token the draft gives less "
-                              f"than this probability (default {DEFAULT_MIN_CONFIDENCE})")
 
 
 @app.command()
@@ -126,20 +123,21 @@ def generate(
     top_k: int = TOP_K,
     seed: Optional[int] = SEED,
     adaptive: bool = ADAPTIVE,
-    min_confidence: Optional[float] = MIN_CONFIDENCE,
     chat: bool = typer.Option(True, help="Wrap the prompt in the tokenizer's chat template, if it has one"),
     verbose: bool = typer.Option(False, help="Print the statistics"),
 ):
     """Stream text from a model, plain or speculative (the output is the target's either way)."""
     import mlx.core as mx
 
+    from .gen import registry
     from .gen.stream import stream_generate
     from .named import load_pair
 
     _hint()
+    spec = registry.parse(draft)  # once: every layer below takes the parsed spec
     if seed is not None:
         mx.random.seed(seed)
-    target, tok, drafter = load_pair(model, draft, num_draft=num_draft, min_confidence=min_confidence, log=_log)
+    target, tok, drafter = load_pair(model, spec, log=_log)
     ids = (tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
            if chat and getattr(tok, "chat_template", None) else tok.encode(prompt))
     ev = None
@@ -163,14 +161,15 @@ def chat(
     top_k: int = TOP_K,
     seed: Optional[int] = SEED,
     adaptive: bool = ADAPTIVE,
-    min_confidence: Optional[float] = MIN_CONFIDENCE,
 ):
     """Chat in the terminal; after each reply: tokens/s, drafts and acceptance, speed-up estimate. /help lists commands."""
     from mlx_spec_apps.chat.repl import run
 
+    from .gen import registry
+
     _hint()
-    run(model=model, draft=draft, system=system, num_draft=num_draft, max_tokens=max_tokens, temp=temp, top_p=top_p,
-        top_k=top_k, seed=seed, adaptive=adaptive, min_confidence=min_confidence, log=_log)
+    run(model=model, draft=registry.parse(draft), system=system, num_draft=num_draft, max_tokens=max_tokens,
+        temp=temp, top_p=top_p, top_k=top_k, seed=seed, adaptive=adaptive, log=_log)
 
 
 @app.command()
@@ -185,20 +184,22 @@ def serve(
                                         "more wait in a FIFO queue"),
     num_draft: Optional[int] = NUM_DRAFT,
     max_tokens: int = typer.Option(DEFAULT_MAX_TOKENS, help="Max new tokens when a request gives none"),
-    min_confidence: Optional[float] = MIN_CONFIDENCE,
 ):
     """Serve the web chat at / and an OpenAI-compatible API at /v1, speculating for every concurrent request."""
     from mlx_spec_apps.server.main import serve as run
 
+    from .gen import registry
+
     _hint()
+    spec = registry.parse(draft)
     if not 0 <= port <= 65535:
         raise MlxSpecError(f"--port must be 0..65535, got {port}")
     if max_concurrency < 1:
         raise MlxSpecError(f"--max-concurrency must be at least 1, got {max_concurrency}")
     if max_tokens < 1:
         raise MlxSpecError(f"--max-tokens must be at least 1, got {max_tokens}")
-    run(model=model, draft=draft, host=host, port=port, api_key=api_key, max_concurrency=max_concurrency,
-        num_draft=num_draft, max_tokens=max_tokens, min_confidence=min_confidence, log=_log)
+    run(model=model, draft=spec, host=host, port=port, api_key=api_key, max_concurrency=max_concurrency,
+        num_draft=num_draft, max_tokens=max_tokens, log=_log)
 
 
 @app.command("draft-search")
@@ -264,7 +265,7 @@ def format_stats(s) -> str:
             f"{100 * s.draft_share:.1f}% of tokens from drafts",
             f"rounds:     {s.rounds} ({s.spec_rounds} speculative), {s.mean_accepted:.2f} accepted per speculative round",
             f"by position: {pos}",
-            f"time:       draft {s.draft_time:.2f} s, verify {s.verify_time:.2f} s",
+            f"host:       {s.syncs} reads of the device, {s.wait_time:.2f} s of {s.generation_time:.2f} s spent waiting",
         ]
     if s.fallback:
         lines.append(f"note:       {s.fallback}")

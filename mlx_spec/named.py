@@ -33,10 +33,9 @@ def load_model(spec: str, log: Log = _quiet):
     return load_folder(resolve(spec, log))
 
 
-def make_drafter(spec: Optional[str], target, tokenizer, *, num_draft: Optional[int] = None,
-                 min_confidence: Optional[float] = None, loaded: Optional[Dict[str, Tuple]] = None,
+def make_drafter(spec: registry.Spec, target, tokenizer, *, loaded: Optional[Dict[str, Tuple]] = None,
                  log: Log = _quiet, subset_head: bool = True):
-    """A drafter from any spec (see `gen.registry`), loading draft models by name.
+    """A drafter from any spec (a string or a parsed `gen.registry.DrafterSpec`), loading draft models by name.
 
     loaded: {model spec: (model, tokenizer)} already in memory, so a draft is never loaded twice.
     """
@@ -45,11 +44,10 @@ def make_drafter(spec: Optional[str], target, tokenizer, *, num_draft: Optional[
             return loaded[name]
         return load_model(name, log)[:2]
 
-    return registry.build(spec, target, tokenizer, load=load, num_draft=num_draft, min_confidence=min_confidence,
-                          subset_head=subset_head)
+    return registry.build(spec, target, tokenizer, load=load, subset_head=subset_head)
 
 
-def short_name(spec: Optional[str]) -> str:
+def short_name(spec: registry.Spec) -> str:
     """A model or drafter spec for a table or a title: folders and files by their last part
     ('hybrid:/x/y' -> 'hybrid:y'), 'none' for no drafter."""
     s = registry.parse(spec)
@@ -59,32 +57,28 @@ def short_name(spec: Optional[str]) -> str:
     return f"{s.kind}:{short_name(s.arg)}" if s.arg and s.kind == "hybrid" else str(s)
 
 
-def draft_model_spec(draft: Optional[str]) -> Optional[str]:
+def draft_model_spec(draft: registry.Spec) -> Optional[str]:
     """The model a drafter spec loads (a model spec, or a hybrid's inner one), else None."""
-    s = registry.parse(draft)
-    inner = registry.parse(s.arg) if s.kind == "hybrid" and s.arg else s
-    return inner.arg if inner.kind == "model" else None
+    return registry.parse(draft).model
 
 
-def load_pair(model: str, draft: Optional[str], *, num_draft: Optional[int] = None,
-              min_confidence: Optional[float] = None, log: Log = _quiet):
+def load_pair(model: str, draft: registry.Spec, *, log: Log = _quiet):
     """(target, tokenizer, drafter) for a target spec and a drafter spec.
 
     Both names are resolved (fetched, converted), the draft's first, before anything is loaded, so an
     unavailable draft fails in seconds, not after the target has been fetched or loaded.
     """
-    registry.parse(draft)  # a malformed spec fails first
-    draft_name = draft_model_spec(draft)
+    draft = registry.parse(draft)  # a malformed spec fails first
+    draft_name = draft.model
     draft_folder = resolve(draft_name, log) if draft_name else None  # the draft first: usually the smaller fetch
     target_folder = resolve(model, log)
     target, tokenizer, _ = load_folder(target_folder)
     loaded = {draft_name: load_folder(draft_folder)[:2]} if draft_name else None
-    drafter = make_drafter(draft, target, tokenizer, num_draft=num_draft, min_confidence=min_confidence,
-                           loaded=loaded, log=log)
+    drafter = make_drafter(draft, target, tokenizer, loaded=loaded, log=log)
     return target, tokenizer, drafter
 
 
-def table_name(spec: Optional[str]) -> str:
+def table_name(spec: registry.Spec) -> str:
     """A spec for an M3 Max table (/compare, bench suites): short, and 'N/A' for no drafter (the M3 Max tables' word)."""
     return "N/A" if registry.parse(spec).kind == "none" else short_name(spec)
 
@@ -92,7 +86,7 @@ def table_name(spec: Optional[str]) -> str:
 def draft_model(drafter, target):
     """The network a drafter runs (the target itself for self-drafting), or None for n-gram drafting."""
     if isinstance(drafter, HybridDrafter):
-        return draft_model(drafter.fallback, target)
+        return draft_model(drafter.parts[-1], target)
     if isinstance(drafter, ModelDrafter):  # includes SelfDrafter, whose model is the target's own layers
         return drafter.model
     return None

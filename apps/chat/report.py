@@ -22,7 +22,7 @@ def stats_line(stats: Stats, plain_step_s: Optional[float], drafting: bool) -> s
     parts = [head, f"{100 * stats.draft_share:.0f}% of tokens from drafts"]
     if stats.proposed:
         parts += [f"acceptance {100 * stats.acceptance_rate:.0f}%", f"mean accepted {stats.mean_accepted:.2f}"]
-    else:  # the policy found no round worth drafting, or the drafter had nothing confident to offer
+    else:  # the planner found no round worth drafting, or the drafter had nothing confident to offer
         parts.append("no draft tokens proposed")
     if plain_step_s and stats.generation_tps:
         plain_tps = 1.0 / plain_step_s
@@ -40,7 +40,7 @@ def stats_detail(stats: Stats) -> str:
         lines.append("acceptance by draft position: " + "  ".join(cells))
     else:
         lines.append("acceptance by draft position: nothing was drafted")
-    lines.append(f"time: draft {stats.draft_time:.3f} s, verify {stats.verify_time:.3f} s, "
+    lines.append(f"time: generation {stats.generation_time:.3f} s (waiting on the device {stats.wait_time:.3f} s), "
                  f"prompt {stats.prompt_time:.3f} s ({stats.prefill_tokens} new of {stats.prompt_tokens} tokens)")
     if stats.fallback:
         lines.append(f"note: {stats.fallback}")

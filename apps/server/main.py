@@ -42,19 +42,18 @@ def _url(host: str, sock) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
-def serve(*, model: str, draft: Optional[str], host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+def serve(*, model: str, draft, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
           api_key: Optional[str] = None, max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-          num_draft: Optional[int] = None, max_tokens: int = DEFAULT_MAX_TOKENS,
-          min_confidence: Optional[float] = None, log: Log = _quiet) -> None:
+          num_draft: Optional[int] = None, max_tokens: int = DEFAULT_MAX_TOKENS, log: Log = _quiet) -> None:
     """Serve the pair until Ctrl-C; the URL (port 0: the port picked) goes to stdout once it listens."""
-    pair = Pair.load(model, draft, num_draft=num_draft, min_confidence=min_confidence, log=log)
+    pair = Pair.load(model, draft, num_draft=num_draft, log=log)
     app = build_app(pair, api_key=api_key, max_concurrency=max_concurrency, max_tokens=max_tokens)
     config = _config(app, host, port)
     sock = config.bind_socket()
     url = _url(host, sock)
 
     def ready() -> None:
-        log(f"serving {pair.model_spec} drafted by {pair.draft_spec or 'nothing'}: open {url} "
+        log(f"serving {pair.model_spec} drafted by {pair.info()['draft_name']}: open {url} "
             f"(OpenAI API at {url}v1); Ctrl-C stops")
         print(url, flush=True)
 

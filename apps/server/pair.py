@@ -6,7 +6,7 @@ from typing import Dict, List, Optional, Tuple
 from mlx_spec.gen import registry
 from mlx_spec.gen.engine import context_limit
 from mlx_spec.gen.session import Session
-from mlx_spec.named import Log, draft_model_spec, load_model, make_drafter, short_name
+from mlx_spec.named import Log, load_model, make_drafter, short_name
 
 
 def _quiet(_msg: str) -> None:
@@ -18,30 +18,28 @@ class Pair:
     """Loaded weights shared by every session; each session gets its own drafter (its own draft cache)."""
 
     model_spec: str
-    draft_spec: Optional[str]
+    draft_spec: registry.Spec
     target: object
     tokenizer: object
     loaded: Dict[str, Tuple] = field(default_factory=dict)  # {draft model spec: (model, tokenizer)}
     num_draft: Optional[int] = None
-    min_confidence: Optional[float] = None
     adaptive: bool = True
 
     @classmethod
-    def load(cls, model: str, draft: Optional[str], *, num_draft: Optional[int] = None,
-             min_confidence: Optional[float] = None, log: Log = _quiet) -> "Pair":
+    def load(cls, model: str, draft: registry.Spec, *, num_draft: Optional[int] = None,
+             log: Log = _quiet) -> "Pair":
         """Load by name; the draft first, so an unavailable draft fails before the (bigger) target loads."""
-        registry.parse(draft)  # a malformed spec fails before anything loads
-        name = draft_model_spec(draft)
+        draft = registry.parse(draft)  # a malformed spec fails before anything loads
+        name = draft.model
         loaded = {name: load_model(name, log)[:2]} if name else {}
         target, tokenizer, _ = load_model(model, log)
-        pair = cls(model, draft, target, tokenizer, loaded, num_draft, min_confidence)
+        pair = cls(model, draft, target, tokenizer, loaded, num_draft)
         pair.new_session()  # builds one drafter now: an incompatible draft fails at start, not per request
         return pair
 
     def new_session(self) -> Session:
         """A fresh conversation with its own drafter over the shared weights."""
-        drafter = make_drafter(self.draft_spec, self.target, self.tokenizer, num_draft=self.num_draft,
-                               min_confidence=self.min_confidence, loaded=self.loaded)
+        drafter = make_drafter(self.draft_spec, self.target, self.tokenizer, loaded=self.loaded)
         return Session(self.target, self.tokenizer, drafter, num_draft=self.num_draft, adaptive=self.adaptive)
 
     @property
@@ -56,7 +54,7 @@ class Pair:
 
     def info(self) -> dict:
         """What the page shows about the pair (short names for the eye, the specs as given)."""
-        return {"target": self.model_spec, "draft": self.draft_spec or "none", "target_name": self.name,
+        return {"target": self.model_spec, "draft": str(registry.parse(self.draft_spec)), "target_name": self.name,
                 "draft_name": short_name(self.draft_spec), "drafter": registry.parse(self.draft_spec).kind,
                 "num_draft": self.num_draft, "context": self.context, "adaptive": self.adaptive}
 

@@ -205,25 +205,11 @@ class Search:
         return self.deadline - time.monotonic()
 
     def run(self, drafter, prompt: List[int], max_tokens: int, *, adaptive: bool = True, k: Optional[int] = None):
-        """(tokens, seconds, stats) of one greedy generation, prompt processing included.
-
-        With adaptive off, every round drafts k tokens: the confidence stop of model drafts is off too,
-        so the acceptance measured is that of k-token drafts (the paper's measure), not of shortened ones.
-        """
-        inner = getattr(drafter, "fallback", drafter)
-        saved = getattr(inner, "min_confidence", None)
-        if saved is not None and not adaptive:
-            inner.min_confidence = 0.0
-        try:
-            return self._run(drafter, prompt, max_tokens, adaptive, k)
-        finally:
-            if saved is not None:
-                inner.min_confidence = saved
-
-    def _run(self, drafter, prompt, max_tokens, adaptive, k):
+        """(tokens, seconds, stats) of one greedy generation, prompt processing included; with adaptive off,
+        every round drafts k tokens (the acceptance of k-token drafts: the paper's measure)."""
         from ..gen.engine import Stats, speculative_generate_step
 
-        stats = Stats()
+        stats = Stats(trace=[])
         t0 = time.perf_counter()
         out = [s.token for s in speculative_generate_step(prompt, self.model, drafter, max_tokens=max_tokens,
                                                           eos_token_ids=self.eos, adaptive=adaptive, num_draft=k,
@@ -289,13 +275,14 @@ class Search:
         c.size_gb = 0.0 if own is None or c.spec.startswith(("ngram", "self")) else params_gb(own)
         _, _, stats = self.run(drafter, self.prompts[0], QUICK_TOKENS, adaptive=False, k=K)
         c.accepted = stats.mean_accepted
-        step = drafter.step_cost(drafter.name)[0] if c.kind != "hybrid" else None  # a draft pass, no catch-up
-        c.draft_ms = 1000 * (step if step is not None else stats.draft_time / max(1, stats.proposed))
-        # Steady state: a verify plus K draft passes per round. The first round's catch-up (the draft's prompt,
-        # fed once per generation) is left out, as a reply longer than this short run amortizes it.
-        round_s = stats.verify_time / max(1, stats.rounds) + (stats.proposed / max(1, stats.rounds)) * c.draft_ms / 1000
-        tokens_per_round = stats.generation_tokens / max(1, stats.rounds)
-        c.estimate = (tokens_per_round / round_s) * self.step_s if round_s else None
+        # Steady state: the rounds after the first (whose catch-up, the draft's prompt, a reply longer than this
+        # short run amortizes). A round's time beyond a plain step is put down to its drafted tokens.
+        rounds = [r for r in stats.trace if r["proposed"]]
+        rounds = rounds[1:] or rounds
+        seconds, drafted = sum(r["seconds"] for r in rounds), sum(r["proposed"] for r in rounds)
+        c.draft_ms = 1000 * max(0.0, seconds - len(rounds) * self.step_s) / max(1, drafted)
+        tokens = sum(r["accepted"] + 1 for r in rounds)
+        c.estimate = (tokens / seconds) * self.step_s if seconds else None
         c.status = "estimated"
 
     def full(self, c: Candidate) -> None:

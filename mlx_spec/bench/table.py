@@ -110,6 +110,9 @@ class TableRun:
 
     def target(self, t) -> None:
         from ..gen.load import check_tokenizers
+        from ..gen.planner import Planner
+        from ..gen.registry import default_num_draft
+        from ..gen.shapes import warm
         from ..named import draft_model, load_model, make_drafter, quantization
 
         s = self.suite
@@ -119,6 +122,7 @@ class TableRun:
         try:
             folder = folder_of(t.model, self.log)
             model, tok, _ = load_model(str(folder), self.log)
+            warm(model)
         except (MlxSpecError, OSError, ValueError) as e:
             for row in rows:
                 self._unavailable(row, e)
@@ -137,25 +141,27 @@ class TableRun:
         loaded: Dict[str, tuple] = {}  # draft folder -> (model, tokenizer): one copy serves every row using it
         for row in rows:
             if row["draft"] == "none":
-                drafters[row["key"]] = (None, None)
+                drafters[row["key"]] = (None, None, Planner(1))
                 continue
             try:
                 spec, dfolder = draft_folder_spec(row["draft"], self.log)
                 if dfolder is not None and str(dfolder) not in loaded:
                     dmodel, dtok, _ = load_model(str(dfolder), self.log)
                     check_tokenizers(tok, dtok)
+                    warm(dmodel)
                     loaded[str(dfolder)] = (dmodel, dtok)
                     self.result.data["models"][spec_model(row["draft"])] = {
                         "folder": str(dfolder), "weights_gb": params_gb(dmodel), "quantization": quantization(dmodel),
                         "sha256": folder_sha256(dfolder)}
                 k = row["k"] or s.num_draft
                 if spec.startswith(MLX_LM_SPEC):
-                    drafters[row["key"]] = (MlxLmSpec(loaded[str(dfolder)][0]), row["k"] or MLX_LM_K)
+                    drafters[row["key"]] = (MlxLmSpec(loaded[str(dfolder)][0]), row["k"] or MLX_LM_K, None)
                     row["draft_quant"] = quantization(loaded[str(dfolder)][0])
                     continue
-                drafter = make_drafter(spec, model, tok, num_draft=k, loaded=loaded, log=self.log)
+                drafter = make_drafter(spec, model, tok, loaded=loaded, log=self.log)
                 row["draft_quant"] = quantization(draft_model(drafter, model))
-                drafters[row["key"]] = (drafter, k)
+                # One planner a row, kept across its prompts as a session keeps one across turns.
+                drafters[row["key"]] = (drafter, k, Planner(k or default_num_draft(drafter), adaptive=s.adaptive))
             except (MlxSpecError, OSError, ValueError) as e:
                 self._unavailable(row, e)
         for row in rows:
@@ -185,7 +191,7 @@ class TableRun:
         del model
         free()
 
-    def _generate(self, model, drafter, k, row: dict, ids, max_tokens: int, eos, stats=None):
+    def _generate(self, model, drafter, k, planner, row: dict, ids, max_tokens: int, eos, stats=None):
         s = self.suite
         temp = s.temp if row.get("temp") is None else row["temp"]  # a quality row samples its own way
         top_k = s.top_k if row.get("top_k") is None else row["top_k"]
@@ -198,23 +204,30 @@ class TableRun:
             return t
         return time_stream(lambda: ours_stream(ids, model, drafter, stats=stats, max_tokens=max_tokens,
                                                eos_token_ids=eos, temp=temp, top_p=s.top_p, top_k=top_k,
-                                               num_draft=k, adaptive=s.adaptive), max_tokens, eos)
+                                               planner=planner), max_tokens, eos)
 
-    def _measure(self, model, drafter, k, row: dict, p, rep: int, eos) -> dict:
+    def _measure(self, model, drafter, k, planner, row: dict, p, rep: int, eos) -> dict:
         import mlx.core as mx
 
         from ..gen.engine import Stats
 
-        stats = Stats(trace=[])  # every round's choice and cost, kept: the policy is judged on them afterwards
+        stats = Stats(trace=[])  # every round's choice and cost, kept: the planner is judged on them afterwards
         mx.random.seed(zlib.crc32(f"{p.id}|{rep}".encode()))  # sampling: the same seed for every row
-        t = self._generate(model, drafter, k, row, p.ids, self.suite.max_tokens, eos, stats)
+        t = self._generate(model, drafter, k, planner, row, p.ids, self.suite.max_tokens, eos, stats)
         d = stats.as_dict()
-        d["trace"] = [[r["source"], r["proposed"], r["accepted"], round(r["verify_s"], 4), round(r["draft_s"], 4),
-                       round(r["catch_up_s"], 4), r["behind"]] + r.get("hindsight", [])
-                      for r in d["trace"]] or None  # compact: one row a round
+        d["trace"] = compact_trace(d["trace"])
         return {"prompt": p.id, "set": p.set, "repeat": rep, "prompt_tokens": len(p.ids), **t.as_dict(),
                 "stats": d, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "loadavg": os.getloadavg()[0]}  # other work beside a measurement slows it: 1-minute load at its end
+
+
+TRACE_FIELDS = ("source", "proposed", "accepted", "seconds", "size", "behind")  # then hindsight [matched, judged]
+
+
+def compact_trace(trace: Optional[List[dict]]) -> Optional[List[list]]:
+    """The engine's per-round trace as one short row a round (TRACE_FIELDS, then the hindsight pair if any)."""
+    return [[r[f] if f != "seconds" else round(r[f], 5) for f in TRACE_FIELDS] + r.get("hindsight", [])
+            for r in trace or []] or None
 
 
 def _compare(mine: Dict[tuple, dict], base: Dict[tuple, dict], k: Optional[int]) -> dict:

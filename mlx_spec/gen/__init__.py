@@ -1,1 +1,1 @@
-"""Generating: sampling, verification, the draft-length policy, the engine, the session, drafters, loading a model folder."""
+"""Generating: sampling, verification, the planner, the engine, the session, drafters, loading a model folder."""

@@ -1,23 +1,23 @@
-"""The speculative generation loop: draft, verify in one target pass, rewind the caches, emit tokens."""
+"""The speculative generation loop: plan, propose, verify in one target pass, rewind, record, yield."""
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Iterator, List, NamedTuple, Optional, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.generate import generation_stream
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from ..errors import GenerationError
-from . import recurrent
+from . import recurrent, shapes
 from .cache import cache_tokens, new_cache, rewind
 from .drafters.base import Draft, Drafter
-from .policy import Policy
+from .planner import PLAIN, Plan, Planner
 from .registry import default_num_draft
-from .sampling import make_probs_fn
-from .verify import verify_greedy, verify_sampling
+from .sampling import make_probs_fn, sample
+from .tunables import DEFAULT_MAX_TOKENS, PREFILL_STEP
+from .verify import accept_greedy, accept_sampling, greedy_targets, sampling_targets
 
-DEFAULT_MAX_TOKENS = 256
-PREFILL_STEP = 512  # prompt tokens per forward pass: bounds attention scratch memory
 FINISH_REASONS = ("stop", "length", "context")  # EOS; max_tokens; the model's context is full
 
 
@@ -30,18 +30,19 @@ class Stats:
     prompt_time: float = 0.0
     generation_tokens: int = 0
     generation_time: float = 0.0  # from the first generated token to the last
-    rounds: int = 0  # target forward passes after the prompt
+    rounds: int = 0  # target passes after the prompt
     spec_rounds: int = 0  # rounds that verified at least one draft token
     proposed: int = 0
     accepted: int = 0
     proposed_by_position: List[int] = field(default_factory=list)
     accepted_by_position: List[int] = field(default_factory=list)
-    draft_time: float = 0.0
-    verify_time: float = 0.0
+    syncs: int = 0  # times the host waited to read the device: one per round
+    wait_time: float = 0.0  # seconds the host spent waiting on those reads (the rest of a round is the host's)
     peak_memory_gb: float = 0.0  # highest MLX allocation during the run above what was in use at its start
     fallback: Optional[str] = None  # why speculation stopped early, if it did
     finish_reason: Optional[str] = None
-    trace: Optional[List[dict]] = None  # a list to fill: one entry per round, what the policy chose and what it cost
+    costs: dict = field(default_factory=dict)  # the planner's measured seconds per round by verify size at the end
+    trace: Optional[List[dict]] = None  # a list to fill: one entry per round, what was planned and what it cost
 
     @property
     def prefill_tokens(self) -> int:
@@ -83,6 +84,21 @@ class Stats:
         d["acceptance_by_position"] = self.acceptance_by_position()
         return d
 
+    def record(self, n: int, a: int) -> None:
+        """A round that verified n draft tokens and accepted a."""
+        self.rounds += 1
+        if n == 0:
+            return
+        self.spec_rounds += 1
+        self.proposed, self.accepted = self.proposed + n, self.accepted + a
+        grow = n - len(self.proposed_by_position)
+        if grow > 0:
+            self.proposed_by_position += [0] * grow
+            self.accepted_by_position += [0] * grow
+        for i in range(n):
+            self.proposed_by_position[i] += 1
+            self.accepted_by_position[i] += i < a
+
 
 class Step(NamedTuple):
     """One generated token, as the target alone would have produced it."""
@@ -98,22 +114,7 @@ def context_limit(model) -> Optional[int]:
     return getattr(args, "max_position_embeddings", None) or getattr(args, "context_length", None)
 
 
-def _record(stats: Stats, n: int, a: int) -> None:
-    if n == 0:
-        return
-    stats.spec_rounds += 1
-    stats.proposed += n
-    stats.accepted += a
-    grow = n - len(stats.proposed_by_position)
-    if grow > 0:
-        stats.proposed_by_position += [0] * grow
-        stats.accepted_by_position += [0] * grow
-    for i in range(n):
-        stats.proposed_by_position[i] += 1
-        stats.accepted_by_position[i] += i < a
-
-
-def shadow_judgement(draft: List[int], produced: List[int]) -> Tuple[int, int]:
+def shadow_judgement(draft: Sequence[int], produced: Sequence[int]):
     """(proposed, accepted) of a draft that was not verified, judged against the tokens the round produced.
 
     A draft token is "accepted" where it equals the produced token: under greedy decoding that is the
@@ -136,15 +137,117 @@ class _Peak:
     def gb(self) -> float:
         self.seen = max(self.seen, mx.get_active_memory())
         peak = mx.get_peak_memory()
-        # A new process-wide peak happened during the run; otherwise the highest allocation we saw.
-        top = peak if peak > self.peak0 else self.seen
+        top = peak if peak > self.peak0 else self.seen  # a new process-wide peak happened during the run
         return max(0, top - self.base) / 1e9
 
 
-def _prefill(model, cache, tokens: List[int]) -> None:
+def _prefill(model, cache, tokens: List[int], room: Optional[int]) -> None:
+    """Feed `tokens` in chunks; where the device builds per shape, the last chunk runs at a padded size (dummy
+    positions trimmed at once) so a new prompt length is not a new shape. room: positions left in the context."""
+    pad = shapes.builds_per_shape() and shapes.paddable(cache)
     for i in range(0, len(tokens), PREFILL_STEP):
-        model(mx.array(tokens[i : i + PREFILL_STEP])[None], cache=cache)
+        chunk = tokens[i : i + PREFILL_STEP]
+        size = shapes.padded(len(chunk)) if pad else len(chunk)
+        if room is not None and i + size > room:
+            size = len(chunk)
+        model(mx.array(chunk + chunk[-1:] * (size - len(chunk)))[None], cache=cache)
+        if size > len(chunk):
+            trim_prompt_cache(cache, size - len(chunk))
         mx.eval([c.state for c in cache])
+
+
+class _Loop:
+    """The state of one generation: the target, its cache, the drafter's parts and the planner."""
+
+    def __init__(self, model, cache, drafter: Optional[Drafter], planner: Planner, probs_fn, stats: Stats):
+        self.model, self.cache, self.planner, self.probs_fn, self.stats = model, cache, planner, probs_fn, stats
+        parts = list(drafter.parts) if drafter is not None else []
+        self.parts = {p.name: p for p in parts}
+        self.free = [p.name for p in parts if p.free]  # in the drafter's order: the first with a draft offers it
+        # The most each source drafts: the planner's k_max; in a hybrid, its own kind's default K below that.
+        self.caps = {p.name: planner.k_max if len(parts) == 1 else min(default_num_draft(p), planner.k_max)
+                     for p in parts}
+        self.costly = [p.name for p in parts if not p.free]
+        self.last_read, self.away = time.perf_counter(), 0.0  # the round clock: see `read`
+
+    def read(self, *arrays) -> float:
+        """The round's one host synchronisation; returns the round's seconds: the time since the last read, less
+        the time the generator was suspended at a yield (the caller's), so a round holds all of the engine's own
+        work and its wait for the device."""
+        t = time.perf_counter()
+        mx.eval(*arrays)
+        now = time.perf_counter()
+        self.stats.syncs += 1
+        self.stats.wait_time += now - t
+        seconds, self.last_read, self.away = now - self.last_read - self.away, now, 0.0
+        return seconds
+
+    def plan(self, context: List[int], room: int):
+        """(the next round's Plan, the free draft offered this round or None)."""
+        offer = None
+        for name in self.free:  # a suffix match before an n-gram's
+            draft = self.parts[name].propose(context, min(self.caps[name], room))
+            if len(draft):
+                offer = draft
+                break
+        offers = {offer.source: len(offer)} if offer is not None else {}
+        offers.update({name: self.caps[name] for name in self.costly})
+        behind = {name: self.parts[name].behind(context) for name in self.costly}
+        return self.planner.plan(offers, room, behind, self.free), offer
+
+    def launch(self, token) -> mx.array:
+        """Queue a plain step fed `token` (an int or a lazy scalar) and return its lazy next token."""
+        x = mx.array([token]) if isinstance(token, int) else token.reshape(1)
+        logits = self.model(x[None], cache=self.cache)[0, -1]
+        y = mx.argmax(logits) if self.probs_fn is None else sample(self.probs_fn(logits))
+        mx.async_eval(y)
+        return y
+
+    def verify(self, context: List[int], draft: Draft, size: int):
+        """One target pass over [last token] + draft (+ dummy positions up to `size`, trimmed at once), read
+        with the draft in one synchronisation: (draft tokens, accepted, next token, hindsight matches or None,
+        the round's seconds)."""
+        n = len(draft)
+        tokens = draft.tokens if isinstance(draft.tokens, mx.array) else mx.array(draft.tokens, dtype=mx.uint32)
+        fed = mx.concatenate([mx.array([context[-1]], dtype=mx.uint32), tokens.astype(mx.uint32),
+                              mx.full((size - n - 1,), context[-1], dtype=mx.uint32)])
+        logits = self.model(fed[None], cache=self.cache)[0, : n + 1]  # (n+1, V)
+        if size > n + 1:
+            trim_prompt_cache(self.cache, size - n - 1)
+        seen = draft.hindsight[0] if draft.hindsight is not None else mx.zeros((0,))
+        if self.probs_fn is None:
+            targets = greedy_targets(logits)
+            seconds = self.read(targets, tokens, seen)
+            drafted = tokens.tolist()
+            a, nxt = accept_greedy(drafted, targets.tolist())
+        else:
+            accept, candidates = sampling_targets(self.probs_fn(logits), tokens, draft.probs)
+            seconds = self.read(accept, candidates, tokens, seen)
+            drafted = tokens.tolist()
+            a, nxt = accept_sampling(accept.tolist(), candidates.tolist())
+        matches = None
+        if draft.hindsight is not None and self.probs_fn is None:
+            matches = [p == t for p, t in zip(seen.tolist(), draft.hindsight[1])]
+        if n > a:
+            trim_prompt_cache(self.cache, n - a)
+        return drafted, a, nxt, matches, seconds
+
+    def judge(self, offer: Optional[Draft], used: str, produced: List[int]) -> None:
+        """The free source's draft that was offered but not used, judged against the tokens produced."""
+        if offer is not None and offer.source != used:
+            judged, matched = shadow_judgement(list(offer.tokens), produced)
+            self.planner.judge(offer.source, judged, matched)
+            self.parts[offer.source].learn(judged, matched)
+
+    def trace(self, plan: Plan, n: int, a: int, seconds: float, behind: int = 0, size: int = 1, matches=None):
+        if self.stats.trace is not None:
+            entry = {"source": plan.source, "proposed": n, "accepted": a, "seconds": seconds, "size": size,
+                     "behind": behind}
+            if plan.probe:
+                entry["probe"] = True
+            if matches is not None:
+                entry["hindsight"] = [sum(matches), len(matches)]
+            self.stats.trace.append(entry)
 
 
 def speculative_generate_step(
@@ -153,7 +256,7 @@ def speculative_generate_step(
     drafter: Optional[Drafter] = None,
     *,
     prompt_cache: Optional[list] = None,
-    policy: Optional[Policy] = None,
+    planner: Optional[Planner] = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     temp: float = 0.0,
     top_p: float = 0.0,
@@ -165,25 +268,24 @@ def speculative_generate_step(
 ) -> Iterator[Step]:
     """Yield `Step(token, from_draft, finish_reason)` exactly as the target alone would produce them.
 
-    Greedy (temp 0): token-identical to plain greedy decoding. Sampling: the same distribution,
-    by speculative sampling. With no drafter it is plain decoding. The last step carries the
-    finish reason: "stop" (an EOS token, yielded), "length" (max_tokens) or "context" (the
-    model's context is full). This is the one place that decides when generation stops.
+    Greedy (temp 0): token-identical to plain greedy decoding (in float32; in half precision up to the rounding
+    of a pass over several positions against one, README). Sampling: the same distribution, by speculative
+    sampling. With no drafter it is plain decoding, each next step queued before the host reads the current one.
+    The last step carries the finish reason: "stop" (an EOS token, yielded), "length" (max_tokens) or "context"
+    (the model's context is full). This is the one place that decides when generation stops.
 
-    prompt: the whole context. prompt_cache: the target's cache, owned by the caller (as in
-    mlx-lm's generate_step); it may already hold a prefix of `prompt` (its offset says how many
-    tokens), and only the rest is prefilled. Unlike mlx-lm, `prompt` is the whole context, not
-    just the new tokens, because drafters read all of it. When the generator finishes or is
-    closed, even mid-round, the cache holds exactly the context minus its last token: prompt +
-    the tokens yielded so far, no rejected drafts. policy: the draft-length policy (a caller may
-    keep one across generations); num_draft, when given, sets its k_max.
+    prompt: the whole context. prompt_cache: the target's cache, owned by the caller (as in mlx-lm's
+    generate_step); it may already hold a prefix of `prompt`, and only the rest is prefilled. When the generator
+    finishes or is closed, even mid-round, the cache holds exactly the context minus its last token: prompt + the
+    tokens yielded so far, no rejected drafts. planner: decides each round (a caller may keep one across
+    generations); num_draft, when given, is the most tokens a round drafts (its k_max).
     """
     probs_fn = make_probs_fn(temp, top_p, top_k)
     if num_draft is not None and num_draft <= 0:
         raise GenerationError(f"--num-draft must be >= 1, got {num_draft}")
     if max_tokens < 0:
         raise GenerationError(f"--max-tokens must be >= 0, got {max_tokens}")
-    context = list(prompt)  # our own copy: everything so far; context[-1] is fed to the target next
+    context = list(prompt)  # the prompt and the tokens yielded so far; context[-1] is fed to the target next
     if not context:
         raise GenerationError("the prompt is empty")
     limit = context_limit(model)
@@ -192,10 +294,10 @@ def speculative_generate_step(
     budget, at_limit = max_tokens, "length"
     if limit is not None and limit - len(context) < max_tokens:
         budget, at_limit = limit - len(context), "context"
-    if policy is None:
-        policy = Policy(num_draft or default_num_draft(drafter), adaptive=adaptive)
+    if planner is None:
+        planner = Planner(num_draft or default_num_draft(drafter), adaptive=adaptive)
     elif num_draft is not None:
-        policy.k_max = num_draft
+        planner.k_max = num_draft
     cache = prompt_cache if prompt_cache is not None else new_cache(model)
     recurrent.enable(model, cache)  # a caller's fresh mlx-lm cache: recurrent layers become rewindable
     cached = cache_tokens(cache) if prompt_cache is not None else 0
@@ -204,112 +306,90 @@ def speculative_generate_step(
                               f"({len(context)} tokens) and no more than all but its last token")
     stats = stats if stats is not None else Stats()
     stats.prompt_tokens, stats.prompt_cached = len(context), cached
-    eos = set(eos_token_ids)
-    peak = _Peak()
+    eos, peak = set(eos_token_ids), _Peak()
     start = time.perf_counter()  # prompt time includes the drafter's own prompt processing
-    try:
-        _prefill(model, cache, context[cached:-1])
-        if drafter is not None:
-            drafter.reset(context, cache)
-    except BaseException:
-        rewind(cache, cached)  # an interrupted prefill leaves the cache as it came
-        raise
-
-    # Padding a verify pass writes dummy KV entries that are trimmed at once: plain attention caches only (a
-    # recurrent layer's state or a rotating window would have to be rewound through them).
-    policy.pad = all(type(c) is KVCache for c in cache)
-    free = drafter.free_sources() if drafter is not None else set()  # judged every round (shadow drafts)
-    if drafter is not None:
-        for s in drafter.sources(context):  # a draft model's own timing, before it is fed the prompt
-            policy.seed(s, *drafter.step_cost(s))
-        drafter.price(policy.verify_seconds if policy.adaptive else None)  # fixed K: drafts are not cut to cost
-    produced, first_at = 0, None
-    while produced < budget:
-        source, k, shadows = "", 0, {}
-        recurrent.commit(cache)  # the cache holds the context: earlier history is no longer needed
-        if drafter is not None:
-            if can_trim_prompt_cache(cache):
-                offers = drafter.sources(context)
-                lags = {s: drafter.lag(s, context) for s in offers}
-                source, k = policy.choose(offers, budget - produced - 1, lags)
-                shadows = {s: drafter.propose(context, min(cap, policy.k_max), None, s).tokens
-                           for s, cap in offers.items() if s != source and s in free}
-            elif stats.fallback is None:
-                stats.fallback = "target cache not trimmable: plain decoding from here"
-        base = len(context)  # the cache holds base - 1 tokens
+    with mx.stream(generation_stream):
         try:
-            t0 = time.perf_counter()
-            draft = drafter.propose(context, k, probs_fn, source) if k > 0 else Draft([])
-            draft.tokens = draft.tokens[:k]
-            n = len(draft.tokens)
-            t1 = time.perf_counter()
-            size = n
-            if draft.verify is not None:  # the drafter ran part of the verify pass already
-                logits = draft.verify([context[-1]] + draft.tokens)
-            else:
-                if drafter is not None and cache_tokens(cache) != base - 1:
-                    rewind(cache, base - 1)  # a draft left entries it did not hand over: the target writes its own
-                # Dummy positions after the draft where a larger pass costs less (causal: they change nothing
-                # before them), trimmed at once.
-                size = policy.padded(n)
-                if limit is not None:  # no dummy position past the model's context (absolute position tables)
-                    size = max(n, min(size, limit - base))
-                fed = [context[-1]] + draft.tokens + [context[-1]] * (size - n)
-                logits = model(mx.array(fed)[None], cache=cache)[0][: n + 1]  # (n+1, V)
-                if size > n:
-                    trim_prompt_cache(cache, size - n)
-            if probs_fn is None:
-                a, nxt = verify_greedy(logits, draft.tokens)
-            else:
-                dp = draft.probs[:n] if draft.probs is not None else None
-                a, nxt = verify_sampling(probs_fn(logits), draft.tokens, dp)
-            if n > a:
-                trim_prompt_cache(cache, n - a)
-            t2 = time.perf_counter()
+            _prefill(model, cache, context[cached:-1], None if limit is None else limit - cached)
+            if drafter is not None:
+                for part in drafter.parts:
+                    part.reset(context, cache)
         except BaseException:
-            rewind(cache, base - 1)  # interrupted mid-round: no half-written or rejected entries stay
+            rewind(cache, cached)  # an interrupted prefill leaves the cache as it came
             raise
-        stats.rounds += 1
-        stats.draft_time += t1 - t0
-        stats.verify_time += t2 - t1
-        _record(stats, n, a)
-        if draft.hindsight is not None:  # the output it sat out, judged as it caught up: before this round
-            policy.hindsight(*draft.hindsight)
-        policy.update(source, n, a, t2 - t1, t1 - t0, draft.catch_up_s, draft.catch_up_tokens, size)
-        if stats.trace is not None:
-            stats.trace.append({"source": source, "proposed": n, "accepted": a, "verify_s": t2 - t1,
-                                "draft_s": t1 - t0, "catch_up_s": draft.catch_up_s, "behind": draft.catch_up_tokens})
-            if draft.hindsight is not None:
-                stats.trace[-1]["hindsight"] = [sum(draft.hindsight[1]), len(draft.hindsight[1])]
-            if size > n:
-                stats.trace[-1]["padded"] = size
-        if n and drafter is not None:
-            drafter.feedback(source, n, a)
-        new = draft.tokens[:a] + [nxt]
-        for s, tokens in shadows.items():
-            judged, matched = shadow_judgement(tokens, new)
-            policy.observe(s, judged, matched)
-            drafter.feedback(s, judged, matched)
+    loop = _Loop(model, cache, drafter, planner, probs_fn, stats)
+    planner.pad = shapes.paddable(cache)
+    produced, first_at, pending = 0, None, None  # pending: a queued plain step's lazy token (the cache holds context)
 
-        context.extend(new)  # the cache now holds base + a tokens: context[:-1]
-        delivered = 0
-        try:
-            for j, tok in enumerate(new):
-                produced += 1
-                stats.generation_tokens = produced
-                now = time.perf_counter()
-                if first_at is None:
-                    first_at = now
-                    stats.prompt_time = now - start
-                stats.generation_time = now - first_at
+    def deliver(tokens: List[int], drafted: int):
+        nonlocal produced, first_at
+        for j, tok in enumerate(tokens):
+            produced += 1
+            now = time.perf_counter()
+            if first_at is None:
+                first_at, stats.prompt_time = now, now - start
+            stats.generation_tokens, stats.generation_time = produced, now - first_at
+            finish = "stop" if tok in eos else (at_limit if produced >= budget else None)
+            stats.finish_reason = finish
+            context.append(tok)
+            away = time.perf_counter()
+            yield Step(tok, j < drafted, finish)
+            loop.away += time.perf_counter() - away
+            if finish:
+                return True
+        return False
+
+    try:
+        with mx.stream(generation_stream):
+            while produced < budget:
+                room = budget - produced - 1
+                if pending is None:
+                    recurrent.commit(cache)  # the cache holds the context: earlier history is no longer needed
+                plan, offer = PLAIN, None
+                if loop.parts and room > 0:
+                    if can_trim_prompt_cache(cache):  # a sliding window stops being trimmable past its size
+                        plan, offer = loop.plan(context, room)
+                    elif stats.fallback is None:
+                        stats.fallback = "target cache not trimmable: plain decoding from here"
+                if plan.k == 0 or pending is not None:  # a plain step; a queued one is read before anything drafts
+                    cold = pending is None
+                    if pending is None:
+                        cold = shapes.first_time(model, 1) or cold
+                        pending = loop.launch(context[-1])
+                    nxt = loop.launch(pending) if plan.k == 0 and room > 0 else None  # queued before reading
+                    seconds = loop.read(pending)
+                    tok = pending.item()
+                    stats.record(0, 0)
+                    planner.record(PLAIN, 0, 0, seconds, warm=not cold and plan.k == 0)
+                    loop.trace(PLAIN, 0, 0, seconds)
+                    loop.judge(offer, "", [tok])
+                    pending = nxt
+                    if (yield from deliver([tok], 0)):
+                        return
+                else:
+                    part = loop.parts[plan.source]
+                    draft = offer if offer is not None and offer.source == plan.source else \
+                        part.propose(context, plan.k, probs_fn)
+                    if isinstance(draft.tokens, list):
+                        draft.tokens = draft.tokens[: plan.k]
+                    n = len(draft)
+                    size = plan.size if n == plan.k else planner.size(n)
+                    if not planner.pad or (limit is not None and len(context) + size - 1 > limit):
+                        size = n + 1  # no dummy position past the model's context (absolute position tables)
+                    cold = shapes.first_time(model, size) or draft.cold
+                    drafted, a, nxt, matches, seconds = loop.verify(context, draft, size)
+                    stats.record(n, a)
+                    planner.record(plan, n, a, seconds, draft.behind, warm=not cold, free=part.free)
+                    if matches is not None:
+                        planner.hindsight(plan.source, matches)
+                    loop.trace(plan, n, a, seconds, draft.behind, size, matches)
+                    part.learn(n, a)
+                    new = drafted[:a] + [nxt]
+                    loop.judge(offer, plan.source, new)
+                    if (yield from deliver(new, a)):
+                        return
                 stats.peak_memory_gb = peak.gb()
-                finish = "stop" if tok in eos else (at_limit if produced >= budget else None)
-                stats.finish_reason = finish
-                delivered += 1
-                yield Step(tok, j < a, finish)
-                if finish:
-                    return
-        finally:
-            if delivered < len(new):  # stopped or closed inside the round: drop what was not delivered
-                del context[base + delivered :]
-                rewind(cache, len(context) - 1)
+    finally:
+        rewind(cache, len(context) - 1)  # whatever was queued or drafted past what was yielded goes
+        stats.costs = dict(planner.costs)
+        stats.peak_memory_gb = peak.gb()

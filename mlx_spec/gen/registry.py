@@ -1,16 +1,16 @@
-"""Drafter specs: parse `ngram[:N]`, `self[:LAYERS]`, `quant-self[:FORMAT]`, `hybrid[:D]` or a model, build the
-drafter, and each kind's default K."""
+"""Drafter specs: parse `ngram[:N]`, `suffix[:shared]`, `self[:LAYERS]`, `quant-self[:FORMAT]`, `hybrid[:D]` or a
+model once into a DrafterSpec, build the drafter from it, and each kind's default K."""
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from ..errors import GenerationError
-from .drafters import model as _model, ngram as _ngram, suffix as _suffix
+from . import tunables
 from .drafters.base import Drafter
 
 # Most draft tokens per round, by kind: the one place these defaults live.
-DEFAULT_K = {"model": _model.DEFAULT_K, "self": _model.DEFAULT_K, "quant-self": _model.DEFAULT_K,
-             "ngram": _ngram.DEFAULT_K, "suffix": _suffix.DEFAULT_K, "hybrid": _suffix.DEFAULT_K}
+DEFAULT_K = {"model": tunables.MODEL_K, "self": tunables.MODEL_K, "quant-self": tunables.MODEL_K,
+             "ngram": tunables.NGRAM_K, "suffix": tunables.SUFFIX_K, "hybrid": tunables.SUFFIX_K}
 KINDS = ("none", "ngram", "suffix", "self", "quant-self", "hybrid", "model")
 NGRAM_N = (2, 16)  # the longest n-gram `ngram:N` may ask for
 
@@ -19,20 +19,33 @@ Loader = Callable[[str], Tuple[object, object]]  # model spec -> (model, tokeniz
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    """A parsed drafter spec: kind in KINDS, and its argument (layers, the hybrid's inner spec, a model spec)."""
+    """A parsed drafter spec: kind in KINDS, its argument (layers, a format, a model spec), and for a hybrid the
+    parsed spec of the source it falls back on (`inner`)."""
 
     kind: str
     arg: str = ""
+    inner: Optional["DrafterSpec"] = None
 
     def __str__(self) -> str:
         if self.kind == "model":
             return self.arg
         return f"{self.kind}:{self.arg}" if self.arg else self.kind
 
+    @property
+    def model(self) -> Optional[str]:
+        """The model this spec loads (a model spec, or a hybrid's inner one), else None."""
+        spec = self.inner if self.kind == "hybrid" else self
+        return spec.arg if spec is not None and spec.kind == "model" else None
 
-def parse(spec: Optional[str]) -> DrafterSpec:
-    """'none'/None/'', 'ngram', 'ngram:N', 'suffix', 'self', 'self:LAYERS', 'quant-self', 'quant-self:FORMAT',
-    'hybrid', 'hybrid:D', or anything else as a model spec."""
+
+Spec = Union[DrafterSpec, str, None]
+
+
+def parse(spec: Spec) -> DrafterSpec:
+    """'none'/None/'', 'ngram', 'ngram:N', 'suffix', 'suffix:shared', 'self', 'self:LAYERS', 'quant-self',
+    'quant-self:FORMAT', 'hybrid', 'hybrid:D', or anything else as a model spec; a DrafterSpec is returned as is."""
+    if isinstance(spec, DrafterSpec):
+        return spec
     spec = (spec or "").strip()
     if spec in ("", "none", "off"):
         return DrafterSpec("none")
@@ -50,18 +63,21 @@ def parse(spec: Optional[str]) -> DrafterSpec:
     if head in ("self", "quant-self", "hybrid"):
         if sep and not arg:
             raise GenerationError(f"'{spec}': nothing after ':' (try '{head}' alone)")
-        if head == "hybrid" and parse(arg or "self").kind in ("hybrid", "ngram", "suffix", "none"):
-            raise GenerationError(f"hybrid needs a model or self drafter to fall back on, got '{arg}'")
+        if head == "hybrid":
+            inner = parse(arg or "self")
+            if inner.kind in ("hybrid", "ngram", "suffix", "none"):
+                raise GenerationError(f"hybrid needs a model or self drafter to fall back on, got '{arg}'")
+            return DrafterSpec(head, arg, inner)
         return DrafterSpec(head, arg)
     return DrafterSpec("model", spec)
 
 
-def default_num_draft(drafter) -> int:
-    """Default K for a drafter, a spec string or None (plain decoding drafts nothing; 1 keeps K valid)."""
+def default_num_draft(drafter: Union[Drafter, Spec]) -> int:
+    """Default K for a drafter, a spec or None (plain decoding drafts nothing; 1 keeps K valid)."""
     if drafter is None:
         return 1
-    kind = parse(drafter).kind if isinstance(drafter, str) else getattr(drafter, "name", "model")
-    return DEFAULT_K.get(kind, _model.DEFAULT_K)
+    kind = drafter.name if isinstance(drafter, Drafter) else parse(drafter).kind
+    return DEFAULT_K.get(kind, tunables.MODEL_K)
 
 
 # Pure-Python standard library modules whose source joins the calibration text as the draft head's base vocabulary:
@@ -92,14 +108,15 @@ def head_ids(tokenizer, real: int) -> List[int]:
     return _HEAD_IDS[key]
 
 
-def build(spec: Optional[str], target, tokenizer, *, load: Optional[Loader] = None, num_draft: Optional[int] = None,
-          min_confidence: Optional[float] = None, subset_head: bool = True) -> Optional[Drafter]:
+def build(spec: Spec, target, tokenizer, *, load: Optional[Loader] = None,
+          subset_head: bool = True) -> Optional[Drafter]:
     """The drafter for `spec` over `target`, or None for plain decoding.
 
-    load: turns a draft model spec into (model, tokenizer); the faces pass one that resolves
-    recipe names and hub ids (the generating layer itself loads folders only). subset_head: greedy draft
-    steps of model and self drafters score a vocabulary subset first (`drafters.head`).
+    load: turns a draft model spec into (model, tokenizer); the faces pass one that resolves recipe names and hub
+    ids (the generating layer itself loads folders only). subset_head: greedy draft steps of model and self
+    drafters score a vocabulary subset (`drafters.head`).
     """
+    from .drafters import suffix as _suffix
     from .drafters.hybrid import HybridDrafter
     from .drafters.model import ModelDrafter
     from .drafters.ngram import NGramDrafter
@@ -110,37 +127,27 @@ def build(spec: Optional[str], target, tokenizer, *, load: Optional[Loader] = No
     s = parse(spec)
     if s.kind == "none":
         return None
-    if num_draft is not None and num_draft <= 0:
-        raise GenerationError(f"--num-draft must be >= 1, got {num_draft}")
-    conf = _model.DEFAULT_MIN_CONFIDENCE if min_confidence is None else min_confidence
-    if not 0.0 <= conf <= 1.0:
-        raise GenerationError(f"--min-confidence must be in [0, 1], got {conf}")
     width, real = vocab_width(target), len(tokenizer.get_vocab())
     subset = head_ids(tokenizer, real) if subset_head and s.kind in ("self", "quant-self", "model") else None
     if s.kind == "suffix":
-        return _suffix.SuffixDrafter(k=num_draft or DEFAULT_K["suffix"],
-                                     memory=_suffix.PROCESS_MEMORY if s.arg == "shared" else None)
+        return _suffix.SuffixDrafter(memory=_suffix.PROCESS_MEMORY if s.arg == "shared" else None)
     if s.kind == "ngram":
-        n = int(s.arg) if s.arg else _ngram.DEFAULT_N
-        return NGramDrafter(n=n, k=num_draft or DEFAULT_K["ngram"], min_n=min(_ngram.DEFAULT_MIN_N, n))
+        n = int(s.arg) if s.arg else tunables.NGRAM_N
+        return NGramDrafter(n=n, min_n=min(tunables.NGRAM_MIN_N, n))
     if s.kind == "hybrid":
-        inner = build(s.arg or "self", target, tokenizer, load=load, num_draft=num_draft, min_confidence=conf,
-                      subset_head=subset_head)
-        return HybridDrafter(NGramDrafter(k=num_draft or DEFAULT_K["ngram"]), inner,
-                             [_suffix.SuffixDrafter(k=num_draft or DEFAULT_K["suffix"])],
-                             fallback_k=num_draft or DEFAULT_K[inner.name])
+        inner = build(s.inner, target, tokenizer, load=load, subset_head=subset_head)
+        return HybridDrafter([_suffix.SuffixDrafter(), NGramDrafter()], inner)
     if s.kind == "quant-self":
-        return QuantSelfDrafter(target, s.arg or DEFAULT_FORMAT, width, real, min_confidence=conf, head_ids=subset)
+        return QuantSelfDrafter(target, s.arg or DEFAULT_FORMAT, width, real, head_ids=subset)
     if s.kind == "self":
         n = len(target.layers)
         head, _, count = s.arg.partition(":")
         if head == "importance":  # self:importance[:K], the K blocks that matter most for the prompt
             if count and not (count.isdigit() and 1 <= int(count) <= n):
-                raise GenerationError(f"'{spec}': K must be an integer in [1, {n}]")
+                raise GenerationError(f"'{s}': K must be an integer in [1, {n}]")
             return ImportanceSelfDrafter(target, int(count) if count else max(1, n // 2), width, real,
-                                         min_confidence=conf, head_ids=subset)
-        return SelfDrafter(target, parse_layers(s.arg or str(max(1, n // 2)), n), width, real, min_confidence=conf,
-                           head_ids=subset)
+                                         head_ids=subset)
+        return SelfDrafter(target, parse_layers(s.arg or str(max(1, n // 2)), n), width, real, head_ids=subset)
     draft, draft_tok = (load or (lambda p: load_folder(p)[:2]))(s.arg)
     real = check_tokenizers(tokenizer, draft_tok)
-    return ModelDrafter(draft, width, real, min_confidence=conf, head_ids=subset)
+    return ModelDrafter(draft, width, real, head_ids=subset)

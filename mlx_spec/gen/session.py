@@ -1,4 +1,4 @@
-"""A conversation: the target cache, the drafter with its state, the policy and the token history, kept across turns."""
+"""A conversation: the target cache, the drafter with its state, the planner and the token history, kept across turns."""
 
 from typing import Iterator, List, Optional
 
@@ -7,7 +7,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache
 from .cache import cache_tokens, new_cache, rewind
 from .drafters.base import Drafter
 from .drafters.model import common_prefix
-from .policy import Policy
+from .planner import Planner
 from .registry import default_num_draft
 from .stream import Event, stream_generate
 
@@ -17,7 +17,7 @@ class Session:
 
     Each `generate` call takes the *whole* conversation's ids. The longest common prefix with what
     the caches already hold is kept, whatever differs is trimmed, and only the rest is prefilled,
-    for the target and (through `Drafter.reset`) the drafter alike. The policy's measurements carry
+    for the target and (through `Drafter.reset`) the drafter alike. The planner's measurements carry
     over, so a later turn starts warm. Closing a turn's generator early (a client disconnects,
     Ctrl-C) leaves everything consistent for the next turn.
     """
@@ -28,19 +28,19 @@ class Session:
         self.cache = new_cache(model)
         self.tokens: List[int] = []  # what the target cache holds, token by token
         self.drafter: Optional[Drafter] = None
-        self.policy = Policy(1)
+        self.planner = Planner(1)
         self.set_drafter(drafter, num_draft, adaptive)
 
     def set_drafter(self, drafter: Optional[Drafter], num_draft: Optional[int] = None,
                     adaptive: Optional[bool] = None) -> None:
         """Switch drafters (or None for plain decoding); the conversation and its cache stay.
 
-        The policy's target measurements stay too; a new drafter's sources start unmeasured.
+        The planner's target measurements stay too; a new drafter's sources start unmeasured.
         """
         self.drafter = drafter
-        self.policy.k_max = num_draft or default_num_draft(drafter)
+        self.planner.k_max = num_draft or default_num_draft(drafter)
         if adaptive is not None:
-            self.policy.adaptive = adaptive
+            self.planner.adaptive = adaptive
 
     def reset(self) -> None:
         """Forget the conversation (the drafter's own state is rebuilt on its next reset)."""
@@ -67,7 +67,7 @@ class Session:
         out: List[int] = []
         try:
             for ev in stream_generate(self.model, self.tokenizer, ids, self.drafter, prompt_cache=self.cache,
-                                      policy=self.policy, **kwargs):
+                                      planner=self.planner, **kwargs):
                 out.append(ev.token)
                 yield ev
         finally:

@@ -1,51 +1,71 @@
-"""Verification: which draft tokens the target accepts, and the token it adds after them."""
+"""Verification: which draft tokens the target accepts, and the token it adds after them.
 
-from typing import List, Optional, Tuple
+Each rule is split in two: a lazy part that builds everything on the device (so the engine reads a whole round
+in one host synchronisation), and a host part that reads the result.
+"""
+
+from typing import List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
 from .sampling import sample
 
 
-def verify_greedy(target_logits: mx.array, draft: List[int]) -> Tuple[int, int]:
-    """Accept the longest prefix of `draft` equal to the target's argmax; return (accepted, next token).
+def greedy_targets(logits: mx.array) -> mx.array:
+    """The target's own token at every row of logits (n+1, V): row i follows draft[:i] (lazy)."""
+    return mx.argmax(logits, axis=-1)
 
-    target_logits: (n+1, V), row i scores the token after draft[:i].
-    """
-    best = mx.argmax(target_logits, axis=-1).tolist()
+
+def accept_greedy(draft: Sequence[int], targets: Sequence[int]) -> Tuple[int, int]:
+    """Accept the longest prefix of `draft` equal to the target's tokens; return (accepted, next token)."""
     n = 0
-    while n < len(draft) and draft[n] == best[n]:
+    while n < len(draft) and draft[n] == targets[n]:
         n += 1
-    return n, best[n]
+    return n, targets[n]
 
 
 def _residual(q: mx.array, p: mx.array) -> mx.array:
-    """normalize(max(q - p, 0)): the part of the target q the draft p under-covers."""
+    """normalize(max(q - p, 0)) per row: the part of the target q the draft p under-covers."""
     r = mx.maximum(q - p, 0.0)
-    return r / r.sum()
+    return r / r.sum(axis=-1, keepdims=True)
 
 
-def verify_sampling(target_probs: mx.array, draft: List[int], draft_probs: Optional[mx.array]) -> Tuple[int, int]:
-    """Speculative sampling; return (accepted, next token). q: target, p: draft.
+def sampling_targets(q: mx.array, draft: mx.array, p: Optional[mx.array]) -> Tuple[mx.array, mx.array]:
+    """Speculative sampling, built lazily: (accept (n,), candidates (n+1,)). q: target, p: draft.
 
     Accept draft token x with probability min(1, q(x) / p(x)).
     On the first rejection, resample from normalize(max(q - p, 0)).
     If all n are accepted, sample a bonus token from q at position n.
-    target_probs: (n+1, V); draft_probs: (n, V), or None for a deterministic draft (one-hot p).
+    q: (n+1, V) target distributions; draft: (n,) token ids; p: (n, V), or None for a deterministic draft
+    (one-hot p). candidates[i] is the token the round ends with if the first rejection is at i (i = n: the bonus);
+    every candidate is drawn, and the host keeps one, so the whole round needs one synchronisation.
     """
-    n = len(draft)
+    n = draft.size
     if n == 0:
-        return 0, sample(target_probs[0]).item()
-    idx = mx.array(draft)[:, None]
-    q_x = mx.take_along_axis(target_probs[:n], idx, axis=-1)[:, 0]
-    if draft_probs is None:
-        p = mx.zeros_like(target_probs[:n]).at[mx.arange(n), mx.array(draft)].add(1.0)
-    else:
-        p = draft_probs
+        return mx.zeros((0,), dtype=mx.bool_), sample(q)
+    idx = draft.astype(mx.uint32)[:, None]
+    if p is None:
+        p = mx.zeros_like(q[:n]).at[mx.arange(n), idx[:, 0]].add(1.0)
+    q_x = mx.take_along_axis(q[:n], idx, axis=-1)[:, 0]
     p_x = mx.take_along_axis(p, idx, axis=-1)[:, 0]
-    # u < q/p, written without the division so p(x) == 0 rejects cleanly
-    accept = (mx.random.uniform(shape=(n,)) * p_x < q_x).tolist()
-    a = next((i for i, ok in enumerate(accept) if not ok), n)
-    if a == n:
-        return n, sample(target_probs[n]).item()
-    return a, sample(_residual(target_probs[a], p[a])).item()
+    accept = mx.random.uniform(shape=(n,)) * p_x < q_x  # u < q/p, without the division: p(x) == 0 rejects
+    candidates = mx.concatenate([sample(_residual(q[:n], p)), sample(q[n:])])
+    return accept, candidates
+
+
+def accept_sampling(accept: Sequence[bool], candidates: Sequence[int]) -> Tuple[int, int]:
+    """(accepted, next token) from what `sampling_targets` built, once read."""
+    a = next((i for i, ok in enumerate(accept) if not ok), len(accept))
+    return a, candidates[a]
+
+
+def verify_greedy(target_logits: mx.array, draft: List[int]) -> Tuple[int, int]:
+    """Greedy verification in one call (reads the device): (accepted, next token)."""
+    return accept_greedy(draft, greedy_targets(target_logits).tolist())
+
+
+def verify_sampling(target_probs: mx.array, draft: List[int], draft_probs: Optional[mx.array]) -> Tuple[int, int]:
+    """Speculative sampling in one call (reads the device): (accepted, next token)."""
+    accept, candidates = sampling_targets(target_probs, mx.array(draft, dtype=mx.uint32), draft_probs)
+    mx.eval(accept, candidates)
+    return accept_sampling(accept.tolist(), candidates.tolist())

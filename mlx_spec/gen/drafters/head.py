@@ -2,11 +2,10 @@
 
 The Qwen2.5-Coder 0.5B's tied embedding is 136M of its 494M parameters (27 %), and a draft step reads all of it
 to score 151,936 tokens, though the token it drafts is nearly always one of a few thousand: the tokens of the
-calibration corpus that ships with the project (`convert/calibration.txt`) and those of the current context.
-So a step scores that subset only; where the subset's best token is not sure (below SURE, as a share of the
-subset's probability mass), the full head scores that step. Lossless regardless: the target verifies every
-drafted token, so a subset that misses the best token only costs acceptance. Greedy drafting only: a sampled
-draft needs the whole distribution it was drawn from.
+calibration corpus that ships with the project (`convert/calibration.txt`), of standard-library code, and of the
+current context. So a greedy draft step scores that subset only. Lossless regardless: the target verifies every
+drafted token, so a subset that misses the best token only costs acceptance. A sampled draft needs the whole
+distribution it was drawn from and scores every row.
 
 mlx-lm models end in `model.model` (hidden states after the final norm) and a head (`lm_head`, or the tied
 embedding's `as_linear`); a model whose own output differs from that (a logit soft-cap, a scale) is detected
@@ -18,7 +17,7 @@ from typing import Iterable, List, Optional, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
-SURE = 0.9  # the subset's best token is drafted without the full head when it holds this share of the subset
+IDS_STEP = 1024  # the subset's length is rounded up to a multiple of this (repeating an id): few shapes to build
 
 
 def _head(model):
@@ -87,8 +86,10 @@ class SubsetHead:
         return len(self._ids)
 
     def ids(self) -> mx.array:
+        """The subset's ids, the first repeated up to a multiple of IDS_STEP (a repeat never changes an argmax's id)."""
         if self._array is None:
-            self._array = mx.array(self._ids, dtype=mx.uint32)
+            pad = -len(self._ids) % IDS_STEP
+            self._array = mx.array(self._ids + self._ids[:1] * pad, dtype=mx.uint32)
         return self._array
 
     def hidden(self, tokens: mx.array, cache) -> mx.array:

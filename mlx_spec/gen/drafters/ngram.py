@@ -1,19 +1,13 @@
 """ANPD: the adaptive multi-level N-gram drafter (Ou et al. 2024, arXiv:2404.08698), no model needed."""
 
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ...errors import GenerationError
+from ..tunables import NGRAM_MIN_N as DEFAULT_MIN_N, NGRAM_MIN_TRUST as DEFAULT_MIN_TRUST, NGRAM_N as DEFAULT_N
+from ..tunables import NGRAM_TRUST_EMA as TRUST_EMA, NGRAM_TRUST_RECOVERY as TRUST_RECOVERY
 from .base import Draft, Drafter
 
-DEFAULT_N = 5  # paper Figs 4-5: multi-level gains stop growing beyond N=5
-DEFAULT_K = 7  # paper Fig 3: speed-up plateaus for K in 6..8; 7 is the tuned pick
-DEFAULT_MIN_N = 2  # paper Alg 2 falls back down to bigrams (n >= 2)
 _SYNC_TAIL = 8  # indexed tail tokens re-checked per call to detect a rewritten context in O(1)
-# Our addition to ANPD: per-level trust. A drafted token costs a verify slot (~5-11 % of a step on
-# CPU, issue #3's measurements); one whose level is accepted less often than this does not pay.
-DEFAULT_MIN_TRUST = 0.2
-TRUST_EMA = 0.2  # weight of the newest outcome in a level's acceptance estimate
-TRUST_RECOVERY = 0.02  # an untrusted level regains this much per sync that adds tokens, so it is retried now and then
 
 Gram = Tuple[int, ...]
 
@@ -28,22 +22,19 @@ class NGramDrafter(Drafter):
     """
 
     name = "ngram"
+    free = True  # dictionary lookups: microseconds against a forward pass
 
-    def __init__(self, n: int = DEFAULT_N, k: int = DEFAULT_K, min_n: int = DEFAULT_MIN_N,
-                 min_trust: float = DEFAULT_MIN_TRUST):
-        """n: longest n-gram (key = last n-1 tokens); k: max draft length; min_n: shortest level;
-        min_trust: stop drafting at a token whose match level is accepted less often than this
-        (0 disables it and gives the paper's drafter exactly)."""
+    def __init__(self, n: int = DEFAULT_N, min_n: int = DEFAULT_MIN_N, min_trust: float = DEFAULT_MIN_TRUST):
+        """n: longest n-gram (key = last n-1 tokens); min_n: shortest level; min_trust: stop drafting at a token
+        whose match level is accepted less often than this (0 disables it and gives the paper's drafter exactly)."""
         if n < 2:
             raise GenerationError(f"ngram: n must be >= 2, got {n}")
-        if k <= 0:
-            raise GenerationError(f"ngram: k must be >= 1, got {k}")
         if not 2 <= min_n <= n:
             raise GenerationError(f"ngram: min_n must be in [2, n={n}], got {min_n}")
-        self.n, self.k, self.min_n, self.min_trust = n, k, min_n, min_trust
+        self.n, self.min_n, self.min_trust = n, min_n, min_trust
         self.trust = {m: 1.0 for m in range(min_n, n + 1)}  # level -> acceptance estimate (optimistic start)
         self._levels: List[int] = []  # match level of each token of the last draft
-        self.proposed_total = 0  # acceptance stats from feedback(); read-only diagnostics
+        self.proposed_total = 0  # acceptance stats from learn(); read-only diagnostics
         self.accepted_total = 0
         self._rebuild([])
 
@@ -119,7 +110,7 @@ class NGramDrafter(Drafter):
         window = self._tokens[-(self.n - 1) :]  # a copy: drafted tokens must not enter the tables
         out: List[int] = []
         levels: List[int] = []
-        for _ in range(min(k, self.k)):
+        for _ in range(k):
             tok, level = self._query(window)
             if tok is None or self.trust[level] < self.min_trust:
                 break
@@ -129,25 +120,17 @@ class NGramDrafter(Drafter):
             del window[: max(0, len(window) - (self.n - 1))]  # keep the n-1 tokens the next key needs
         return out, levels
 
-    def sources(self, context: List[int]) -> Dict[str, int]:
-        """{'ngram': the draft length available here} where a level matches, else {}."""
-        n = len(self._chain(context, self.k)[0])
-        return {self.name: n} if n else {}
-
-    def free_sources(self) -> Set[str]:
-        return {self.name}  # dictionary lookups: microseconds against a forward pass
-
-    def propose(self, context: List[int], k: int, probs_fn=None, source: Optional[str] = None) -> Draft:
-        """Draft up to min(k, self.k) tokens continuing `context`; empty when no level matches.
+    def propose(self, context: List[int], k: int, probs_fn=None) -> Draft:
+        """Draft up to k tokens continuing `context`; empty when no level matches.
 
         Follows the paper: each drafted token is one multi-level query on the last n-1 tokens of
         context+draft, so lookups chain through the draft. Drafting stops at the first miss.
         probs_fn is ignored: the drafter is deterministic (probs=None, one-hot to the verifier).
         """
         out, self._levels = self._chain(context, k)
-        return Draft(tokens=out, probs=None)
+        return Draft(out, source=self.name)
 
-    def feedback(self, source: str, proposed: int, accepted: int) -> None:
+    def learn(self, proposed: int, accepted: int) -> None:
         """Update each level's acceptance estimate from the tokens the verifier judged.
 
         The paper's adaptivity is the per-token UPDATE of the tables, which `_sync` already does

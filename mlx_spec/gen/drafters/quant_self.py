@@ -8,7 +8,7 @@ writes the target's cache, its entries for drafted positions are trimmed and the
 writes the target's exact ones. No draft cache and no draft prefill; acceptance is close to the
 target's agreement with itself. The copy's weight bytes are the only extra memory. On a CPU
 without fast quantized matmuls (this project's Linux machine) its steps are slow: measured, not
-tuned away; the policy switches it off where it does not pay.
+tuned away; the planner switches it off where it does not pay.
 """
 
 import copy
@@ -18,11 +18,10 @@ import mlx.nn as nn
 
 from ...errors import ConvertError, GenerationError
 from ...make.quant import FP_MODES, parse_quantize
-from .model import DEFAULT_MIN_CONFIDENCE
+from ..tunables import QUANT_SELF_FORMAT as DEFAULT_FORMAT
 from .self_draft import SelfDrafter
 
-DEFAULT_FORMAT = "int4"  # QSpec's draft precision
-GROUP_SIZE = 64  # affine group size (the FP modes fix their own)
+GROUP_SIZE = 64  # affine group size (the FP modes fix their own): MLX's default
 
 
 def _structure(module):
@@ -62,9 +61,7 @@ class QuantSelfDrafter(SelfDrafter):
 
     name = "quant-self"
 
-    def __init__(self, model, fmt: str, vocab_size: int, real_vocab: Optional[int] = None,
-                 min_confidence: float = DEFAULT_MIN_CONFIDENCE, head_ids=None):
+    def __init__(self, model, fmt: str, vocab_size: int, real_vocab: Optional[int] = None, head_ids=None):
         self.format = fmt
         quantized = quantized_copy(model, fmt)
-        super().__init__(quantized, range(len(model.model.layers)), vocab_size, real_vocab, min_confidence,
-                         head_ids)
+        super().__init__(quantized, range(len(model.model.layers)), vocab_size, real_vocab, head_ids)

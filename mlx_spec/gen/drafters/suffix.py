@@ -19,15 +19,12 @@ integer tokens, so it is written here (the textbook construction, plus a counter
 """
 
 import threading
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ...errors import GenerationError
+from ..tunables import SUFFIX_ALPHA as ALPHA, SUFFIX_MIN_MATCH as MIN_MATCH, SUFFIX_MIN_SCORE as MIN_SCORE
 from .base import Draft, Drafter
 
-DEFAULT_K = 24  # most tokens a round may draft from a long match (SuffixDecoding drafts up to 16-32)
-ALPHA = 2.0  # draft at most ALPHA * match length tokens
-MIN_MATCH = 2  # a shorter match is a coincidence, not a copy
-MIN_SCORE = 0.1  # stop where the product of the continuation probabilities falls below this
 COUNT_WALK = 64  # suffix-link steps per token spent on occurrence counts (bounds a repetitive text's cost)
 MEMORY_TOKENS = 200_000  # tokens a memory keeps (about 100 MB of automaton); past it, the older half goes
 MATCH_TAIL = 64  # context tokens matched against a memory each round (a longer match drafts no longer)
@@ -145,14 +142,12 @@ class SuffixDrafter(Drafter):
     """Drafts the most frequent continuation of the longest earlier match of the context's suffix."""
 
     name = "suffix"
+    free = True  # dictionary walks: microseconds against a forward pass
 
-    def __init__(self, k: int = DEFAULT_K, alpha: float = ALPHA, min_match: int = MIN_MATCH,
-                 memory: Optional[SuffixMemory] = None):
-        if k <= 0:
-            raise GenerationError(f"suffix: k must be >= 1, got {k}")
+    def __init__(self, alpha: float = ALPHA, min_match: int = MIN_MATCH, memory: Optional[SuffixMemory] = None):
         if alpha <= 0 or min_match < 1:
             raise GenerationError("suffix: alpha must be > 0 and min_match >= 1")
-        self.k, self.alpha, self.min_match, self.memory = k, alpha, min_match, memory
+        self.alpha, self.min_match, self.memory = alpha, min_match, memory
         self.index = SuffixIndex()
         self._prompt_len: Optional[int] = None  # where the current generation's output starts in the index
 
@@ -175,7 +170,6 @@ class SuffixDrafter(Drafter):
     def _draft(self, context: List[int], k: int) -> List[int]:
         self._sync(context)
         state, length = self.index.match()
-        k = min(k, self.k)
         if self.memory is not None:
             remembered, draft = self.memory.draft(context, k, self.min_match, self.alpha)
             if remembered > length:
@@ -184,12 +178,5 @@ class SuffixDrafter(Drafter):
             return []
         return self.index.continuation(state, min(k, max(1, int(self.alpha * length))))
 
-    def sources(self, context: List[int]) -> Dict[str, int]:
-        n = len(self._draft(context, self.k))
-        return {self.name: n} if n else {}
-
-    def free_sources(self) -> Set[str]:
-        return {self.name}  # dictionary walks: microseconds against a forward pass
-
-    def propose(self, context: List[int], k: int, probs_fn=None, source: Optional[str] = None) -> Draft:
-        return Draft(self._draft(context, k))
+    def propose(self, context: List[int], k: int, probs_fn=None) -> Draft:
+        return Draft(self._draft(context, k) if k > 0 else [], source=self.name)
