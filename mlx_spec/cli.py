@@ -146,7 +146,7 @@ def generate(
         typer.echo(ev.text, nl=False)
     typer.echo("")
     if verbose and ev is not None:
-        typer.echo(format_stats(ev.stats), err=True)
+        typer.echo(format_stats(ev.stats, drafter is not None), err=True)
 
 
 @app.command()
@@ -250,15 +250,15 @@ def draft_search(
     typer.echo(f"\nresult: {path}")
 
 
-def format_stats(s) -> str:
-    """Human-readable statistics block."""
+def format_stats(s, drafting: bool = True) -> str:
+    """Human-readable statistics block (drafting: a drafter ran, so its lines are shown even if it drafted nothing)."""
     lines = [
         "=" * 40,
         f"prompt:     {s.prompt_tokens} tokens ({s.prompt_cached} cached), {s.prompt_tps:.1f} tokens/s",
         f"generation: {s.generation_tokens} tokens, {s.generation_tps:.2f} tokens/s",
         f"memory:     {s.peak_memory_gb:.2f} GB peak above the loaded models",
     ]
-    if s.proposed or s.rounds != s.generation_tokens:
+    if drafting:
         pos = " ".join(f"{a:.2f}" for a in s.acceptance_by_position())
         lines += [
             f"drafts:     {s.accepted}/{s.proposed} accepted ({100 * s.acceptance_rate:.1f}%), "

@@ -328,8 +328,8 @@ def test_the_ngram_sweep_measures_each_k_and_n_with_the_anpd_bound(target, tmp_p
         for r in data["records"]:
             if r["row"] == e["key"]:
                 assert len(r["stats"]["proposed_by_position"]) <= k  # fixed K: no round drafts more than K
-                trace = r["stats"]["trace"]  # every round, as the policy chose it and what it cost
-                assert len(trace) == r["stats"]["rounds"] and all(len(t) in (7, 9) and t[1] <= k for t in trace)
+                trace = r["stats"]["trace"]  # every round, as the planner chose it and what it cost
+                assert len(trace) == r["stats"]["rounds"] and all(len(t) in (6, 8) and t[1] <= k for t in trace)
                 assert sum(t[1] for t in trace) == r["stats"]["proposed"]
                 assert sum(t[2] for t in trace) == r["stats"]["accepted"]
     md = result.md_path.read_text()

@@ -16,7 +16,7 @@ from mlx_spec_apps.chat.conversation import Chat, Settings
 def spec_stats() -> Stats:
     # 101 tokens in 2 s (100 after the first), 40 of 50 drafts accepted over 20 speculative rounds.
     return Stats(generation_tokens=101, generation_time=2.0, proposed=50, accepted=40, spec_rounds=20, rounds=61,
-                 proposed_by_position=[20, 20, 10], accepted_by_position=[18, 15, 7], draft_time=0.25, verify_time=1.5)
+                 proposed_by_position=[20, 20, 10], accepted_by_position=[18, 15, 7], wait_time=1.5)
 
 
 def test_stats_line_has_speed_drafts_acceptance_and_an_estimated_speedup():
@@ -32,7 +32,7 @@ def test_stats_line_has_speed_drafts_acceptance_and_an_estimated_speedup():
 def test_stats_detail_lists_each_position_and_the_times():
     text = report.stats_detail(spec_stats())
     assert "1: 18/20 (90%)  2: 15/20 (75%)  3: 7/10 (70%)" in text
-    assert "draft 0.250 s, verify 1.500 s" in text
+    assert "generation 2.000 s (waiting on the device 1.500 s)" in text
 
 
 def test_compare_table_is_the_m3_max_layout_plain_row_first():
@@ -86,7 +86,7 @@ def test_pair_that_works_names_the_qwen_pair_once_it_is_on_disk(tmp_path):
 def chat(tiny_models):
     model, draft = str(tiny_models["qwen2"]), str(tiny_models["qwen2_draft"])
     target, tok, drafter = load_pair(model, draft)
-    loader = pair.DraftLoader(target, tok, min_confidence=None, log=lambda m: None)
+    loader = pair.DraftLoader(target, tok, log=lambda m: None)
     return Chat(Session(target, tok, drafter), model, draft, Settings(max_tokens=24), loader, system="Be brief.")
 
 
@@ -131,7 +131,7 @@ def test_bad_settings_print_one_line_and_change_nothing(chat):
     assert run(chat, "/nope").startswith("unknown command /nope")
     run(chat, "/temp 0.7")
     run(chat, "/k 3")
-    assert chat.settings.temp == 0.7 and chat.session.policy.k_max == 3
+    assert chat.settings.temp == 0.7 and chat.session.planner.k_max == 3
 
 
 def test_draft_off_on_and_switch_keep_the_conversation(chat):

@@ -66,7 +66,7 @@ def test_real_pair_greedy_is_lossless_for_every_drafter(pair):
             "ngram": NGramDrafter(),
             "suffix": SuffixDrafter(),
             "self": SelfDrafter(target, list(range(0, n, 2)), v, real),
-            "hybrid": HybridDrafter(NGramDrafter(), ModelDrafter(draft, v, real), extra=[SuffixDrafter()]),
+            "hybrid": HybridDrafter([SuffixDrafter(), NGramDrafter()], ModelDrafter(draft, v, real)),
         }.items():
             stats = Stats()
             out = [s.token for s in speculative_generate_step(prompt, target, d, max_tokens=NEW_TOKENS, stats=stats)]
@@ -82,11 +82,13 @@ def test_real_pair_session_second_turn_is_exact_and_prefills_only_new_tokens(pai
     from mlx_spec.gen.drafters.hybrid import HybridDrafter
     from mlx_spec.gen.drafters.model import ModelDrafter
     from mlx_spec.gen.drafters.ngram import NGramDrafter
+    from mlx_spec.gen.drafters.suffix import SuffixDrafter
     from mlx_spec.gen.session import Session
 
     target, tok, draft, _ = pair
     v = target.args.vocab_size
-    session = Session(target, tok, HybridDrafter(NGramDrafter(), ModelDrafter(draft, v, len(tok.get_vocab()))))
+    hybrid = HybridDrafter([SuffixDrafter(), NGramDrafter()], ModelDrafter(draft, v, len(tok.get_vocab())))
+    session = Session(target, tok, hybrid)
     msgs = [{"role": "user", "content": PROMPTS[0]}]
     first = list(session.generate(tok.apply_chat_template(msgs, add_generation_prompt=True), max_tokens=NEW_TOKENS))
     msgs += [{"role": "assistant", "content": "".join(e.text for e in first)}, {"role": "user", "content": PROMPTS[1]}]

@@ -46,10 +46,10 @@ def drafters(arch, model, others, attention_draft):
     out = {
         "ngram": lambda: NGramDrafter(),
         "suffix": lambda: SuffixDrafter(),
-        "model": lambda: ModelDrafter(attention_draft, v, min_confidence=0.0),
-        "recurrent-model": lambda: ModelDrafter(others[0], v, min_confidence=0.0),  # its own cache is recurrent
-        "hybrid": lambda: HybridDrafter(NGramDrafter(), ModelDrafter(others[0], v, min_confidence=0.0)),
-        "quant-self-int8": lambda: QuantSelfDrafter(model, "int8", v, min_confidence=0.0),
+        "model": lambda: ModelDrafter(attention_draft, v),
+        "recurrent-model": lambda: ModelDrafter(others[0], v),  # its own cache is recurrent
+        "hybrid": lambda: HybridDrafter([NGramDrafter()], ModelDrafter(others[0], v)),
+        "quant-self-int8": lambda: QuantSelfDrafter(model, "int8", v),
     }
     if arch == "mamba2":  # no model.model.layers: the self drafters do not apply (they say so)
         del out["quant-self-int8"]
@@ -89,7 +89,7 @@ def test_a_broken_rewind_fails_the_same_test(recurrent_models, attention_draft, 
     model, tok = recurrent_models["qwen3_next"]
     monkeypatch.setattr(recurrent, "_replay", lambda *a: None)
     prompt = tok.encode(PROMPTS[1])
-    out, _ = spec(model, prompt, ModelDrafter(attention_draft, model.args.vocab_size, min_confidence=0.0),
+    out, _ = spec(model, prompt, ModelDrafter(attention_draft, model.args.vocab_size),
                   max_tokens=40, num_draft=4, adaptive=False)
     assert out != reference("qwen3_next", model, prompt)
 
@@ -123,7 +123,7 @@ def test_self_subsets_refused_full_self_allowed(recurrent_models):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_session_turns_equal_fresh_runs(recurrent_models, arch):
     model, tok = recurrent_models[arch]
-    session = Session(model, tok, HybridDrafter(NGramDrafter(), SuffixDrafter()))
+    session = Session(model, tok, HybridDrafter([NGramDrafter(), SuffixDrafter()]))
     first = tok.encode(PROMPTS[0])
     reply = [e.token for e in session.generate(first, max_tokens=12)]
     assert reply == plain_greedy(model, first, 12)
@@ -145,5 +145,5 @@ def tiny_mamba(seed, scale):
 def test_sampling_on_a_recurrent_target_matches_its_law():
     """Speculative sampling with K=2 on a Mamba target (rejections rewind its state) keeps the exact law."""
     target, draft = tiny_mamba(1, 3.0), tiny(0, 1.5)
-    ok, stat, crit = check(target, ModelDrafter(draft, V, min_confidence=0.0), dict(temp=1.0))
+    ok, stat, crit = check(target, ModelDrafter(draft, V), dict(temp=1.0))
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"

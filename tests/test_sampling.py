@@ -11,7 +11,12 @@ from mlx.utils import tree_map
 
 from mlx_spec.gen import verify
 from mlx_spec.gen.drafters.base import Draft, Drafter
+from mlx_spec.gen.drafters.hybrid import HybridDrafter
 from mlx_spec.gen.drafters.model import ModelDrafter
+from mlx_spec.gen.drafters.ngram import NGramDrafter
+from mlx_spec.gen.drafters.quant_self import QuantSelfDrafter
+from mlx_spec.gen.drafters.self_draft import SelfDrafter
+from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.engine import Stats, speculative_generate_step
 from mlx_spec.gen.sampling import make_probs_fn
 
@@ -19,6 +24,7 @@ V = 4  # tiny vocabulary: V^3 = 64 cells for the joint law of the first three to
 SAMPLES = 2000
 N_TOKENS = 3  # max_tokens=3 lets the first round draft K=2: draft positions 1 and 2, then the bonus token
 PROMPT = [1, 3, 2]
+REPEATING = [1, 3, 2, 1, 3, 2, 1, 3]  # the context drafters' bait: they draft 2, 1 after it
 
 
 def randomized(model_class, args, seed, scale):
@@ -42,10 +48,10 @@ def pair():
     return tiny(1, 3.0), tiny(0, 1.5)  # a spread target and a draft that disagrees with it
 
 
-def exact_joint(model, probs_fn):
-    """P(t1, t2, t3 | PROMPT) computed from the target's own distributions."""
+def exact_joint(model, probs_fn, prompt=PROMPT):
+    """P(t1, t2, t3 | prompt) computed from the target's own distributions."""
     def dist(ctx):
-        return probs_fn(model(mx.array(PROMPT + list(ctx))[None])[0, -1]).tolist()
+        return probs_fn(model(mx.array(prompt + list(ctx))[None])[0, -1]).tolist()
 
     joint = {}
     p1 = dist(())
@@ -90,27 +96,30 @@ def sample_pairs(fn, n):
 class ConstantDrafter(Drafter):
     """Deterministic: always proposes token 0 (one-hot p), like the N-gram drafter."""
 
-    def propose(self, context, k, probs_fn=None, source=None):
-        return Draft([0] * k)
+    name, free = "constant", True
+
+    def propose(self, context, k, probs_fn=None):
+        return Draft([0] * k, source=self.name)
 
 
-def spec_run(target, drafter, stats_seen, **kw):
+def spec_run(target, drafter, stats_seen, prompt=PROMPT, **kw):
     """One speculative sample of N_TOKENS tokens with K=2; records how many draft positions were verified."""
     def run():
         stats = Stats()
-        toks = [s.token for s in speculative_generate_step(PROMPT, target, drafter, max_tokens=N_TOKENS, num_draft=2,
-                                                           adaptive=False, stats=stats, **kw)]
+        toks = [s.token for s in speculative_generate_step(prompt, target, drafter, max_tokens=N_TOKENS, num_draft=2,
+                                                           stats=stats, **{"adaptive": False, **kw})]
         stats_seen.append(len(stats.proposed_by_position))
         return toks
     return run
 
 
-def check(target, drafter, kw, **engine):
-    """(chi-square ok, stat, crit) of the engine's samples against the exact law; asserts K=2 really ran."""
-    joint = exact_joint(target, make_probs_fn(**kw))
+def check(target, drafter, kw, prompt=PROMPT, drafts=2, **engine):
+    """(chi-square ok, stat, crit) of the engine's samples against the exact law; asserts that the first round
+    drafted `drafts` positions (K=2) in every sample."""
+    joint = exact_joint(target, make_probs_fn(**kw), prompt)
     seen = []
-    counts = sample_pairs(spec_run(target, drafter, seen, **kw, **engine), SAMPLES)
-    assert min(seen) == 2, "every sample must verify two draft positions (K > 1)"
+    counts = sample_pairs(spec_run(target, drafter, seen, prompt, **kw, **engine), SAMPLES)
+    assert min(seen) == max(seen) == drafts, "every sample must verify two draft positions (K > 1)"
     return chi_square_pvalue_ok(counts, joint, SAMPLES)
 
 
@@ -120,14 +129,29 @@ SETTINGS = [dict(temp=1.0), dict(temp=0.7, top_k=3), dict(temp=1.3, top_p=0.9)]
 @pytest.mark.parametrize("kw", SETTINGS)
 def test_model_drafter_sampling_matches_target(pair, kw):
     target, draft = pair
-    ok, stat, crit = check(target, ModelDrafter(draft, V, min_confidence=0.0), kw)
+    ok, stat, crit = check(target, ModelDrafter(draft, V), kw)
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 
-def test_a_pipelined_model_drafter_sampling_matches_target(pair):
-    """Its next pass is launched on the sampled token before the host reads it: the same law."""
+@pytest.mark.parametrize("name", ["self", "quant-self", "ngram", "suffix", "hybrid"])
+def test_every_drafter_sampling_matches_target(pair, name):
+    """Self drafts (a layer of the target, its sampled law), a quantized copy, the context drafters (deterministic,
+    on a prompt they draft from) and a hybrid of them: the target's law."""
     target, draft = pair
-    ok, stat, crit = check(target, ModelDrafter(draft, V, min_confidence=0.0, pipeline=True), dict(temp=0.7, top_k=3))
+    if name in ("self", "quant-self"):  # a target of two layers, one of which drafts
+        target = tiny(1, 2.0, layers=2)
+    make = {"self": lambda: SelfDrafter(target, [1], V), "quant-self": lambda: QuantSelfDrafter(target, "int8", V),
+            "ngram": NGramDrafter, "suffix": SuffixDrafter,
+            "hybrid": lambda: HybridDrafter([SuffixDrafter(), NGramDrafter()], ModelDrafter(draft, V))}[name]
+    prompt = REPEATING if name in ("ngram", "suffix", "hybrid") else PROMPT
+    ok, stat, crit = check(target, make(), dict(temp=1.0), prompt)
+    assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
+
+
+def test_plain_sampling_queued_ahead_matches_target(pair):
+    """No drafter: each next step is queued on the sampled token before the host reads it; the same law."""
+    target, _ = pair
+    ok, stat, crit = check(target, None, dict(temp=0.7, top_k=3), drafts=0)
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 
@@ -136,8 +160,7 @@ def test_a_padded_verify_pass_keeps_the_target_law(pair):
     from test_speculative import Padding
 
     target, draft = pair
-    drafter = ModelDrafter(draft, V, min_confidence=0.0)
-    ok, stat, crit = check(target, drafter, dict(temp=1.0), policy=Padding(2, adaptive=False))
+    ok, stat, crit = check(target, ModelDrafter(draft, V), dict(temp=1.0), planner=Padding(2, adaptive=False))
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 
@@ -159,37 +182,27 @@ def test_plain_mlx_lm_sampler_matches_the_same_law(pair):
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 
-def _wrong_row(target_probs, draft, draft_probs):
-    """verify_sampling with one bug: on a rejection at position a it resamples from row a+1's residual."""
-    n = len(draft)
-    if n == 0:
-        return 0, verify.sample(target_probs[0]).item()
-    p = draft_probs
-    idx = mx.array(draft)[:, None]
-    q_x = mx.take_along_axis(target_probs[:n], idx, axis=-1)[:, 0]
-    p_x = mx.take_along_axis(p, idx, axis=-1)[:, 0]
-    accept = (mx.random.uniform(shape=(n,)) * p_x < q_x).tolist()
-    a = next((i for i, ok in enumerate(accept) if not ok), n)
-    if a == n:
-        return n, verify.sample(target_probs[n]).item()
-    return a, verify.sample(verify._residual(target_probs[a + 1], p[a])).item()
-
-
-@pytest.mark.parametrize("broken", ["resample_from_target", "always_accept", "residual_from_wrong_row"])
+@pytest.mark.parametrize("broken", ["resample_from_target", "always_accept", "residual_from_wrong_row",
+                                    "bonus_from_the_last_draft_row"])
 def test_a_broken_acceptance_rule_fails_the_same_test(pair, monkeypatch, broken):
     target, draft = pair
+    real = verify.sampling_targets
     if broken == "resample_from_target":
         monkeypatch.setattr(verify, "_residual", lambda q, p: q)  # forgets to subtract the draft
-    elif broken == "always_accept":
-        real = verify.verify_sampling
-
-        def always(target_probs, tokens, draft_probs):
-            return real(target_probs, tokens, None if draft_probs is None else draft_probs * 0 + 1e-9)
-
-        monkeypatch.setattr("mlx_spec.gen.engine.verify_sampling", always)  # q/p huge: accepts every draft
-    else:
-        monkeypatch.setattr("mlx_spec.gen.engine.verify_sampling", _wrong_row)
-    ok, stat, crit = check(target, ModelDrafter(draft, V, min_confidence=0.0), dict(temp=1.0))
+    elif broken == "always_accept":  # q/p huge: accepts every draft
+        monkeypatch.setattr("mlx_spec.gen.engine.sampling_targets", lambda q, d, p: real(q, d, p * 0 + 1e-9))
+    elif broken == "residual_from_wrong_row":  # on a rejection at a, resamples from row a+1's residual
+        def wrong(q, d, p):
+            accept, candidates = real(q, d, p)
+            shifted = verify.sample(verify._residual(mx.concatenate([q[1:-1], q[-1:]]), p))
+            return accept, mx.concatenate([shifted, candidates[-1:]])
+        monkeypatch.setattr("mlx_spec.gen.engine.sampling_targets", wrong)
+    else:  # all accepted: the bonus drawn from the last draft position's row, not the row after it
+        def wrong(q, d, p):
+            accept, candidates = real(q, d, p)
+            return accept, mx.concatenate([candidates[:-1], verify.sample(q[-2:-1])])
+        monkeypatch.setattr("mlx_spec.gen.engine.sampling_targets", wrong)
+    ok, stat, crit = check(target, ModelDrafter(draft, V), dict(temp=1.0))
     assert not ok, f"broken rule {broken} passed: chi2 {stat:.1f} < {crit:.1f}"
 
 

@@ -50,17 +50,17 @@ def test_match_is_the_longest_suffix_seen_before(seed):
 def test_the_most_frequent_continuation_is_drafted():
     a, x = [1, 2, 3], [9]
     text = a + [5, 6] + x + a + [5, 6] + x + a + [8] + x + a
-    d = SuffixDrafter(k=8)
+    d = SuffixDrafter()
     draft = d.propose(text, 8).tokens
     assert draft[:2] == [5, 6]  # after 1 2 3: "5 6" twice, "8" once
 
 
 def test_a_long_match_drafts_long_and_a_short_one_short():
     body = list(range(100, 140))
-    d = SuffixDrafter(k=24)
+    d = SuffixDrafter()
     long = d.propose([1, 2] + body + [3] + body[:20], 24).tokens
     assert long == (body[20:] + [3] + body)[:24]  # the copy goes on past the span, as it did before: k caps it
-    short = SuffixDrafter(k=24).propose([5, 6, 50, 51, 52, 9, 9, 50, 51], 24).tokens
+    short = SuffixDrafter().propose([5, 6, 50, 51, 52, 9, 9, 50, 51], 24).tokens
     assert short == [52, 9, 9, 50][: int(ALPHA * 2)]  # a 2-token match drafts at most alpha * 2 tokens
     assert SuffixDrafter().propose([1, 2, 3, 4], 24).tokens == []  # nothing seen before
 
@@ -71,7 +71,6 @@ def test_a_rewritten_context_is_indexed_again():
     assert d.propose([1, 2, 3, 1, 2], 4).tokens[:1] == [3]
     assert d.propose([4, 5, 6, 4, 5], 4).tokens[:1] == [6]  # not an extension: rebuilt
     assert d.index.tokens == [4, 5, 6, 4, 5]
-    assert d.sources([4, 5, 6, 4, 5]) == {"suffix": len(d.propose([4, 5, 6, 4, 5], 24).tokens)}
 
 
 @pytest.mark.parametrize("kind", ["ngram", "suffix"])

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import List, Sequence
 
 from ..gen.drafters import ngram as _ngram, suffix as _suffix
+from ..gen.registry import DEFAULT_K
 
 CONTEXT_LENGTHS = (1_024, 8_192, 32_768, 131_072)  # 1k..128k tokens: prompt sizes up to long-context use
 CALLS = 2_000  # timed propose calls per length; each adds one token, like a step accepting nothing
@@ -41,7 +42,7 @@ def code_like_stream(n: int, seed: int = 0) -> List[int]:
     return out[:n]
 
 
-DRAFTERS = {"ngram": (_ngram.NGramDrafter, _ngram.DEFAULT_K), "suffix": (_suffix.SuffixDrafter, _suffix.DEFAULT_K)}
+DRAFTERS = {"ngram": (_ngram.NGramDrafter, DEFAULT_K["ngram"]), "suffix": (_suffix.SuffixDrafter, DEFAULT_K["suffix"])}
 
 
 def _size(drafter) -> int:
@@ -74,8 +75,8 @@ def run(lengths: Sequence[int] = CONTEXT_LENGTHS, calls: int = CALLS, drafter_ki
 
 def report(rows: List[Row], drafter_kind: str = "ngram") -> str:
     """The cost table and its share of a target decode step."""
-    title = (f"N-gram drafter (N=5, K={_ngram.DEFAULT_K})" if drafter_kind == "ngram"
-             else f"suffix drafter (K={_suffix.DEFAULT_K})")
+    title = (f"N-gram drafter (N=5, K={DEFAULT_K['ngram']})" if drafter_kind == "ngram"
+             else f"suffix drafter (K={DEFAULT_K['suffix']})")
     size = "table keys" if drafter_kind == "ngram" else "states"
     lines = [f"{title}, {CALLS} timed propose calls per length, target step {TARGET_STEP_MS:.0f} ms",
              f"{'context':>8} {'us/propose':>11} {'us/indexed tok':>15} {'% of step':>10} {'mean draft':>11} {size:>11}"]

@@ -90,7 +90,7 @@ class Config:
             if parse_spec(inner).kind == "model" and inner not in b.loaded:
                 model, tok, _ = load_model(inner, b.log)
                 b.loaded[inner] = (model, tok)  # one copy of each draft serves every config using it
-            self.drafter = make_drafter(spec, b.target, b.tokenizer, num_draft=self.k, loaded=b.loaded, log=b.log,
+            self.drafter = make_drafter(spec, b.target, b.tokenizer, loaded=b.loaded, log=b.log,
                                         subset_head=not self.name.endswith(FULL_HEAD))
         own = self.draft_model if self.draft_model is not None else _drafter_model(self.drafter)
         if own is b.target:
@@ -119,7 +119,7 @@ class Config:
 
 def _drafter_model(drafter):
     """The draft model a model or hybrid drafter runs, else None."""
-    inner = getattr(drafter, "fallback", drafter)
+    inner = drafter.parts[-1] if drafter is not None else None
     return None if getattr(inner, "name", "") == "self" else getattr(inner, "model", None)  # self: the target's own
 
 

@@ -16,8 +16,8 @@ class HybridDrafter(Drafter):
 
     name = "hybrid"
 
-    def __init__(self, free: Sequence[Drafter], costly: Drafter):
-        self._parts = (*free, costly)
+    def __init__(self, free: Sequence[Drafter], costly: Optional[Drafter] = None):
+        self._parts = (*free, costly) if costly is not None else tuple(free)
 
     @property
     def parts(self) -> Sequence[Drafter]:

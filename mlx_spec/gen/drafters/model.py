@@ -166,15 +166,16 @@ class ModelDrafter(Drafter):
     def _draft(self, context: List[int], k: int, probs_fn) -> Draft:
         todo = self._sync(context)  # what the cache lacks, ending with the token to continue from
         judge = self._judged(context, todo) if probs_fn is None else 0  # greedy: a match is an acceptance
-        if self.subset:
-            self.head.add(todo)
         # A long catch-up is fed in chunks whose outputs are never needed; the last pass scores the judged positions
         # and the one drafting continues from.
         tail = min(len(todo), PREFILL_STEP) if self.head is not None else judge + 1
         for i in range(0, len(todo) - tail, PREFILL_STEP):
             self.model(mx.array(todo[i : min(i + PREFILL_STEP, len(todo) - tail)])[None], cache=self.cache)
         out, cold = self._pass(mx.array(todo[len(todo) - tail :])[None])
+        # Judged on the subset as it was before these tokens joined it: the output must not credit itself.
         seen = (self._greedy(out[-1 - judge : -1]), todo[-judge:]) if judge else None
+        if self.subset:
+            self.head.add(todo)
         tokens, rows = [], []
         for i in range(k):
             tok, row = self._pick(out[-1:], probs_fn)
