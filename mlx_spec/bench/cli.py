@@ -122,11 +122,12 @@ def run(
     out: str = typer.Option(DEFAULT_OUT, help="Folder for the run's JSON and markdown"),
     resume: Optional[str] = typer.Option(None, help="Continue this result file (same suite): finished "
                                          "measurements are kept, the rest are run"),
+    model: Optional[str] = typer.Option(None, help="Run the suite's rows on this target instead of its own"),
 ):
     """Run a benchmark suite: one result JSON (versioned schema) and its markdown table, written as it goes."""
     from . import runner
 
-    result = runner.run_suite(suite, out, resume=resume, log=_log)
+    result = runner.run_suite(suite, out, resume=resume, log=_log, model=model)
     typer.echo(result.md_path.read_text())
     _log(f"wrote {result.path} and {result.md_path}")
 

@@ -18,9 +18,13 @@ def listing() -> List[Tuple[str, str, str]]:
     return out
 
 
-def run_suite(name_or_path: str, out: str, resume: Optional[str] = None, log: Log = lambda _m: None) -> ResultFile:
-    """Run (or resume) a suite; the result file is written after every measurement and returned at the end."""
+def run_suite(name_or_path: str, out: str, resume: Optional[str] = None, log: Log = lambda _m: None,
+              model: Optional[str] = None) -> ResultFile:
+    """Run (or resume) a suite; the result file is written after every measurement and returned at the end.
+    model: run the suite's rows on this target instead of the suite's own (every target's drafts, once each)."""
     s = suites.load(name_or_path)
+    if model is not None:
+        s.targets = suites.retarget(s.targets, model)
     if resume:
         result = ResultFile.resume(resume, s.as_dict())
         log(f"resuming {result.path}: {len(result.done)} measurements already done")

@@ -105,6 +105,12 @@ class Suite:
         return [{"draft": d} for d in target.drafts]
 
 
+def retarget(targets: List[Target], model: str) -> List[Target]:
+    """The targets' rows, all on `model` (each draft once, in order)."""
+    drafts = tuple(dict.fromkeys(d for t in targets for d in t.drafts))
+    return [Target(ModelRef.parse(model, "--model"), drafts)]
+
+
 def builtin() -> List[Path]:
     """The suites that come with mlx-spec, by name."""
     return sorted(SUITES_DIR.glob("*.toml"))
@@ -203,8 +209,8 @@ def load(name_or_path: str) -> Suite:
         if not isinstance(drafts, list) or not all(isinstance(d, str) and d.strip() for d in drafts):
             raise SuiteError(f"{tw}: 'drafts' must be a list of drafter names, e.g. [\"ngram\", \"qwen2.5-coder-0.5b@int4\"]")
         for d in drafts:
-            if d.startswith("mlx-lm-spec:") and (s.temp or kind != "table"):
-                raise SuiteError(f"{tw}: '{d}' (mlx-lm's speculative decoding) runs greedy table suites only")
+            if (d.startswith("mlx-lm-spec:") or d == "mlx-lm") and (s.temp or kind != "table"):
+                raise SuiteError(f"{tw}: '{d}' (mlx-lm's own decoding) runs greedy table suites only")
             if "@" in d:
                 ModelRef.parse(d.removeprefix("hybrid:").removeprefix("mlx-lm-spec:"), tw)
         s.targets.append(Target(ModelRef.parse(t["model"], tw), tuple(d.strip() for d in drafts)))

@@ -18,8 +18,8 @@ from typing import Callable, Dict, List, Optional
 from ..errors import MlxSpecError
 from ..make.progress import progress
 from . import grids
-from .common import (first_mismatch, folder_sha256, free, median, mlx_lm_spec_stream, ours_stream, params_gb,
-                     rounds_from_flags, time_stream)
+from .common import (first_mismatch, folder_sha256, free, median, mlx_lm_spec_stream, mlx_lm_stream, ours_stream,
+                     params_gb, rounds_from_flags, time_stream)
 from .prompts import WARMUP_PROMPT, build, chat_ids
 from .report import M3MAX_COLUMNS, _acceptance, aligned_table, improvement
 from .results import ResultFile, key
@@ -28,13 +28,15 @@ from .suite import ModelRef, Suite
 Log = Callable[[str], None]
 WARMUP_TOKENS = 8
 MLX_LM_SPEC = "mlx-lm-spec:"  # a draft row run by mlx-lm's own speculative_generate_step with this draft model
+MLX_LM = "mlx-lm"  # a row run by mlx-lm's own plain generate_step: the loop every engine is measured against
 MLX_LM_K = 3  # its num_draft_tokens unless the row sets K: its fastest fixed K for the Qwen pair here
 
 
 class MlxLmSpec:
-    """A row's "drafter" that is mlx-lm's speculative decoding with a draft model (the baseline to beat)."""
+    """A row's "drafter" that is mlx-lm's speculative decoding with a draft model (the baseline to beat); with no
+    model, mlx-lm's plain decoding."""
 
-    def __init__(self, model):
+    def __init__(self, model=None):
         self.model = model
 
 
@@ -143,6 +145,10 @@ class TableRun:
             if row["draft"] == "none":
                 drafters[row["key"]] = (None, None, Planner(1))
                 continue
+            if row["draft"] == MLX_LM:
+                drafters[row["key"]] = (MlxLmSpec(), None, None)
+                row["draft_quant"] = "N/A"
+                continue
             try:
                 spec, dfolder = draft_folder_spec(row["draft"], self.log)
                 if dfolder is not None and str(dfolder) not in loaded:
@@ -195,6 +201,8 @@ class TableRun:
         s = self.suite
         temp = s.temp if row.get("temp") is None else row["temp"]  # a quality row samples its own way
         top_k = s.top_k if row.get("top_k") is None else row["top_k"]
+        if isinstance(drafter, MlxLmSpec) and drafter.model is None:
+            return time_stream(lambda: mlx_lm_stream(ids, model, max_tokens), max_tokens, eos)
         if isinstance(drafter, MlxLmSpec):  # greedy only (the suite checks): mlx-lm reports flags, not stats
             t = time_stream(lambda: mlx_lm_spec_stream(ids, model, drafter.model, max_tokens, k), max_tokens, eos)
             if stats is not None:
@@ -230,6 +238,27 @@ def compact_trace(trace: Optional[List[dict]]) -> Optional[List[list]]:
             for r in trace or []] or None
 
 
+def rounds(records: List[dict]) -> dict:
+    """What a row's rounds cost, pooled over its records: per round, the wall clock (ms), the host's part of it
+    (ms not spent waiting on the device), reads of the device, tokens; and the decode tokens/s its tokens per round
+    and warm round costs predict: each round at the median time of its kind (source, verify size, drafted tokens) in
+    the row, so first-seen shapes and stalls fall out; a round that caught a draft model up counts as measured."""
+    ok = [r for r in records if (r.get("stats") or {}).get("trace")]
+    if not ok:
+        return {}
+    trace = [t for r in ok for t in r["stats"]["trace"]]
+    n, seconds, tokens = len(trace), sum(t[3] for t in trace), sum(t[2] + 1 for t in trace)
+    kinds: Dict[tuple, List[float]] = {}
+    for t in trace:
+        kinds.setdefault((t[0], t[4], t[1]), []).append(t[3])
+    typical = {kind: median(v) for kind, v in kinds.items()}
+    predicted = sum(t[3] if t[5] > 1 else typical[(t[0], t[4], t[1])] for t in trace)
+    wait = sum(r["stats"].get("wait_time", 0.0) for r in ok)
+    return {"rounds": n, "ms_per_round": 1000 * seconds / n, "host_ms_per_round": 1000 * (seconds - wait) / n,
+            "syncs_per_round": sum(r["stats"].get("syncs", 0) for r in ok) / n, "tokens_per_round": tokens / n,
+            "predicted_tps": tokens / predicted if predicted else None}
+
+
 def _compare(mine: Dict[tuple, dict], base: Dict[tuple, dict], k: Optional[int]) -> dict:
     """Speed-up over the target alone on the measurements both have, the spread, acceptance, and the lossless count."""
     both = [x for x in mine if x in base]
@@ -242,6 +271,12 @@ def _compare(mine: Dict[tuple, dict], base: Dict[tuple, dict], k: Optional[int])
                compared=len(both),
                identical=sum(first_mismatch(mine[x]["tokens"], base[x]["tokens"]) is None for x in both))
     out.update(_acceptance([mine[x] for x in both]))
+    dec = sum(mine[x]["n_tokens"] - 1 for x in both) / max(sum(mine[x]["decode_time"] for x in both), 1e-12)
+    bdec = sum(base[x]["n_tokens"] - 1 for x in both) / max(sum(base[x]["decode_time"] for x in both), 1e-12)
+    out["decode_speedup"] = dec / bdec if bdec else None
+    mr, br = rounds([mine[x] for x in both]), rounds([base[x] for x in both])
+    if mr.get("predicted_tps") and br.get("predicted_tps"):
+        out["predicted_speedup"] = mr["predicted_tps"] / br["predicted_tps"]
     if k is not None and out.get("acceptance_rate") is not None:
         out["bound"] = out["acceptance_rate"] * k + 1  # ANPD's upper bound (alpha x K) + 1, alpha = the hit ratio
     return out
@@ -276,6 +311,7 @@ def summarize(data: dict) -> List[dict]:
         if mine:
             entry["tokens_per_second"] = sum(r["n_tokens"] for r in mine.values()) / sum(r["total"] for r in mine.values())
         entry.update(_compare(mine, base, row.get("k")))
+        entry["rounds"] = rounds(list(mine.values()))
         sets = dict.fromkeys(r["set"] for r in mine.values())
         entry["by_set"] = {name: _compare({x: r for x, r in mine.items() if r["set"] == name}, base, row.get("k"))
                            for name in sets}
@@ -319,6 +355,30 @@ def _by_set_table(data: dict) -> str:
         body.append(line)
     return ("Per prompt set, as ratios of tokens/s on the prompts both rows measured: aggregate (per-prompt "
             "min–max), n = prompts\n\n" + aligned_table(tuple(head), body) + "\n")
+
+
+def _rounds_table(data: dict) -> str:
+    """Per row: what its rounds cost, the host's part of them, and the speed-up its measured acceptance and the
+    planner's warm costs predict beside the one measured (decode only, prefill left out)."""
+    from ..named import short_name, table_name
+
+    body = []
+    for e in data["summary"]:
+        r = e.get("rounds") or {}
+        if not r:
+            continue
+        pred, meas = e.get("predicted_speedup"), e.get("decode_speedup")
+        body.append([f"{short_name(e['target'])} {e.get('target_quant') or ''}".strip(), table_name(e["draft"]),
+                     str(r["rounds"]), f"{r['tokens_per_round']:.2f}", f"{r['ms_per_round']:.2f}",
+                     f"{r['host_ms_per_round']:.2f} ({100 * r['host_ms_per_round'] / r['ms_per_round']:.0f}%)",
+                     f"{r['syncs_per_round']:.2f}", f"{meas:.2f}×" if meas else "-", f"{pred:.2f}×" if pred else "-"])
+    if not body:
+        return ""
+    head = ("Target", "Draft", "Rounds", "Tokens/round", "ms/round", "host ms/round (share)", "Reads/round",
+            "Decode speed-up measured", "predicted")
+    return ("Rounds of our engine: wall clock per round, the host's part of it (not waiting on the device), reads "
+            "of the device per round; the decode speed-up over the target alone measured, and predicted from the "
+            "rounds' tokens at the typical (median) cost of each kind of round\n\n" + aligned_table(head, body) + "\n")
 
 
 def markdown(data: dict) -> str:
@@ -365,6 +425,8 @@ def markdown(data: dict) -> str:
                            f"{100 * acc:.1f}%" if acc is not None else "-",
                            f"{e['mean_accepted']:.2f}" if e.get("mean_accepted") is not None else "-", same])
     out = "\n".join(head) + "\n\n" + aligned_table(M3MAX_COLUMNS, table) + "\n"
+    if s["kind"] == "table" and (loop := _rounds_table(data)):
+        out += "\n" + loop
     if s["kind"] == "roofline":
         from . import roofline
 

