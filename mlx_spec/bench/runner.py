@@ -36,6 +36,13 @@ def run_suite(name_or_path: str, out: str, resume: Optional[str] = None, log: Lo
         result.data["bandwidth"] = roofline.measure_bandwidth(s.bandwidth_gb)
         result.flush()
     try:
+        if s.kind == "predict":
+            from . import predict
+
+            predict.run(s, result, log)
+            result.flush()
+            result.write_markdown(table.render(result.data))
+            return result
         table.TableRun(s, result, log).run()
     except KeyboardInterrupt:
         log(f"interrupted: what was measured is in {result.path}; continue with --resume {result.path}")

@@ -19,7 +19,8 @@ PROMPT_SETS = ("humaneval", "edit", "prose", "prefix", "ptq")
 # ngram: ANPD's sweep of the n-gram drafter's K and N (its rows come from `sweeps`, at fixed K: adaptive = false);
 # compression: drafts made from the target by each of convert's methods, at each K of `k`;
 # quality: plain sampling of each target over `temps` x `top_ks` (memory, speed, duplicate content words)
-KINDS = ("table", "roofline", "ngram", "compression", "quality")
+# predict: the speed-up a draft would give each target, from costs measured here and the first target's acceptance
+KINDS = ("table", "roofline", "ngram", "compression", "quality", "predict")
 TOP = {"description", "kind", "max_tokens", "repeats", "temp", "top_p", "top_k", "num_draft", "adaptive", "prompts",
        "targets", "sweeps", "k", "methods", "temps", "top_ks", "bandwidth_gb"}
 TARGET = {"model", "drafts"}
@@ -199,7 +200,7 @@ def load(name_or_path: str) -> Suite:
         if not isinstance(t, dict):
             raise SuiteError(f"{tw}: must be a table")
         _unknown(t, TARGET, tw)
-        if kind != "table" and t.get("drafts"):
+        if kind not in ("table", "predict") and t.get("drafts"):
             why = {"ngram": "its rows come from 'sweeps'", "compression": "its drafts are made from the target",
                    "roofline": "it measures plain decoding", "quality": "it measures plain sampling"}[kind]
             raise SuiteError(f"{tw}: a {kind} suite has no 'drafts' ({why})")

@@ -284,8 +284,15 @@ def _compare(mine: Dict[tuple, dict], base: Dict[tuple, dict], k: Optional[int])
 
 def render(data: dict) -> str:
     """A result's markdown report, its summary (data["summary"]) computed again from its records first."""
-    data["summary"] = summarize(data)
     kind = data["suite"]["kind"]
+    if kind == "predict":
+        from . import predict
+        from .common import machine_line
+
+        return (f"# Benchmark suite `{data['suite']['name']}`\n\n{data['suite']['description']}\n\n"
+                f"`{' '.join(data['command'])}`\n\n- machine: {machine_line(data['machine'])}\n\n"
+                + predict.markdown(data))
+    data["summary"] = summarize(data)
     if kind == "roofline":
         from . import roofline
 
