@@ -103,7 +103,16 @@ class Suite:
             return [{"draft": d, "k": k} for d, k in grid]
         if self.kind == "quality":
             return [{"draft": None, "temp": t, "top_k": k} for t in self.temps for k in self.top_ks]
-        return [{"draft": d} for d in target.drafts]
+        return [split_k(d) for d in target.drafts]
+
+
+def split_k(draft: str) -> dict:
+    """A table row from a drafts entry: 'DRAFT' or 'DRAFT K=n' (the row drafts n tokens a round: mlx-lm's
+    speculative decoding always, our engine at most)."""
+    head, sep, k = draft.rpartition(" K=")
+    if sep and k.isdigit() and int(k) >= 1:
+        return {"draft": head.strip(), "k": int(k)}
+    return {"draft": draft}
 
 
 def retarget(targets: List[Target], model: str) -> List[Target]:
@@ -210,6 +219,9 @@ def load(name_or_path: str) -> Suite:
         if not isinstance(drafts, list) or not all(isinstance(d, str) and d.strip() for d in drafts):
             raise SuiteError(f"{tw}: 'drafts' must be a list of drafter names, e.g. [\"ngram\", \"qwen2.5-coder-0.5b@int4\"]")
         for d in drafts:
+            if " K=" in d and "k" not in split_k(d):
+                raise SuiteError(f"{tw}: '{d}': K must be an integer >= 1, as in \"mlx-lm-spec:MODEL K=3\"")
+            d = split_k(d)["draft"]
             if (d.startswith("mlx-lm-spec:") or d == "mlx-lm") and (s.temp or kind != "table"):
                 raise SuiteError(f"{tw}: '{d}' (mlx-lm's own decoding) runs greedy table suites only")
             if "@" in d:
