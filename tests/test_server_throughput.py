@@ -39,6 +39,19 @@ def test_bench_serve_refuses_a_run_without_a_drafter_in_one_line(tiny_models):
     assert r.stderr.strip().splitlines()[-1] == "error: --draft must name a drafter: the run compares it against none"
 
 
+def test_bench_serve_is_mounted_under_the_bench_with_its_options():
+    """The command lives with the server it drives (apps/server/bench_cli.py); `mlx-spec bench` lists it."""
+    from typer.testing import CliRunner
+
+    from mlx_spec.cli import app
+
+    r = CliRunner().invoke(app, ["bench", "serve", "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0
+    for option in ("--model", "--draft", "--clients", "--max-tokens", "--repeats", "--num-draft", "--out"):
+        assert option in r.stdout
+    assert "Served throughput" in CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"}).stdout
+
+
 def test_every_client_count_sends_the_same_mix_of_prompt_kinds(tiny_models):
     """Over 3 repeats, 1, 2 and 4 clients send HumanEval, edit and prose prompts in equal shares, all distinct."""
     from mlx_lm import load
