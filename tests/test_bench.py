@@ -39,8 +39,14 @@ class _Tok:
 
 
 def test_prompt_sets_are_interleaved():
-    prompts = build(_Tok(), 0, 0, n_prose=3)
-    assert [p.set for p in prompts] == ["prose"] * 3 and prompts[0].text == PROSE_QUESTIONS[0]
+    """One prompt of each set in turn, each set in its own order, so noise falls on all sets; a longer set's
+    rest comes last."""
+    prompts = build(_Tok(), 3, 2, n_prose=3, n_ptq=1)
+    assert [p.id for p in prompts] == ["HumanEval/0", "HumanEval/0:type-hints", "prose/0", "ptq/0",
+                                       "HumanEval/1", "HumanEval/1:rename", "prose/1",
+                                       "HumanEval/2", "prose/2"]
+    assert [p.set for p in prompts[:4]] == ["humaneval", "edit", "prose", "ptq"]
+    assert prompts[2].text == PROSE_QUESTIONS[0] and "def has_close_elements" in prompts[1].text
 
 
 def test_the_spec_benchmark_runs_every_drafter_kind_on_tiny_models(tiny_models, tmp_path):
