@@ -7,22 +7,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import long_context
+from conftest import long_context, one_line_error, run_cli
 
 from mlx_spec.bench import rounds, runner, suite as suites
 from mlx_spec.bench.results import SCHEMA, ResultError, ResultFile
 
 
 def cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "mlx_spec.cli", "bench", *args], capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def one_line_error(r) -> str:
-    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, r.stderr
-    return lines[0]
+    return run_cli("bench", *args, timeout=timeout)
 
 
 def suite_file(path: Path, target, drafts=("ngram",), **fields) -> Path:

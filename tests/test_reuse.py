@@ -10,16 +10,9 @@ from mlx_spec.gen.drafters.ngram import NGramDrafter
 from mlx_spec.gen.drafters.self_draft import SelfDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.engine import speculative_generate_step
-from mlx_spec.named import load_model
 
+from conftest import PROMPTS, V, check, plain_greedy, spec, tiny
 from test_hybrid import REPEAT, Joined
-from test_sampling import V, check, tiny
-from test_speculative import PROMPTS, plain_greedy, spec
-
-
-@pytest.fixture(scope="module")
-def target(tiny_models):
-    return load_model(str(tiny_models["qwen2"]))[:2]
 
 
 def reset_on(model, drafter, prompt):
@@ -29,8 +22,8 @@ def reset_on(model, drafter, prompt):
     return cache
 
 
-def test_reuse_only_for_the_first_blocks(target):
-    model, tok = target
+def test_reuse_only_for_the_first_blocks(tiny_target):
+    model, tok = tiny_target
     prompt = tok.encode(PROMPTS[0])
     v = model.args.vocab_size
     for layers, n in (([0, 1], 2), ([0], 1), ([0, 3], 0), ([1, 2], 0), ([0, 1, 2, 3], 0)):
@@ -40,8 +33,8 @@ def test_reuse_only_for_the_first_blocks(target):
 
 
 @pytest.mark.parametrize("k", [1, 4, 16])
-def test_greedy_with_reuse_equals_plain(target, k):
-    model, tok = target
+def test_greedy_with_reuse_equals_plain(tiny_target, k):
+    model, tok = tiny_target
     for text in PROMPTS + [REPEAT]:
         prompt = tok.encode(text)
         d = SelfDrafter(model, [0, 1], model.args.vocab_size, min_confidence=0.0)
@@ -51,9 +44,9 @@ def test_greedy_with_reuse_equals_plain(target, k):
         assert d.reused > 0
 
 
-def test_a_draft_that_drops_the_handover_is_still_lossless(target):
+def test_a_draft_that_drops_the_handover_is_still_lossless(tiny_target):
     """The engine rewinds entries a drafter left in the target cache without a verify pass to use them."""
-    model, tok = target
+    model, tok = tiny_target
 
     class Strip(Drafter):
         def __init__(self, inner):
@@ -73,8 +66,8 @@ def test_a_draft_that_drops_the_handover_is_still_lossless(target):
     assert out == plain_greedy(model, prompt, 30) and d.reused > 0
 
 
-def test_joined_suffix_then_first_blocks_is_lossless(target):
-    model, tok = target
+def test_joined_suffix_then_first_blocks_is_lossless(tiny_target):
+    model, tok = tiny_target
     Joined.chosen = 0
     prompt = tok.encode(REPEAT)
     self_d = SelfDrafter(model, [0, 1], model.args.vocab_size, min_confidence=0.0)
@@ -83,8 +76,8 @@ def test_joined_suffix_then_first_blocks_is_lossless(target):
     assert out == plain_greedy(model, prompt, 40) and Joined.chosen > 0 and self_d.reused > 0
 
 
-def test_the_cache_is_consistent_after_each_generation(target):
-    model, tok = target
+def test_the_cache_is_consistent_after_each_generation(tiny_target):
+    model, tok = tiny_target
     prompt = tok.encode(PROMPTS[2])
     cache = new_cache(model)
     d = SelfDrafter(model, [0, 1], model.args.vocab_size, min_confidence=0.0)
@@ -99,11 +92,11 @@ def test_sampling_with_reuse_keeps_the_target_law():
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 
-def test_a_model_that_does_not_split_keeps_the_plain_verify(target):
+def test_a_model_that_does_not_split_keeps_the_plain_verify(tiny_target):
     """A model whose inner forward transforms its input embeddings (as Gemma scales them) cannot be split."""
     import copy
 
-    model, tok = target
+    model, tok = tiny_target
 
     class Doubling(type(model.model)):
         def __call__(self, inputs, cache=None, input_embeddings=None):

@@ -1,10 +1,8 @@
 """`mlx-spec bench serve`: concurrent clients against two real servers (drafter on and off), ratios from one run."""
 
 import json
-import subprocess
-import sys
 
-from conftest import long_context
+from conftest import long_context, one_line_error, run_cli
 
 from mlx_spec_apps.server.throughput import ThroughputSettings, run_throughput
 
@@ -32,11 +30,8 @@ def test_served_throughput_reports_every_cell_and_identical_replies(tiny_models,
 
 
 def test_bench_serve_refuses_a_run_without_a_drafter_in_one_line(tiny_models):
-    cmd = [sys.executable, "-m", "mlx_spec.cli", "bench", "serve", "--model", str(tiny_models["qwen2"]),
-           "--draft", "none"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert r.stderr.strip().splitlines()[-1] == "error: --draft must name a drafter: the run compares it against none"
+    r = run_cli("bench", "serve", "--model", str(tiny_models["qwen2"]), "--draft", "none", timeout=60)
+    assert one_line_error(r) == "error: --draft must name a drafter: the run compares it against none"
 
 
 def test_bench_serve_is_mounted_under_the_bench_with_its_options():
