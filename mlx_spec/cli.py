@@ -5,8 +5,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from mlx_spec_apps.server.defaults import (DEFAULT_CLIENTS, DEFAULT_HOST, DEFAULT_MAX_CONCURRENCY, DEFAULT_PORT,
-                                           SERVE_MAX_TOKENS, SERVE_REPEATS)
+from mlx_spec_apps.server.defaults import DEFAULT_HOST, DEFAULT_MAX_CONCURRENCY, DEFAULT_PORT
 
 from . import blas
 from .errors import MlxSpecError
@@ -14,11 +13,10 @@ from .bench.common import DEFAULT_OUT
 from .bench.draft_search import DEFAULT_LADDER as DS_LADDER, DEFAULT_MAX_TOKENS as DS_MAX_TOKENS, \
     DEFAULT_PROMPTS as DS_PROMPTS
 from .gen.engine import DEFAULT_MAX_TOKENS
-from .gen.registry import DEFAULT_K
 from .make.convert import DEFAULT_GROUP_SIZE
 from .make.prune import SPEC_HELP as PRUNE_HELP
 from .make.quant import QUANTIZE_HELP, parse_quantize
-from .named import DEFAULT_DRAFT, DEFAULT_MODEL, DEFAULT_PROMPT
+from .named import DEFAULT_DRAFT, DEFAULT_MODEL, DEFAULT_PROMPT, DRAFT_HELP, MODEL_HELP, NUM_DRAFT_HELP
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Lossless speculative decoding on MLX: fetch, convert, generate, chat, serve, bench.")
@@ -98,12 +96,8 @@ def convert(
 
 
 # The options `generate` and `chat` share: one definition each, so they mean the same in both.
-MODEL = typer.Option(DEFAULT_MODEL, help="Target: recipe, folder, .gguf or HF repo")
-DRAFT_HELP = ("Drafter: a model spec, 'ngram[:N]', 'suffix[:shared]' (the longest earlier match; shared: also in "
-              "this process's earlier outputs), 'self[:LAYERS|importance[:K]]', 'quant-self[:FORMAT]' (a quantized "
-              "copy of the target drafting in its cache), 'hybrid[:D]' (n-gram, suffix and D) or 'none'")
-NUM_DRAFT = typer.Option(None, help="Max draft tokens per round K (default: "
-                         + ", ".join(f"{k} {v}" for k, v in DEFAULT_K.items()) + ")")
+MODEL = typer.Option(DEFAULT_MODEL, help=MODEL_HELP)
+NUM_DRAFT = typer.Option(None, help=NUM_DRAFT_HELP)
 TEMP = typer.Option(0.0, help="Sampling temperature (0: greedy)")
 TOP_P = typer.Option(0.0, help="Nucleus sampling threshold (0: off)")
 TOP_K = typer.Option(0, help="Top-k sampling (0: off)")
@@ -204,7 +198,7 @@ def serve(
 
 @app.command("draft-search")
 def draft_search(
-    target: str = typer.Option(DEFAULT_MODEL, help="Target: recipe, folder, .gguf or HF repo"),
+    target: str = typer.Option(DEFAULT_MODEL, help=MODEL_HELP),
     budget_minutes: float = typer.Option(60.0, help="Time the search may take; it ranks cheaply first to keep it"),
     calibration: Optional[Path] = typer.Option(None, help="Calibration prompts (passages split by two blank lines; "
                                                "default: the project's own)"),
@@ -272,35 +266,12 @@ def format_stats(s, drafting: bool = True) -> str:
     return "\n".join(lines)
 
 
-def bench_serve(
-    model: str = MODEL,
-    draft: str = typer.Option(DEFAULT_DRAFT, help=DRAFT_HELP + " (compared against none)"),
-    clients: str = typer.Option(",".join(map(str, DEFAULT_CLIENTS)), help="Comma list of concurrent client counts"),
-    max_tokens: int = typer.Option(SERVE_MAX_TOKENS, help="Max new tokens per request"),
-    repeats: int = typer.Option(SERVE_REPEATS, help="Cells per client count (fresh prompts each)"),
-    num_draft: Optional[int] = NUM_DRAFT,
-    out: str = typer.Option(DEFAULT_OUT, help="Folder for the run's JSON and markdown"),
-):
-    """Served throughput of N concurrent clients with the drafter on and off, as ratios from one run."""
-    from mlx_spec_apps.server.throughput import ThroughputSettings, run_throughput
-
-    _hint()
-    try:
-        counts = [int(x) for x in clients.split(",") if x.strip()]
-    except ValueError:
-        raise MlxSpecError(f"--clients must be comma-separated counts, got '{clients}'") from None
-    s = ThroughputSettings(model=model, draft=draft, clients=counts, max_tokens=max_tokens, repeats=repeats,
-                           num_draft=num_draft)
-    run = run_throughput(s, out, log=_log)
-    typer.echo(run.md_path.read_text())
-    _log(f"wrote {run.json_path} and {run.md_path}")
-
-
 def _mount_bench() -> None:
+    from mlx_spec_apps.server.bench_cli import register
+
     from .bench import app as bench_app
 
-    # The served-throughput bench drives the web app's server, a face above the bench package: it is added here.
-    bench_app.command("serve")(bench_serve)
+    register(bench_app)  # `bench serve` drives the web app's server, a face above the bench package
     app.add_typer(bench_app, name="bench", help="Benchmarks: speeds as ratios against a baseline in the same run.")
 
 

@@ -20,6 +20,13 @@ from .make.resolve import resolve
 DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "hybrid:qwen2.5-coder-0.5b"  # the README's main job
 DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime."
+# What the faces' --model, --draft and --num-draft accept: one wording for every command that takes them.
+MODEL_HELP = "Target: recipe, folder, .gguf or HF repo"
+DRAFT_HELP = ("Drafter: a model spec, 'ngram[:N]', 'suffix[:shared]' (the longest earlier match; shared: also in "
+              "this process's earlier outputs), 'self[:LAYERS|importance[:K]]', 'quant-self[:FORMAT]' (a quantized "
+              "copy of the target drafting in its cache), 'hybrid[:D]' (n-gram, suffix and D) or 'none'")
+NUM_DRAFT_HELP = ("Max draft tokens per round K (default: "
+                  + ", ".join(f"{k} {v}" for k, v in registry.DEFAULT_K.items()) + ")")
 
 Log = Callable[[str], None]
 

@@ -1,8 +1,13 @@
 """Tiny random models in HF format, made by the tests themselves: no downloads in CI."""
 
+import io
 import json
+import math
 import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import mlx_spec  # noqa: F401  (first: puts the fast BLAS under MLX)
@@ -133,3 +138,193 @@ def _isolated_home(tmp_path, monkeypatch):
     """Every test gets its own cache root, and never touches the user's."""
     monkeypatch.setenv("MLX_SPEC_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+# ---- Helpers the test files share ---------------------------------------------------------------------------
+
+PROMPTS = [
+    "def add(a, b):\n    return a + b\ndef sub(a, b):\n    return a - b\ndef add(a, b):\n",  # n-gram bait
+    "The quick brown fox",
+    "class Point:\n    def __init__(self, x, y):\n",
+]
+
+
+def plain_greedy(model, prompt, max_tokens, eos=()):
+    """Reference greedy decoding with mlx-lm's own generate_step (independent of our engine)."""
+    from mlx_lm.generate import generate_step
+
+    out = []
+    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens):
+        out.append(int(tok))
+        if int(tok) in eos:
+            break
+    return out
+
+
+def spec(model, prompt, drafter, **kw):
+    """Our engine's tokens for `prompt` with `drafter`, and its statistics (with the per-round trace)."""
+    from mlx_spec.gen.engine import Stats, speculative_generate_step
+
+    stats = kw.pop("stats", None) or Stats(trace=[])
+    toks = [s.token for s in speculative_generate_step(prompt, model, drafter, stats=stats, **kw)]
+    return toks, stats
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tiny_models):
+    """The tiny qwen2 target and its tokenizer, loaded once per test module."""
+    from mlx_spec.named import load_model
+
+    return load_model(str(tiny_models["qwen2"]))[:2]
+
+
+def run_cli(*args, env=None, timeout=300, **kw):
+    """The real `mlx-spec` command with `args` (env: set on top of this process's), its output captured."""
+    return subprocess.run([sys.executable, "-m", "mlx_spec.cli", *args], capture_output=True, text=True,
+                          env=dict(os.environ, **env) if env else None, timeout=timeout, **kw)
+
+
+def one_line_error(res) -> str:
+    """The one line a command that failed on bad input printed: exit 1, no traceback; its log lines aside."""
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    lines = [line for line in res.stderr.strip().splitlines() if not line.startswith(("[mlx-spec]", "[bench]"))]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    return lines[0]
+
+
+def provenance(folder) -> dict:
+    """What `convert` recorded of how it made `folder` (config.json's `mlx_spec`)."""
+    return json.loads((Path(folder) / "config.json").read_text())["mlx_spec"]
+
+
+class TtyStderr(io.StringIO):
+    """A stderr that says it is a terminal, so tqdm's disable=None shows the bars."""
+
+    def isatty(self):
+        return True
+
+
+@pytest.fixture(scope="module")
+def served_pair(tiny_models):
+    """The tiny target and draft as the server loads them."""
+    from mlx_spec_apps.server.pair import Pair
+
+    return Pair.load(str(tiny_models["qwen2"]), str(tiny_models["qwen2_draft"]))
+
+
+def health(srv) -> dict:
+    """A running server's /health."""
+    import httpx
+
+    return httpx.get(srv.url + "health", timeout=10).json()
+
+
+def wait_for(srv, check, timeout=30.0) -> dict:
+    """Poll /health until `check(health)` holds; return that health."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        h = health(srv)
+        if check(h):
+            return h
+        time.sleep(0.01)
+    raise AssertionError(f"/health never satisfied the check: {h}")
+
+
+# ---- The chi-square harness: the engine's samples against the target's exact law ----------------------------
+
+V = 4  # tiny vocabulary: V^3 = 64 cells for the joint law of the first three tokens
+SAMPLES = 2000
+N_TOKENS = 3  # max_tokens=3 lets the first round draft K=2: draft positions 1 and 2, then the bonus token
+PROMPT = [1, 3, 2]
+REPEATING = [1, 3, 2, 1, 3, 2, 1, 3]  # the context drafters' bait: they draft 2, 1 after it
+
+
+def randomized(model_class, args, seed, scale):
+    """A model of random weights (seeded), scaled so that its distributions are spread or peaked."""
+    from mlx.utils import tree_map
+
+    mx.random.seed(seed)
+    model = model_class(args)
+    model.update(tree_map(lambda w: w * scale, model.parameters()))
+    mx.eval(model.parameters())
+    return model
+
+
+def tiny(seed, scale, layers=1):
+    """A qwen2 of vocabulary V, for the exact law."""
+    from mlx_lm.models import qwen2
+
+    args = qwen2.ModelArgs(model_type="qwen2", hidden_size=32, num_hidden_layers=layers, intermediate_size=64,
+                           num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-6, vocab_size=V,
+                           rope_theta=10000.0, max_position_embeddings=64, tie_word_embeddings=True)
+    return randomized(qwen2.Model, args, seed, scale)
+
+
+def exact_joint(model, probs_fn, prompt=PROMPT):
+    """P(t1, t2, t3 | prompt) computed from the target's own distributions."""
+    def dist(ctx):
+        return probs_fn(model(mx.array(prompt + list(ctx))[None])[0, -1]).tolist()
+
+    joint = {}
+    p1 = dist(())
+    for a in range(V):
+        p2 = dist((a,))
+        for b in range(V):
+            p3 = dist((a, b))
+            for c in range(V):
+                joint[(a, b, c)] = p1[a] * p2[b] * p3[c]
+    return joint
+
+
+def chi_square_pvalue_ok(counts, joint, n, alpha=1e-3):
+    """Pearson chi-square against the exact law, cells with expectation < 5 pooled; True if not rejected."""
+    stat, df, pool_o, pool_e = 0.0, -1, 0, 0.0
+    for cell, p in joint.items():
+        e = p * n
+        if e < 5:
+            pool_o += counts.get(cell, 0)
+            pool_e += e
+            continue
+        stat += (counts.get(cell, 0) - e) ** 2 / e
+        df += 1
+    if pool_e > 0:
+        stat += (pool_o - pool_e) ** 2 / max(pool_e, 1e-9)
+        df += 1
+    # Wilson-Hilferty: chi2_df upper quantile at alpha; z(1e-3) = 3.09
+    z = 3.090232
+    crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+    return stat < crit, stat, crit
+
+
+def sample_pairs(fn, n):
+    counts = {}
+    for i in range(n):
+        mx.random.seed(1000 + i)
+        pair = tuple(fn())
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
+def spec_run(target, drafter, stats_seen, prompt=PROMPT, **kw):
+    """One speculative sample of N_TOKENS tokens with K=2; records how many draft positions were verified."""
+    from mlx_spec.gen.engine import Stats, speculative_generate_step
+
+    def run():
+        stats = Stats()
+        toks = [s.token for s in speculative_generate_step(prompt, target, drafter, max_tokens=N_TOKENS, num_draft=2,
+                                                           stats=stats, **{"adaptive": False, **kw})]
+        stats_seen.append(len(stats.proposed_by_position))
+        return toks
+    return run
+
+
+def check(target, drafter, kw, prompt=PROMPT, drafts=2, **engine):
+    """(chi-square ok, stat, crit) of the engine's samples against the exact law; asserts that the first round
+    drafted `drafts` positions (K=2) in every sample."""
+    from mlx_spec.gen.sampling import make_probs_fn
+
+    joint = exact_joint(target, make_probs_fn(**kw), prompt)
+    seen = []
+    counts = sample_pairs(spec_run(target, drafter, seen, prompt, **kw, **engine), SAMPLES)
+    assert min(seen) == max(seen) == drafts, "every sample must verify two draft positions (K > 1)"
+    return chi_square_pvalue_ok(counts, joint, SAMPLES)

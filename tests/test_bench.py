@@ -1,7 +1,9 @@
-"""Bench helpers: mlx-lm's acceptance rebuilt from its from_draft flags, and the prompt sets."""
+"""Bench helpers: mlx-lm's acceptance rebuilt from its from_draft flags, the prompt sets, and rounds priced."""
 
 from mlx_spec.bench.common import first_mismatch, rounds_from_flags
+from mlx_spec.bench import rounds
 from mlx_spec.bench.prompts import PROSE_QUESTIONS, build
+from mlx_spec.bench.results import SCHEMA, read_current
 
 T, F = True, False
 
@@ -37,8 +39,14 @@ class _Tok:
 
 
 def test_prompt_sets_are_interleaved():
-    prompts = build(_Tok(), 0, 0, n_prose=3)
-    assert [p.set for p in prompts] == ["prose"] * 3 and prompts[0].text == PROSE_QUESTIONS[0]
+    """One prompt of each set in turn, each set in its own order, so noise falls on all sets; a longer set's
+    rest comes last."""
+    prompts = build(_Tok(), 3, 2, n_prose=3, n_ptq=1)
+    assert [p.id for p in prompts] == ["HumanEval/0", "HumanEval/0:type-hints", "prose/0", "ptq/0",
+                                       "HumanEval/1", "HumanEval/1:rename", "prose/1",
+                                       "HumanEval/2", "prose/2"]
+    assert [p.set for p in prompts[:4]] == ["humaneval", "edit", "prose", "ptq"]
+    assert prompts[2].text == PROSE_QUESTIONS[0] and "def has_close_elements" in prompts[1].text
 
 
 def test_the_spec_benchmark_runs_every_drafter_kind_on_tiny_models(tiny_models, tmp_path):
@@ -58,3 +66,43 @@ def test_the_spec_benchmark_runs_every_drafter_kind_on_tiny_models(tiny_models, 
     configs = {r["config"] for r in data["records"]}
     assert configs == set(s.configs)
     assert all(r["identical"] for r in data["records"] if r["config"] != "plain")
+
+
+def _result(tmp_path):
+    """A result file of one target with a plain row, a hybrid row and mlx-lm's row (no trace) on two prompts."""
+    import json
+
+    rows = [{"key": f"t|{d}", "target": "t", "draft": d} for d in ("none", "hybrid:d", "mlx-lm-spec:d")]
+    plain = [["", 0, 0, s, 0.0, 0.0, 0] for s in (0.3, 0.5, 1.0)]  # median 0.5 (the mean would be 0.6)
+    drafted = [["suffix", 4, 3, 0.7, 0.1, 0.0, 0], ["", 0, 0, 0.5, 0.0, 0.0, 0], ["model", 3, 0, 0.6, 0.3, 0.0, 0]]
+    records = [{"row": f"t|{d}", "prompt": p, "set": s, "stats": {"trace": trace}}
+               for p, s in (("HumanEval/0", "humaneval"), ("prose/0", "prose"))
+               for d, trace in (("none", plain), ("hybrid:d", drafted), ("mlx-lm-spec:d", None))]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"schema": SCHEMA, "rows": rows, "records": records}))
+    return path
+
+
+def test_rounds_are_priced_against_the_median_plain_step(tmp_path):
+    """A drafted round saves (accepted + 1) plain steps less its verify and drafting time; a plain round one step."""
+    data = read_current(_result(tmp_path))
+    out = rounds.report(data)
+    want = "model 1r/1t -0.4s  plain 1r/1t +0.0s  suffix 1r/4t +1.2s"  # 0.5 - 0.9; 0.5 - 0.5; 4 * 0.5 - 0.8
+    assert f"| HumanEval/0 | hybrid:d | 0.500 | {want} |" in out and f"| prose/0 | hybrid:d | 0.500 | {want} |" in out
+    assert "| hybrid:d | model 2r/2t -0.8s  plain 2r/2t +0.0s  suffix 2r/8t +2.4s |" in out  # the row's totals
+    assert "mlx-lm-spec" not in out and "| none |" not in out  # no trace to price; the baseline itself
+    assert "prose/0" not in rounds.report(data, prompt_set="humaneval")
+    assert "hybrid:d" not in rounds.report(data, rows=["ngram"])
+
+
+def test_bench_report_rounds_on_the_command_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from mlx_spec.bench import app
+    from mlx_spec.errors import MlxSpecError
+
+    path = str(_result(tmp_path))
+    r = CliRunner().invoke(app, ["report", path, "--rounds", "--rows", "hybrid:d", "--set", "prose"])
+    assert r.exit_code == 0 and "| prose/0 | hybrid:d |" in r.stdout and "HumanEval/0" not in r.stdout
+    r = CliRunner().invoke(app, ["report", path, "--set", "prose"])
+    assert isinstance(r.exception, MlxSpecError) and "add --rounds" in str(r.exception)

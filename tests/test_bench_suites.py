@@ -7,22 +7,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import long_context
+from conftest import long_context, one_line_error, run_cli
 
-from mlx_spec.bench import runner, suite as suites
+from mlx_spec.bench import rounds, runner, suite as suites
 from mlx_spec.bench.results import SCHEMA, ResultError, ResultFile
 
 
 def cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "mlx_spec.cli", "bench", *args], capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def one_line_error(r) -> str:
-    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, r.stderr
-    return lines[0]
+    return run_cli("bench", *args, timeout=timeout)
 
 
 def suite_file(path: Path, target, drafts=("ngram",), **fields) -> Path:
@@ -278,6 +270,10 @@ def test_report_renders_a_result_again_from_its_records(target, tmp_path):
     r = cli("report", str(result.path), timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == written.strip() and "humaneval: over the target alone" in r.stdout
+    for rec in data["records"]:  # `--rounds` reads the traces as the run writes them: the last round reaches the end
+        made = [x.tokens for x in rounds.trace_rounds(rec)]  # (an EOS or max_tokens may cut it short)
+        assert sum(made[:-1]) < rec["n_tokens"] <= sum(made), rec["stats"]["trace"]
+    assert "| ngram |" in rounds.report(data)
     old = tmp_path / "old.json"
     old.write_text(json.dumps(dict(data, schema="mlx-spec.bench/0")))
     assert "this mlx-spec reads" in one_line_error(cli("report", str(old), timeout=120))

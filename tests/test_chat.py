@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import long_context
+from conftest import long_context, one_line_error, run_cli
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
 
@@ -121,15 +121,12 @@ def test_chat_in_a_terminal(tiny_models, tmp_path):
 
 def test_offline_recipe_draft_is_one_line(tiny_models):
     """`--draft tinyllama-int4` offline fails before loading anything: one line, why, and a pair that works."""
-    cmd = [sys.executable, "-m", "mlx_spec.cli", "chat", "--model", str(tiny_models["qwen2"]), "--draft", "tinyllama-int4"]
-    res = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                         env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=60)
-    assert res.returncode == 1
-    lines = [l for l in res.stderr.strip().splitlines() if not l.startswith("[mlx-spec]")]
-    assert len(lines) == 1, res.stderr
-    assert lines[0].startswith("error: --draft tinyllama-int4:") and "HF_HUB_OFFLINE" in lines[0]
-    assert f"a local pair that works: --model {tiny_models['qwen2']} --draft ngram" in lines[0]
-    assert "Traceback" not in res.stderr and res.stdout == ""
+    res = run_cli("chat", "--model", str(tiny_models["qwen2"]), "--draft", "tinyllama-int4", stdin=subprocess.DEVNULL,
+                  env={"HF_HUB_OFFLINE": "1"}, timeout=60)
+    line = one_line_error(res)
+    assert line.startswith("error: --draft tinyllama-int4:") and "HF_HUB_OFFLINE" in line
+    assert f"a local pair that works: --model {tiny_models['qwen2']} --draft ngram" in line
+    assert res.stdout == ""
 
 
 def test_piped_input_needs_no_terminal(tiny_models):

@@ -1,30 +1,16 @@
 """The CLI end to end: one-line errors with a non-zero exit, and the happy paths on tiny models."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-
-
-def run(*args, env=None):
-    e = dict(os.environ, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "mlx_spec.cli", *args], capture_output=True, text=True, env=e)
-
-
-def one_line_error(res, match):
-    assert res.returncode != 0
-    lines = [l for l in res.stderr.strip().splitlines() if not l.startswith("[mlx-spec]")]
-    assert len(lines) == 1 and lines[0].startswith("error:") and match in lines[0], res.stderr
-    assert "Traceback" not in res.stderr
+from conftest import make_model, one_line_error, run_cli
 
 
 def test_generate_plain_and_speculative_agree(tiny_models):
     outs = {}
     for draft in (None, "ngram", "self:2", str(tiny_models["qwen2_draft"]), "hybrid"):
         args = ["generate", "--model", str(tiny_models["qwen2"]), "--prompt", "def add(a, b):", "--max-tokens", "24"]
-        res = run(*args, *(["--draft", draft, "--verbose"] if draft else []))
+        res = run_cli(*args, *(["--draft", draft, "--verbose"] if draft else []))
         assert res.returncode == 0, res.stderr
         outs[draft] = res.stdout
         if draft:
@@ -34,25 +20,25 @@ def test_generate_plain_and_speculative_agree(tiny_models):
 
 def test_convert_cli_and_generate_from_result(tiny_models, tmp_path):
     out = tmp_path / "draft"
-    res = run("convert", str(tiny_models["qwen2"]), str(out), "--quantize", "int4", "--keep-layers", "2",
-              "--group-size", "32")
+    res = run_cli("convert", str(tiny_models["qwen2"]), str(out), "--quantize", "int4", "--keep-layers", "2",
+                  "--group-size", "32")
     assert res.returncode == 0, res.stderr
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["num_hidden_layers"] == 2 and cfg["quantization"]["bits"] == 4
-    assert run("generate", "--model", str(out), "--prompt", "x", "--max-tokens", "4").returncode == 0
-    one_line_error(run("convert", str(tiny_models["qwen2"]), str(out)), "already exists")
+    assert run_cli("generate", "--model", str(out), "--prompt", "x", "--max-tokens", "4").returncode == 0
+    assert "already exists" in one_line_error(run_cli("convert", str(tiny_models["qwen2"]), str(out)))
 
 
 def test_convert_cli_composes_the_draft_lab_methods(tiny_models, tmp_path):
     out = tmp_path / "lab"
-    res = run("convert", str(tiny_models["qwen2"]), str(out), "-q", "mxfp4", "--prune", "2:4", "--keep-layers", "2",
-              "--layer-pick", "importance", "--dtype", "float32")
+    res = run_cli("convert", str(tiny_models["qwen2"]), str(out), "-q", "mxfp4", "--prune", "2:4", "--keep-layers", "2",
+                  "--layer-pick", "importance", "--dtype", "float32")
     assert res.returncode == 0, res.stderr
     ops = json.loads((out / "config.json").read_text())["mlx_spec"]["operations"]
     assert [o["op"] for o in ops] == ["layer_drop", "dtype", "prune", "quantize"]
     assert ops[0]["pick"] == "importance" and ops[3]["mode"] == "mxfp4"
-    assert run("generate", "--model", str(out), "--prompt", "x", "--max-tokens", "4").returncode == 0
-    res = run("convert", str(tiny_models["qwen2"]), str(tmp_path / "gptq"), "-q", "gptq-int4", "--group-size", "32")
+    assert run_cli("generate", "--model", str(out), "--prompt", "x", "--max-tokens", "4").returncode == 0
+    res = run_cli("convert", str(tiny_models["qwen2"]), str(tmp_path / "gptq"), "-q", "gptq-int4", "--group-size", "32")
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == str(tmp_path / "gptq")  # mlx-lm's prints and bars stay out of pipes and logs
     assert "Quantizing" not in res.stderr and "Hessians" not in res.stderr
@@ -75,26 +61,20 @@ def test_convert_cli_composes_the_draft_lab_methods(tiny_models, tmp_path):
     (["generate", "--model", "/nonexistent/model.gguf"], "not found"),
 ])
 def test_bad_input_is_one_line(tiny_models, tmp_path, args, match):
-    import sys as _sys
-    from pathlib import Path
-
-    _sys.path.insert(0, str(Path(__file__).parent))
-    from conftest import make_model
-
     subs = {"SRC": str(tiny_models["qwen2"]), "OUT": str(tmp_path / "out"), "MODEL": str(tiny_models["qwen2"])}
     if "OTHER" in args:
         subs["OTHER"] = str(make_model(tmp_path / "other", "qwen2", seed=9, layers=1, tokenizer_size=300))
-    one_line_error(run(*[subs.get(a, a) for a in args]), match)
+    assert match in one_line_error(run_cli(*[subs.get(a, a) for a in args]))
     assert not (tmp_path / "out").exists()
 
 
 def test_prompt_longer_than_context(tiny_models):
-    res = run("generate", "--model", str(tiny_models["qwen2"]), "--prompt", "def add(a, b): " * 400, "--no-chat")
-    one_line_error(res, "context")
+    res = run_cli("generate", "--model", str(tiny_models["qwen2"]), "--prompt", "def add(a, b): " * 400, "--no-chat")
+    assert "context" in one_line_error(res)
 
 
 def test_models_lists_recipes():
-    res = run("models")
+    res = run_cli("models")
     assert res.returncode == 0
     for name in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "gemma-3-270m", "tinyllama-int4", "llama-2-7b-int8"):
         assert name in res.stdout

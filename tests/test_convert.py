@@ -5,6 +5,7 @@ import shutil
 
 import mlx.core as mx
 import pytest
+from conftest import provenance
 from mlx_lm.utils import load
 
 from mlx_spec.make import layers, resolve as conv
@@ -14,10 +15,6 @@ from mlx_spec.errors import ConvertError, SourceError, UnsupportedError
 def logits(folder, tokens=(1, 2, 3, 4)):
     model, _ = load(str(folder))
     return model(mx.array(tokens)[None])[0, -1]
-
-
-def provenance(folder):
-    return json.loads((folder / "config.json").read_text())["mlx_spec"]
 
 
 def test_float32_round_trip(tiny_models, tmp_path):

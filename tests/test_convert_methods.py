@@ -5,6 +5,7 @@ import shutil
 
 import mlx.core as mx
 import pytest
+from conftest import provenance
 from mlx.utils import tree_flatten
 from mlx_lm.utils import load
 
@@ -13,10 +14,6 @@ from mlx_spec.make import importance, resolve as conv
 from mlx_spec.make.convert import draft_methods
 from mlx_spec.make.prune import block_mask, nm_mask, parse_prune, unstructured_mask
 from mlx_spec.make.quant import FP_MODES, nf4_codebook, nf4_roundtrip, parse_quantize
-
-
-def provenance(folder):
-    return json.loads((folder / "config.json").read_text())["mlx_spec"]
 
 
 def block_weights(model):

@@ -10,7 +10,7 @@ from mlx_spec.gen.drafters.self_draft import SelfDrafter
 from mlx_spec.gen.registry import build, head_ids
 from mlx_spec.named import load_model
 
-from test_speculative import PROMPTS, plain_greedy, spec
+from conftest import PROMPTS, plain_greedy, spec
 
 
 @pytest.fixture(scope="module")

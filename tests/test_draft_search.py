@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import one_line_error
 
 from mlx_spec.bench import draft_search as ds
 from mlx_spec.make.recipes import write_user_recipe
@@ -216,4 +217,4 @@ def test_cli(tiny_models, home, tmp_path):
     assert data["kind"] == "draft-search" and data["candidates"] and data["prompts"] == ["HumanEval/0"]
     bad = subprocess.run([sys.executable, "-m", "mlx_spec.cli", "draft-search", "--target", "/no/such/model"],
                          capture_output=True, text=True, env=env)
-    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].startswith("error:")
+    one_line_error(bad)

@@ -2,11 +2,9 @@
 
 import json
 
-import mlx.core as mx
 import pytest
-from conftest import make_model
+from conftest import make_model, plain_greedy
 from mlx_lm import load
-from mlx_lm.generate import generate_step
 
 from mlx_spec.errors import ConvertError
 from mlx_spec.make.layers import keep_layer_indices, kept_config
@@ -50,8 +48,7 @@ def attention_types(model) -> list:
 
 def generate(model, tokenizer, n: int = 6) -> list:
     """n greedy tokens after a prompt longer than the sliding window, so the rotating caches wrap."""
-    prompt = mx.array(tokenizer.encode("def add(a, b):\n    return a + b\nfor i in range(10):\n"))
-    return [tok for (tok, _), _ in zip(generate_step(prompt, model, max_tokens=n), range(n))]
+    return plain_greedy(model, tokenizer.encode("def add(a, b):\n    return a + b\nfor i in range(10):\n"), n)
 
 
 @pytest.mark.parametrize("arch,keep,layers", [(a, k, l) for a, cases in DROPS.items() for k, l in cases])

@@ -1,20 +1,13 @@
 """Progress: one bar per long making step on a terminal, nothing at all when stderr is not a terminal."""
 
-import io
 import sys
 
 import pytest
+from conftest import TtyStderr
 from test_gguf import write_tiny_gguf
 
 from mlx_spec.make.gguf_weights import gguf_to_hf
 from mlx_spec.make.resolve import convert
-
-
-class Terminal(io.StringIO):
-    """A stderr that says it is a terminal, so tqdm's disable=None shows the bars."""
-
-    def isatty(self):
-        return True
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +21,7 @@ def test_conversion_is_silent_off_a_terminal_and_shows_one_bar_on_one(tiny_model
     convert(str(tiny_models["qwen2"]), tmp_path / "quiet", dtype="float32", quantize=4, keep_layers=2)
     err = capfd.readouterr().err
     assert "converting" not in err and "step" not in err, err
-    monkeypatch.setattr(sys, "stderr", Terminal())
+    monkeypatch.setattr(sys, "stderr", TtyStderr())
     convert(str(tiny_models["qwen2"]), tmp_path / "shown", dtype="float32", quantize=4, keep_layers=2)
     shown = sys.stderr.getvalue()
     assert "converting qwen2" in shown and "4/4" in shown, shown
@@ -39,7 +32,7 @@ def test_dequantization_is_silent_off_a_terminal_and_shows_one_bar_on_one(tiny_g
     gguf_to_hf(tiny_gguf, tmp_path / "quiet")
     err = capfd.readouterr().err
     assert "dequantizing" not in err and "tensor" not in err, err
-    monkeypatch.setattr(sys, "stderr", Terminal())
+    monkeypatch.setattr(sys, "stderr", TtyStderr())
     (tmp_path / "shown").mkdir()
     gguf_to_hf(tiny_gguf, tmp_path / "shown")
     shown = sys.stderr.getvalue()

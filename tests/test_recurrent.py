@@ -17,9 +17,7 @@ from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.session import Session
 from mlx_spec.named import load_model
 
-from conftest import make_model
-from test_sampling import V, check, randomized, tiny
-from test_speculative import PROMPTS, plain_greedy, spec
+from conftest import PROMPTS, V, check, make_model, plain_greedy, randomized, spec, tiny
 
 ARCHS = ("qwen3_next", "mamba2")
 # A prompt that stops inside a repeat, so the suffix drafter (which needs a match of 2+ tokens) drafts too.

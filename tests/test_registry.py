@@ -1,90 +1,140 @@
-"""Drafter specs: parsing, defaults defined once, clear errors, and a self drafter that never changes the shared target."""
+"""Drafter specs as the faces use them: what a spec builds and the K it drafts, one-line errors that name the
+problem, and a self drafter that never changes the shared target."""
 
 import pytest
+from conftest import plain_greedy, spec
 
 from mlx_spec.errors import GenerationError
 from mlx_spec.gen import registry
-from mlx_spec.gen.drafters import model as model_drafter, ngram, suffix
-from mlx_spec.gen.drafters.self_draft import SelfDrafter
 from mlx_spec.gen.engine import speculative_generate_step
-from mlx_spec.named import load_model
+from mlx_spec.named import load_model, make_drafter
+
+# A prompt that stops inside a repeat: every kind of drafter finds something to draft.
+REPEAT = "def add(a, b):\n    return a + b\ndef sub(a, b):\n    return a - b\ndef add(a, b):\n    return a"
+SPECS = ["ngram", "ngram:3", "suffix", "suffix:shared", "self", "self:0-1,3", "self:importance:2", "quant-self:int8",
+         "hybrid", "hybrid:quant-self:int8", "org/draft", "hybrid:org/draft"]
+
+
+class Loaded(dict):
+    """The models already in memory, by spec, noting which specs a drafter asked for."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.asked = []
+
+    def __contains__(self, name):
+        self.asked.append(name)
+        return super().__contains__(name)
 
 
 @pytest.fixture(scope="module")
-def target(tiny_models):
-    model, tok, _ = load_model(str(tiny_models["qwen2"]))
-    return model, tok
+def loaded(tiny_models):
+    """The tiny draft model under a hub-like name, as if already loaded: no download, no resolving."""
+    return {"org/draft": load_model(str(tiny_models["qwen2_draft"]))[:2]}
 
 
-@pytest.mark.parametrize("spec,kind,arg", [
-    (None, "none", ""), ("", "none", ""), ("none", "none", ""), ("ngram", "ngram", ""), ("ngram:3", "ngram", "3"), ("self", "self", ""),
-    ("self:14", "self", "14"), ("self:0-3,7", "self", "0-3,7"), ("hybrid", "hybrid", ""),
-    ("hybrid:qwen2.5-coder-0.5b", "hybrid", "qwen2.5-coder-0.5b"), ("hybrid:self:2", "hybrid", "self:2"),
-    ("./models/draft", "model", "./models/draft"), ("org/name", "model", "org/name"),
-    ("quant-self", "quant-self", ""), ("quant-self:mxfp4", "quant-self", "mxfp4"), ("suffix", "suffix", ""),
-    ("hybrid:quant-self:int8", "hybrid", "quant-self:int8"), ("suffix:shared", "suffix", "shared"),
-])
-def test_parse(spec, kind, arg):
-    s = registry.parse(spec)
-    assert (s.kind, s.arg) == (kind, arg)
+def build(spec_text, tiny_target, loaded=None, **kw):
+    model, tok = tiny_target
+    return make_drafter(spec_text, model, tok, loaded=loaded, **kw)
 
 
-@pytest.mark.parametrize("spec,match", [("hybrid:ngram", "fall back"), ("hybrid:hybrid", "fall back"),
+@pytest.mark.parametrize("text", SPECS + ["qwen2.5-coder-0.5b", "./models/draft", "hybrid:self:2"])
+def test_a_spec_reads_back_as_written(text):
+    """What a table or a title prints for a spec is the spec the user wrote, and it parses to the same drafter."""
+    s = registry.parse(text)
+    assert str(s) == text and registry.parse(str(s)) == s
+
+
+@pytest.mark.parametrize("text", [None, "", "none", "off"])
+def test_no_drafter_means_plain_decoding(tiny_target, text):
+    assert str(registry.parse(text)) == "none" and build(text, tiny_target) is None
+
+
+@pytest.mark.parametrize("text", SPECS)
+def test_every_spec_builds_a_drafter_that_drafts_losslessly(tiny_target, loaded, text):
+    """Each spec gives a drafter that really drafts (K fixed) and keeps plain greedy's output;
+    a model spec, alone or inside a hybrid, is the model of that name."""
+    model, tok = tiny_target
+    names = Loaded(loaded)
+    drafter = build(text, tiny_target, names)
+    prompt = tok.encode(REPEAT)
+    out, stats = spec(model, prompt, drafter, max_tokens=40, adaptive=False)
+    assert out == plain_greedy(model, prompt, 40) and stats.proposed > 0
+    assert names.asked == (["org/draft"] if "org/draft" in text else [])
+
+
+@pytest.mark.parametrize("kind", ["ngram", "suffix", "self", "quant-self", "hybrid"])
+def test_each_kinds_default_k_reaches_the_engine(tiny_target, kind):
+    """Given no K, the longest round drafts the kind's default, the one `--num-draft`'s help names."""
+    model, tok = tiny_target
+    drafter = build(kind, tiny_target)
+    _, stats = spec(model, tok.encode(REPEAT), drafter, max_tokens=60, adaptive=False)
+    assert len(stats.proposed_by_position) == registry.DEFAULT_K[kind]
+
+
+@pytest.mark.parametrize("text", ["ngram", "suffix", "hybrid:org/draft"])
+def test_num_draft_caps_every_round(tiny_target, loaded, text):
+    """--num-draft reaches the engine by one road, and bounds every round of every source."""
+    model, tok = tiny_target
+    drafter = build(text, tiny_target, loaded)
+    _, stats = spec(model, tok.encode(REPEAT), drafter, max_tokens=40, num_draft=3, adaptive=False)
+    assert len(stats.proposed_by_position) == 3
+
+
+@pytest.mark.parametrize("text,match", [("hybrid:ngram", "fall back"), ("hybrid:hybrid", "fall back"),
                                         ("self:", "nothing after"), ("hybrid:none", "fall back"),
                                         ("ngram:1", "N must be"), ("ngram:x", "N must be"), ("ngram:", "N must be"),
                                         ("ngram:17", "N must be"), ("hybrid:ngram:3", "fall back"),
                                         ("quant-self:", "nothing after"), ("hybrid:suffix", "fall back"),
                                         ("suffix:x", "takes ':shared'"), ("suffix:", "takes ':shared'")])
-def test_parse_errors(spec, match):
+def test_a_bad_spec_is_one_line_naming_it(tiny_target, text, match):
+    """Parsing refuses it, and so does building, before any model is looked for."""
+    with pytest.raises(GenerationError, match=match) as e:
+        registry.parse(text)
+    assert "\n" not in str(e.value) and text.split(":", 1)[1] in str(e.value)
+    names = Loaded()
     with pytest.raises(GenerationError, match=match):
-        registry.parse(spec)
-
-
-def test_default_k_lives_in_one_place():
-    assert registry.DEFAULT_K == {"model": model_drafter.DEFAULT_K, "self": model_drafter.DEFAULT_K,
-                                  "quant-self": model_drafter.DEFAULT_K, "ngram": ngram.DEFAULT_K,
-                                  "suffix": suffix.DEFAULT_K, "hybrid": suffix.DEFAULT_K}
-    for spec, kind in (("ngram", "ngram"), ("hybrid:x", "hybrid"), ("self:3", "self"), ("some/model", "model"),
-                       ("quant-self:int8", "quant-self")):
-        assert registry.default_num_draft(spec) == registry.DEFAULT_K[kind]
+        build(text, tiny_target, names)
+    assert names.asked == []
 
 
 @pytest.mark.parametrize("layers,match", [("9", "between 1 and"), ("0-9", "distinct indices"), ("a-b", "'K', 'a-b'"),
-                                          ("1,1", "distinct"), ("0", "between 1 and"), ("-1", "'K', 'a-b'|distinct")])
-def test_self_layers_grammar_errors(target, layers, match):
-    model, tok = target
+                                          ("1,1", "distinct"), ("0", "between 1 and"), ("-1", "'K', 'a-b'|distinct"),
+                                          ("importance:9", "K must be")])
+def test_self_layers_grammar_errors(tiny_target, layers, match):
     with pytest.raises(GenerationError, match=match) as e:
-        registry.build(f"self:{layers}", model, tok)
-    assert str(e.value).startswith(f"self:{layers}")
+        build(f"self:{layers}", tiny_target)
+    assert "\n" not in str(e.value) and f"self:{layers}" in str(e.value)
 
 
-def test_self_layers_grammar(target):
-    model, tok = target
-    assert registry.build("self:2", model, tok).layers == [0, 3]
-    assert registry.build("self:0-1,3", model, tok).layers == [0, 1, 3]
-    assert registry.build("self", model, tok).layers == [0, 3]  # half of 4 layers, evenly spaced
-    assert registry.build("hybrid", model, tok).fallback.layers == [0, 3]
+def test_self_layers_grammar(tiny_target):
+    """self:K keeps K blocks evenly spaced, the first and the last among them; self:LIST keeps those; self and
+    a hybrid's default fallback keep half."""
+    assert build("self:2", tiny_target).layers == [0, 3]
+    assert build("self:0-1,3", tiny_target).layers == [0, 1, 3]
+    assert build("self", tiny_target).layers == [0, 3]  # half of 4 blocks
+    assert build("hybrid", tiny_target).parts[-1].layers == [0, 3]
 
 
-@pytest.mark.parametrize("kw,match", [(dict(num_draft=0), "num-draft"), (dict(min_confidence=1.5), "min-confidence")])
-def test_build_option_errors(target, kw, match):
-    model, tok = target
-    with pytest.raises(GenerationError, match=match):
-        registry.build("ngram", model, tok, **kw)
+def test_a_bad_num_draft_is_one_line(tiny_target):
+    model, tok = tiny_target
+    with pytest.raises(GenerationError, match="num-draft") as e:
+        spec(model, tok.encode(REPEAT), build("ngram", tiny_target), num_draft=0)
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("kw,match", [(dict(top_p=1.5), "top-p"), (dict(top_p=-0.1), "top-p"), (dict(top_k=-1), "top-k"),
                                       (dict(max_tokens=-1), "max-tokens"), (dict(num_draft=-2), "num-draft"),
                                       (dict(temp=-1.0), "temp")])
-def test_bad_sampling_options(target, kw, match):
-    model, tok = target
+def test_bad_sampling_options(tiny_target, kw, match):
+    model, tok = tiny_target
     with pytest.raises(GenerationError, match=match):
         list(speculative_generate_step(tok.encode("def add"), model, None, **kw))
 
 
-def test_self_drafter_never_changes_the_shared_target(target):
+def test_self_drafter_never_changes_the_shared_target(tiny_target):
     """While the self drafter runs its layers, the target (which another request may be running) keeps all of its own."""
-    model, tok = target
+    model, tok = tiny_target
     full = list(model.model.layers)
     seen = []
     layer = full[0]
@@ -95,7 +145,7 @@ def test_self_drafter_never_changes_the_shared_target(target):
             seen.append(len(model.model.layers))
             return cls.__call__(self, *a, **kw)
 
-    drafter = SelfDrafter(model, [0, 3], model.args.vocab_size, min_confidence=0.0)
+    drafter = build("self:2", tiny_target)
     layer.__class__ = Spy
     try:
         steps = list(speculative_generate_step(tok.encode("def add(a, b):"), model, drafter, num_draft=3,
@@ -104,31 +154,25 @@ def test_self_drafter_never_changes_the_shared_target(target):
         layer.__class__ = cls
     assert len(steps) == 10 and seen  # layer 0 ran, in draft and verify passes
     assert set(seen) == {len(full)}  # and at no time was the target's layer list cut
-    assert list(model.model.layers) == full and len(drafter.model.layers) == 2
+    assert list(model.model.layers) == full
 
 
-def test_ngram_n_sets_the_longest_ngram(target):
-    model, tok = target
-    d = registry.build("ngram:3", model, tok, num_draft=4)
-    assert (d.n, d.k, d.min_n) == (3, 4, 2)
-    assert registry.build("ngram", model, tok).n == ngram.DEFAULT_N
+def test_ngram_n_sets_the_longest_ngram(tiny_target):
+    assert build("ngram:3", tiny_target).n == 3
 
 
-def test_quant_self_builds_from_a_spec_and_refuses_a_quantized_target(target, tiny_models, tmp_path):
+def test_quant_self_builds_from_a_spec_and_refuses_a_quantized_target(tiny_target, tiny_models, tmp_path):
     from mlx_spec.make import resolve
 
-    model, tok = target
-    d = registry.build("hybrid:quant-self:int8", model, tok)
-    assert d.fallback.name == "quant-self" and d.fallback.format == "int8"
+    d = build("hybrid:quant-self:int8", tiny_target)
+    assert d.parts[-1].name == "quant-self" and d.parts[-1].format == "int8"
     q = resolve.convert(tiny_models["qwen2"], tmp_path / "q8", quantize=8, group_size=32, dtype="float32")
-    qmodel, qtok, _ = load_model(str(q))
     with pytest.raises(GenerationError, match="already quantized"):
-        registry.build("quant-self", qmodel, qtok)
+        build("quant-self", load_model(str(q))[:2])
 
 
-def test_suffix_shared_uses_the_process_memory(target):
+def test_suffix_shared_drafts_from_the_process_memory(tiny_target):
     from mlx_spec.gen.drafters.suffix import PROCESS_MEMORY
 
-    model, tok = target
-    assert registry.build("suffix:shared", model, tok).memory is PROCESS_MEMORY
-    assert registry.build("suffix", model, tok).memory is None
+    assert build("suffix:shared", tiny_target).memory is PROCESS_MEMORY
+    assert build("suffix", tiny_target).memory is None

@@ -1,13 +1,11 @@
 """Speculative sampling keeps the target's distribution: a chi-square test that a broken rule fails."""
 
-import math
-
 import mlx.core as mx
 import pytest
+from conftest import (N_TOKENS, PROMPT, REPEATING, SAMPLES, V, check, chi_square_pvalue_ok, exact_joint,
+                      sample_pairs, tiny)
 from mlx_lm.generate import generate_step
-from mlx_lm.models import qwen2
 from mlx_lm.sample_utils import make_sampler
-from mlx.utils import tree_map
 
 from mlx_spec.gen import verify
 from mlx_spec.gen.drafters.base import Draft, Drafter
@@ -17,80 +15,12 @@ from mlx_spec.gen.drafters.ngram import NGramDrafter
 from mlx_spec.gen.drafters.quant_self import QuantSelfDrafter
 from mlx_spec.gen.drafters.self_draft import SelfDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
-from mlx_spec.gen.engine import Stats, speculative_generate_step
 from mlx_spec.gen.sampling import make_probs_fn
-
-V = 4  # tiny vocabulary: V^3 = 64 cells for the joint law of the first three tokens
-SAMPLES = 2000
-N_TOKENS = 3  # max_tokens=3 lets the first round draft K=2: draft positions 1 and 2, then the bonus token
-PROMPT = [1, 3, 2]
-REPEATING = [1, 3, 2, 1, 3, 2, 1, 3]  # the context drafters' bait: they draft 2, 1 after it
-
-
-def randomized(model_class, args, seed, scale):
-    """A model of random weights (seeded), scaled so that its distributions are spread or peaked."""
-    mx.random.seed(seed)
-    model = model_class(args)
-    model.update(tree_map(lambda w: w * scale, model.parameters()))
-    mx.eval(model.parameters())
-    return model
-
-
-def tiny(seed, scale, layers=1):
-    args = qwen2.ModelArgs(model_type="qwen2", hidden_size=32, num_hidden_layers=layers, intermediate_size=64,
-                           num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-6, vocab_size=V,
-                           rope_theta=10000.0, max_position_embeddings=64, tie_word_embeddings=True)
-    return randomized(qwen2.Model, args, seed, scale)
 
 
 @pytest.fixture(scope="module")
 def pair():
     return tiny(1, 3.0), tiny(0, 1.5)  # a spread target and a draft that disagrees with it
-
-
-def exact_joint(model, probs_fn, prompt=PROMPT):
-    """P(t1, t2, t3 | prompt) computed from the target's own distributions."""
-    def dist(ctx):
-        return probs_fn(model(mx.array(prompt + list(ctx))[None])[0, -1]).tolist()
-
-    joint = {}
-    p1 = dist(())
-    for a in range(V):
-        p2 = dist((a,))
-        for b in range(V):
-            p3 = dist((a, b))
-            for c in range(V):
-                joint[(a, b, c)] = p1[a] * p2[b] * p3[c]
-    return joint
-
-
-def chi_square_pvalue_ok(counts, joint, n, alpha=1e-3):
-    """Pearson chi-square against the exact law, cells with expectation < 5 pooled; True if not rejected."""
-    stat, df, pool_o, pool_e = 0.0, -1, 0, 0.0
-    for cell, p in joint.items():
-        e = p * n
-        if e < 5:
-            pool_o += counts.get(cell, 0)
-            pool_e += e
-            continue
-        stat += (counts.get(cell, 0) - e) ** 2 / e
-        df += 1
-    if pool_e > 0:
-        stat += (pool_o - pool_e) ** 2 / max(pool_e, 1e-9)
-        df += 1
-    # Wilson-Hilferty: chi2_df upper quantile at alpha; z(1e-3) = 3.09
-    z = 3.090232
-    crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-    return stat < crit, stat, crit
-
-
-def sample_pairs(fn, n):
-    counts = {}
-    for i in range(n):
-        mx.random.seed(1000 + i)
-        pair = tuple(fn())
-        counts[pair] = counts.get(pair, 0) + 1
-    return counts
 
 
 class ConstantDrafter(Drafter):
@@ -100,27 +30,6 @@ class ConstantDrafter(Drafter):
 
     def propose(self, context, k, probs_fn=None):
         return Draft([0] * k, source=self.name)
-
-
-def spec_run(target, drafter, stats_seen, prompt=PROMPT, **kw):
-    """One speculative sample of N_TOKENS tokens with K=2; records how many draft positions were verified."""
-    def run():
-        stats = Stats()
-        toks = [s.token for s in speculative_generate_step(prompt, target, drafter, max_tokens=N_TOKENS, num_draft=2,
-                                                           stats=stats, **{"adaptive": False, **kw})]
-        stats_seen.append(len(stats.proposed_by_position))
-        return toks
-    return run
-
-
-def check(target, drafter, kw, prompt=PROMPT, drafts=2, **engine):
-    """(chi-square ok, stat, crit) of the engine's samples against the exact law; asserts that the first round
-    drafted `drafts` positions (K=2) in every sample."""
-    joint = exact_joint(target, make_probs_fn(**kw), prompt)
-    seen = []
-    counts = sample_pairs(spec_run(target, drafter, seen, prompt, **kw, **engine), SAMPLES)
-    assert min(seen) == max(seen) == drafts, "every sample must verify two draft positions (K > 1)"
-    return chi_square_pvalue_ok(counts, joint, SAMPLES)
 
 
 SETTINGS = [dict(temp=1.0), dict(temp=0.7, top_k=3), dict(temp=1.3, top_p=0.9)]

@@ -5,11 +5,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import openai
 import pytest
+from conftest import one_line_error, run_cli, wait_for
 
 from mlx_spec_apps.server.app import build_app
 from mlx_spec_apps.server.main import Running
@@ -20,13 +20,8 @@ HI = [{"role": "user", "content": "def add(a, b):"}]
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_models):
-    return Pair.load(str(tiny_models["qwen2"]), str(tiny_models["qwen2_draft"]))
-
-
-@pytest.fixture(scope="module")
-def server(pair):
-    with Running(build_app(pair, max_concurrency=2, max_tokens=MAX_TOKENS)) as srv:
+def server(served_pair):
+    with Running(build_app(served_pair, max_concurrency=2, max_tokens=MAX_TOKENS)) as srv:
         yield srv
 
 
@@ -39,17 +34,6 @@ def stream_chat(client, **kw):
     chunks = list(client.chat.completions.create(model="tiny", stream=True, **kw))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     return chunks, text
-
-
-def wait_for(srv, check, timeout=30.0):
-    """Poll /health until `check(health)` holds; return that health."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        h = httpx.get(srv.url + "health").json()
-        if check(h):
-            return h
-        time.sleep(0.01)
-    raise AssertionError(f"/health never satisfied the check: {h}")
 
 
 def test_models_lists_the_pair(client, tiny_models):
@@ -107,10 +91,10 @@ def test_stop_strings_cut_the_reply_where_they_start(client):
         assert chunks[-1].choices[0].finish_reason == "stop"
 
 
-def test_seeded_sampling_repeats_whatever_runs_beside_it(pair):
+def test_seeded_sampling_repeats_whatever_runs_beside_it(served_pair):
     # Plain decoding draws once per token; with a drafter the draws follow the (timed, adaptive) draft
     # lengths, so a seed repeats only as far as they do, as OpenAI's own seed is best effort.
-    plain = Pair(pair.model_spec, None, pair.target, pair.tokenizer)
+    plain = Pair(served_pair.model_spec, None, served_pair.target, served_pair.tokenizer)
     with Running(build_app(plain, max_concurrency=2, max_tokens=12)) as srv:
         client = openai.OpenAI(base_url=srv.url + "v1", api_key="unused", max_retries=0, timeout=60)
         kw = dict(model="tiny", messages=HI, temperature=1.0, top_p=0.9)
@@ -172,8 +156,8 @@ def test_bad_input_gets_400s_with_openai_error_bodies_while_a_generation_runs(cl
     assert httpx.get(server.url + "health").json()["failed"] == 0
 
 
-def test_api_key_guards_v1_but_not_the_page_while_a_generation_runs(pair):
-    with Running(build_app(pair, api_key="sekret", max_concurrency=1, max_tokens=4)) as srv:
+def test_api_key_guards_v1_but_not_the_page_while_a_generation_runs(served_pair):
+    with Running(build_app(served_pair, api_key="sekret", max_concurrency=1, max_tokens=4)) as srv:
         good = openai.OpenAI(base_url=srv.url + "v1", api_key="sekret", max_retries=0)
         alone = good.chat.completions.create(model="tiny", messages=HI, max_tokens=200).choices[0].message.content
         during = {}
@@ -223,8 +207,5 @@ def test_mlx_spec_serve_prints_its_url_once_it_listens_and_stops_on_ctrl_c(tiny_
     ("--max-tokens", "0", "--max-tokens must be at least 1"),
 ])
 def test_mlx_spec_serve_refuses_bad_options_in_one_line(tiny_models, option, value, message):
-    cmd = [sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(tiny_models["qwen2"]), "--draft", "none",
-           option, value]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == f"error: {message}, got {value}"
-    assert "Traceback" not in r.stderr
+    r = run_cli("serve", "--model", str(tiny_models["qwen2"]), "--draft", "none", option, value, timeout=60)
+    assert one_line_error(r) == f"error: {message}, got {value}"

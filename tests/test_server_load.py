@@ -7,7 +7,7 @@ import time
 
 import httpx
 import openai
-import pytest
+from conftest import health, wait_for
 
 from mlx_spec_apps.server.app import build_app
 from mlx_spec_apps.server.main import Running
@@ -34,28 +34,9 @@ class Slow:
         return getattr(self._model, name)
 
 
-@pytest.fixture(scope="module")
-def pair(tiny_models):
-    return Pair.load(str(tiny_models["qwen2"]), str(tiny_models["qwen2_draft"]))
-
-
 def slow_pair(pair, draft, pause=0.02):
     """The same target, slowed, with a drafter that has no weights of its own to slow down."""
     return Pair(pair.model_spec, draft, Slow(pair.target, pause), pair.tokenizer)
-
-
-def health(srv) -> dict:
-    return httpx.get(srv.url + "health", timeout=10).json()
-
-
-def wait_for(srv, check, timeout=30.0) -> dict:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        h = health(srv)
-        if check(h):
-            return h
-        time.sleep(0.01)
-    raise AssertionError(f"/health never satisfied the check: {h}")
 
 
 def ask(url, prompt, stream, max_tokens=24):
@@ -68,8 +49,8 @@ def ask(url, prompt, stream, max_tokens=24):
     return r.choices[0].message.content
 
 
-def test_eight_concurrent_clients_each_get_their_lone_output(pair):
-    with Running(build_app(pair, max_concurrency=4, max_tokens=24)) as srv:
+def test_eight_concurrent_clients_each_get_their_lone_output(served_pair):
+    with Running(build_app(served_pair, max_concurrency=4, max_tokens=24)) as srv:
         alone = [ask(srv.url, p, stream=False) for p in PROMPTS]
         results, errors = {}, []
 
@@ -94,8 +75,8 @@ def test_eight_concurrent_clients_each_get_their_lone_output(pair):
         assert ask(srv.url, PROMPTS[0], stream=True) == alone[0]  # still healthy afterwards
 
 
-def test_a_full_queue_answers_429_and_the_running_requests_finish(pair):
-    with Running(build_app(slow_pair(pair, None), max_concurrency=1, max_queue=1, max_tokens=40)) as srv:
+def test_a_full_queue_answers_429_and_the_running_requests_finish(served_pair):
+    with Running(build_app(slow_pair(served_pair, None), max_concurrency=1, max_queue=1, max_tokens=40)) as srv:
         done = {}
         first = threading.Thread(target=lambda: done.update(a=ask(srv.url, PROMPTS[0], False, 40)))
         first.start()
@@ -115,8 +96,8 @@ def test_a_full_queue_answers_429_and_the_running_requests_finish(pair):
         assert (h["completed"], h["rejected"], h["active"], h["queued"]) == (2, 1, 0, 0)
 
 
-def test_a_client_that_disconnects_stops_its_generation_within_one_round_and_frees_its_caches(pair):
-    with Running(build_app(slow_pair(pair, "ngram"), max_concurrency=2, max_tokens=400)) as srv:
+def test_a_client_that_disconnects_stops_its_generation_within_one_round_and_frees_its_caches(served_pair):
+    with Running(build_app(slow_pair(served_pair, "ngram"), max_concurrency=2, max_tokens=400)) as srv:
         body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[2]}], "stream": True,
                 "max_tokens": 400}
         with httpx.Client(timeout=30) as http:

@@ -1,10 +1,8 @@
 """`mlx-spec bench serve`: concurrent clients against two real servers (drafter on and off), ratios from one run."""
 
 import json
-import subprocess
-import sys
 
-from conftest import long_context
+from conftest import long_context, one_line_error, run_cli
 
 from mlx_spec_apps.server.throughput import ThroughputSettings, run_throughput
 
@@ -32,11 +30,21 @@ def test_served_throughput_reports_every_cell_and_identical_replies(tiny_models,
 
 
 def test_bench_serve_refuses_a_run_without_a_drafter_in_one_line(tiny_models):
-    cmd = [sys.executable, "-m", "mlx_spec.cli", "bench", "serve", "--model", str(tiny_models["qwen2"]),
-           "--draft", "none"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert r.stderr.strip().splitlines()[-1] == "error: --draft must name a drafter: the run compares it against none"
+    r = run_cli("bench", "serve", "--model", str(tiny_models["qwen2"]), "--draft", "none", timeout=60)
+    assert one_line_error(r) == "error: --draft must name a drafter: the run compares it against none"
+
+
+def test_bench_serve_is_mounted_under_the_bench_with_its_options():
+    """The command lives with the server it drives (apps/server/bench_cli.py); `mlx-spec bench` lists it."""
+    from typer.testing import CliRunner
+
+    from mlx_spec.cli import app
+
+    r = CliRunner().invoke(app, ["bench", "serve", "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0
+    for option in ("--model", "--draft", "--clients", "--max-tokens", "--repeats", "--num-draft", "--out"):
+        assert option in r.stdout
+    assert "Served throughput" in CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"}).stdout
 
 
 def test_every_client_count_sends_the_same_mix_of_prompt_kinds(tiny_models):

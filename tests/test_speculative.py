@@ -5,8 +5,8 @@ import time
 
 import mlx.core as mx
 import pytest
+from conftest import PROMPTS, plain_greedy, spec
 from mlx.utils import tree_flatten
-from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_spec.errors import GenerationError, UnsupportedError
@@ -23,29 +23,6 @@ from mlx_spec.gen.load import check_tokenizers
 from mlx_spec.gen.planner import Plan, Planner
 from mlx_spec.gen.stream import generate
 from mlx_spec.named import load_model, make_drafter
-
-PROMPTS = [
-    "def add(a, b):\n    return a + b\ndef sub(a, b):\n    return a - b\ndef add(a, b):\n",  # n-gram bait
-    "The quick brown fox",
-    "class Point:\n    def __init__(self, x, y):\n",
-]
-
-
-def plain_greedy(model, prompt, max_tokens, eos=()):
-    """Reference greedy decoding with mlx-lm's own generate_step (independent of our engine)."""
-    out = []
-    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens):
-        out.append(int(tok))
-        if int(tok) in eos:
-            break
-    return out
-
-
-def spec(model, prompt, drafter, **kw):
-    stats = kw.pop("stats", None) or Stats(trace=[])
-    toks = [s.token for s in speculative_generate_step(prompt, model, drafter, stats=stats, **kw)]
-    return toks, stats
-
 
 class ScriptedDrafter(Drafter):
     """Proposes a known continuation, optionally corrupted: a drafter we control exactly (a free source)."""

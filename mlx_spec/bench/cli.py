@@ -142,13 +142,31 @@ def compare(a: str = typer.Argument(..., help="Result JSON of the first run (A)"
 
 
 @app.command()
-def report(result: str = typer.Argument(..., help="A result JSON of `bench run` (finished, interrupted or running)")):
+def report(
+    result: str = typer.Argument(..., help="A result JSON of `bench run` (finished, interrupted or running)"),
+    rounds: bool = typer.Option(False, help="Instead: the time each drafting source saved or lost against plain "
+                                "steps, priced from the records' per-round traces"),
+    rows: Optional[str] = typer.Option(None, help="With --rounds: only these rows (comma list of drafter labels, "
+                                       "e.g. hybrid:qwen2.5-coder-0.5b,suffix)"),
+    prompt_set: Optional[str] = typer.Option(None, "--set", help="With --rounds: only the prompts of this set "
+                                             "(humaneval, edit, prose)"),
+):
     """A result file's markdown tables as this mlx-spec makes them, from its records: for a run still going,
     or one written by an older version. Prints them; the files are left as they are."""
+    from ..errors import MlxSpecError
     from .results import read_current
-    from .table import render
 
-    typer.echo(render(read_current(result)))
+    if not rounds and (rows or prompt_set):
+        raise MlxSpecError("--rows and --set choose what --rounds prices: add --rounds")
+    data = read_current(result)
+    if rounds:
+        from .rounds import report as priced
+
+        typer.echo(priced(data, rows=_list(rows or ""), prompt_set=prompt_set))
+    else:
+        from .table import render
+
+        typer.echo(render(data))
 
 
 @app.command("ngram-cost")

@@ -1,0 +1,47 @@
+"""`mlx-spec bench serve`: the served-throughput bench's command. It drives the server, a face above the bench
+package, so it lives here, and the layer above both adds it to the bench's commands with `register`."""
+
+from typing import Optional
+
+import typer
+
+from mlx_spec import blas
+from mlx_spec.bench.common import DEFAULT_OUT
+from mlx_spec.errors import MlxSpecError
+from mlx_spec.named import DEFAULT_DRAFT, DEFAULT_MODEL, DRAFT_HELP, MODEL_HELP, NUM_DRAFT_HELP
+
+from .defaults import DEFAULT_CLIENTS, SERVE_MAX_TOKENS, SERVE_REPEATS
+
+
+def _log(msg: str) -> None:
+    typer.echo(f"[bench] {msg}", err=True)
+
+
+def serve(
+    model: str = typer.Option(DEFAULT_MODEL, help=MODEL_HELP),
+    draft: str = typer.Option(DEFAULT_DRAFT, help=DRAFT_HELP + " (compared against none)"),
+    clients: str = typer.Option(",".join(map(str, DEFAULT_CLIENTS)), help="Comma list of concurrent client counts"),
+    max_tokens: int = typer.Option(SERVE_MAX_TOKENS, help="Max new tokens per request"),
+    repeats: int = typer.Option(SERVE_REPEATS, help="Cells per client count (fresh prompts each)"),
+    num_draft: Optional[int] = typer.Option(None, help=NUM_DRAFT_HELP),
+    out: str = typer.Option(DEFAULT_OUT, help="Folder for the run's JSON and markdown"),
+):
+    """Served throughput of N concurrent clients with the drafter on and off, as ratios from one run."""
+    from .throughput import ThroughputSettings, run_throughput
+
+    if hint := blas.hint():
+        typer.echo(hint, err=True)
+    try:
+        counts = [int(x) for x in clients.split(",") if x.strip()]
+    except ValueError:
+        raise MlxSpecError(f"--clients must be comma-separated counts, got '{clients}'") from None
+    s = ThroughputSettings(model=model, draft=draft, clients=counts, max_tokens=max_tokens, repeats=repeats,
+                           num_draft=num_draft)
+    run = run_throughput(s, out, log=_log)
+    typer.echo(run.md_path.read_text())
+    _log(f"wrote {run.json_path} and {run.md_path}")
+
+
+def register(bench: typer.Typer) -> None:
+    """Add `serve` to the bench's commands (`mlx_spec.bench.app`); `mlx_spec.cli` calls it when it mounts the bench."""
+    bench.command("serve")(serve)
