@@ -19,7 +19,10 @@ WITHIN = 0.05  # "ours matches mlx-lm" means a speed ratio within 5% of 1
 
 
 def git_revision() -> Optional[str]:
-    """The code's git revision ("-dirty" when the package differs from it); None outside a git checkout."""
+    """The code's git revision ("-dirty" when the package differs from it); outside a git checkout (a copy of the
+    tree on another machine) MLX_SPEC_REVISION if set, else None."""
+    if os.environ.get("MLX_SPEC_REVISION"):
+        return os.environ["MLX_SPEC_REVISION"]
     try:
         here = Path(__file__).parent
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here,
@@ -55,9 +58,24 @@ def machine_info() -> dict:
         "mlx_lm": mlx_lm.__version__,
         "mlx_spec": __version__,
         "mlx_device": str(mx.default_device()),
+        "gpu": nvidia_gpu(),
+        "cudnn_sdpa": os.environ.get("MLX_CUDA_USE_CUDNN_SDPA"),  # mlx_spec.backend turns it off unless set
         "git_rev": rev,
         "loadavg_start": os.getloadavg(),  # other work on the machine skews every timing
     }
+
+
+def nvidia_gpu() -> Optional[str]:
+    """'NVIDIA H100 80GB HBM3, driver 580.159.04' where nvidia-smi answers (MLX's CUDA backend), else None."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not out:
+        return None
+    name, _, driver = out[0].partition(", ")
+    return f"{name}, driver {driver}"
 
 
 def cpu_name() -> str:
@@ -320,6 +338,7 @@ def machine_line(m: dict) -> str:
     return (f"{m.get('cpu') or m['machine']}, {m['cpu_count']} CPUs ({m['machine']}), "
             + (f"{m['memory_gb']:.0f} GB memory, " if m.get("memory_gb") else "")
             + f"BLAS {m['blas_status']}"
-            f"{' ' + m['blas_path'] if m.get('blas_path') else ''}, MLX {m['mlx']} ({m['mlx_device']}), "
+            f"{' ' + m['blas_path'] if m.get('blas_path') else ''}, MLX {m['mlx']} ({m['mlx_device']}"
+            f"{', ' + m['gpu'] if m.get('gpu') else ''}), "
             f"mlx-lm {m['mlx_lm']}, mlx-spec {m['mlx_spec']} @ {m['git_rev']}; load average at start "
             f"{m['loadavg_start'][0]:.2f}, at the last write {m.get('loadavg_end', [float('nan')])[0]:.2f}")

@@ -42,7 +42,7 @@ def costs(model, sizes=(2, 3, 4, 6, 8, 12, 16)) -> dict:
     from ..gen.engine import Stats, speculative_generate_step
     from ..gen.shapes import warm
 
-    warm(model)
+    warm(model, (1, CONTEXT, *sizes))
     prompt = list(range(1, CONTEXT + 1))
 
     def plain():
