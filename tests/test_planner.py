@@ -177,3 +177,15 @@ def test_not_adaptive_always_drafts_the_most_from_the_first_source():
     assert p.plan({"ngram": 3, "model": 15}, 100) == Plan("ngram", 3, 4)
     assert p.plan({}, 100) == Plan()
     assert p.plan({"model": 15}, 0) == Plan()
+
+
+def test_a_stall_does_not_inflate_the_plain_step_and_turn_a_losing_drafter_on():
+    """A GPU host stalls now and then (a plain step timed at 10x its usual): the baseline stays what a step costs,
+    and a drafter that loses against it stays off."""
+    p = Planner(15)
+    m = Machine(draft={"quant-self": STEP * 2}, accept={"quant-self": 0.9})
+    m.run(p, {"quant-self": 15}, 20)
+    for _ in range(3):
+        p.record(Plan(), 0, 0, STEP * 10)
+    assert p.plain_step() == pytest.approx(STEP)
+    assert sum(x.k > 0 for x in m.run(p, {"quant-self": 15}, 50)) <= 3

@@ -24,11 +24,13 @@ out also judges, as it catches up, the output it missed (`hindsight`), so one pr
 done over all of it.
 """
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Collection, Dict, List, Optional, Sequence
+from typing import Collection, Deque, Dict, List, Optional, Sequence
 
 from .tunables import (CATCH_UP_HORIZON, DISCOUNT, EMA, FIRST_PRIOR, MARGIN, PRIOR_ACCEPT, PRIOR_TRIALS,
-                       PROBE_BUDGET, PROBE_MIN, SIZES)
+                       PROBE_BUDGET, PROBE_MIN, SIZES, TIMINGS)
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ class Planner:
     adaptive: bool = True
     pad: bool = False
     costs: Dict[int, float] = field(default_factory=dict)  # seconds per round verified at a size (1: a plain step)
-    timed: Dict[int, int] = field(default_factory=dict)  # timings behind each cost
+    timed: Dict[int, Deque[float]] = field(default_factory=dict)  # the latest timings behind each cost
     sources: Dict[str, SourceStats] = field(default_factory=dict)
 
     def stats(self, source: str) -> SourceStats:
@@ -225,9 +227,11 @@ class Planner:
         return max(0.0, self.round_cost(source, 1, behind, tokens, horizon) - tokens / rate)
 
     def _time(self, size: int, seconds: float) -> None:
-        n = self.timed[size] = self.timed.get(size, 0) + 1
-        w = max(EMA, 1.0 / n)  # the first few timings are averaged: one slow first pass must not stand for many
-        self.costs[size] = (1 - w) * self.costs.get(size, seconds) + w * seconds
+        """A cost is the median of the size's latest TIMINGS rounds: a stall (a round several times the usual, seen
+        on a GPU host) moves it by nothing, and a plain step timed high does not keep a losing drafter on."""
+        samples = self.timed.setdefault(size, deque(maxlen=TIMINGS))
+        samples.append(seconds)
+        self.costs[size] = statistics.median(samples)
 
     def record(self, plan: Plan, proposed: int, accepted: int, seconds: float, behind: int = 0,
                warm: bool = True, free: bool = True) -> None:

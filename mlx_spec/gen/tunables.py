@@ -11,7 +11,8 @@ PREFILL_STEP = 512  # prompt tokens per forward pass: bounds attention scratch m
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # the verify sizes a round may run at: few shapes, so each is built once
 
 # The planner (statistics of measured timings and acceptance)
-EMA = 0.3  # weight of the newest timing: follows a change within a few rounds, smooths one-off stalls
+EMA = 0.3  # weight of the newest round in a draft model's cost fit: follows a change within a few rounds
+TIMINGS = 9  # a verify size's cost is the median of its latest 9 rounds: 4 stalls in a row move it by nothing
 PRIOR_ACCEPT = 0.6  # acceptance assumed before any measurement: optimistic, so every source gets tried
 PRIOR_TRIALS = 2.0  # ... worth this many judged draft tokens: two rounds of evidence outweigh it
 DISCOUNT = 0.8  # per round, the weight of older acceptance counts: the estimate follows the last ~5 rounds
