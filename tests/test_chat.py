@@ -95,7 +95,7 @@ def test_chat_in_a_terminal(tiny_models, tmp_path):
 
         term.type("/stats")
         s = term.wait(lambda s: prompts(s) == 4, what="/stats")
-        assert "acceptance by draft position" in s and "verify" in after(s, "/stats")
+        assert "acceptance by draft position" in s and "waiting on the device" in after(s, "/stats")
         new, total = map(int, re.search(r"\((\d+) new of (\d+) tokens\)", after(s, "/stats")).groups())
         assert new < total, "the second turn prefilled the whole conversation again"
 
