@@ -1,6 +1,17 @@
-"""GGUF -> HF conversion: tiny llama/qwen2/gemma3 GGUFs written the way llama.cpp does, converted back."""
+"""GGUF -> HF conversion: tiny llama/qwen2/gemma3 GGUFs written the way llama.cpp does, converted back.
 
+The tokenizer tests against another transformers than the installed one, laid over the venv:
+
+    pip install --no-deps --target /tmp/tf-5.17 transformers==5.17.0 huggingface-hub==1.33.0
+    pip install --no-deps --target /tmp/tf-4.57 transformers==4.57.6 tokenizers==0.22.2 huggingface-hub==0.36.2
+    PYTHONPATH=/tmp/tf-5.17 python -m pytest -q tests/test_gguf.py -k tokenizer  # or /tmp/tf-4.57
+
+(tests/test_real_golden.py -k alone does the same on the real vocabularies.)
+"""
+
+import contextlib
 import json
+import logging
 import re
 
 import mlx.core as mx
@@ -29,6 +40,11 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
 # K-quants and Q5_0 as random-but-valid block bytes.
 QTYPES = [Q.F32, Q.Q8_0, Q.Q4_K, Q.Q4_0, Q.Q5_0, Q.Q6_K, Q.F16, Q.Q5_K, Q.BF16, Q.Q8_0]
 F16_FIELDS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q5_0: (0,)}  # byte offsets of fp16 scales
+# transformers checks a tokenizer for Mistral's broken regex only above this many tokens, and in
+# 4.57.2-5.22 warns "incorrect regex pattern" when the folder's config.json has no
+# "transformers_version"; 4.57.3-4.57.6 also warn when it names a 4.x above 4.57.2.
+MISTRAL_CHECK_VOCAB = 100_000
+REGEX_WARNING = "incorrect regex pattern"
 
 
 def permute(w, n_head, n_head_kv):
@@ -92,11 +108,16 @@ def train_tokenizer(kind):
     return dict(tokens=tokens, merges=merges, ctrl=ctrl, user=user, ref=ref)
 
 
-def add_tokenizer_metadata(w, kind, tk, chat_template):
+def add_tokenizer_metadata(w, kind, tk, chat_template, pad_vocab_to=0):
+    """The tokenizer keys llama.cpp writes; pad_vocab_to appends unreachable filler tokens (no
+    merge makes them) up to that many, for a large vocabulary behind a tiny model."""
     tokens, types = list(tk["tokens"]), []
     for t in tokens:
         types.append(3 if t in tk["ctrl"] else 6 if re.fullmatch(r"<0x[0-9A-F]{2}>", t) and kind != "gpt2"
                      else 4 if t in tk["user"] else 1)
+    filler = max(0, pad_vocab_to - len(tokens))
+    tokens += [f"filler{i}" for i in range(filler)]
+    types += [1] * filler
     if kind == "gpt2":
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("qwen2")
@@ -171,7 +192,7 @@ def encode(w2d, qtype, rng):
 
 
 def write_tiny_gguf(path, arch, *, seed=0, tied=None, chat_template=True, rope_freqs=False,
-                    qtypes=QTYPES, extra_kv=None):
+                    qtypes=QTYPES, extra_kv=None, pad_vocab_to=0):
     """Random HF-named weights -> GGUF the way llama.cpp writes it.
 
     Returns (config, reference weights as the GGUF holds them, qtypes, tokenizer, original weights).
@@ -216,7 +237,7 @@ def write_tiny_gguf(path, arch, *, seed=0, tied=None, chat_template=True, rope_f
         w.add_sliding_window(cfg["sliding_window"])
     template = {"gpt2": CHATML, "llama": "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] "
                 "{{ m['content'] }}\n{% endfor %}", "gemma": None}[kind] if chat_template else None
-    add_tokenizer_metadata(w, kind, tk, template)
+    add_tokenizer_metadata(w, kind, tk, template, pad_vocab_to)
     if extra_kv:
         extra_kv(w, tk)
     name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], cfg["num_hidden_layers"])
@@ -357,6 +378,67 @@ def test_tokenizer_round_trip_and_matches_reference(cases, arch):
     files = {p.name for p in c["folder"].iterdir()}
     assert {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
             "generation_config.json", "config.json"} <= files
+
+
+@contextlib.contextmanager
+def transformers_log():
+    """The messages transformers logs at WARNING and above inside the block (its logger does not
+    propagate to pytest's caplog, and TRANSFORMERS_VERBOSITY could silence it)."""
+    log, messages = logging.getLogger("transformers"), []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.WARNING)
+    try:
+        yield messages
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+
+
+def regex_warning_expected(stamped: bool) -> bool:
+    """Whether the installed transformers warns on a rebuilt folder with (or without) the
+    "transformers_version" stamp in config.json (see MISTRAL_CHECK_VOCAB)."""
+    import transformers
+    from packaging.version import Version
+
+    v = Version(transformers.__version__)
+    if stamped:
+        return Version("4.57.3") <= v < Version("5.0")
+    return Version("4.57.2") <= v < Version("5.23")
+
+
+def regex_warned(folder) -> bool:
+    """Whether loading the tokenizer in `folder` logs transformers' "incorrect regex pattern" warning."""
+    from transformers import AutoTokenizer
+
+    with transformers_log() as messages:
+        AutoTokenizer.from_pretrained(str(folder))
+    return any(REGEX_WARNING in m for m in messages)
+
+
+def test_tokenizer_with_big_vocab_loads_without_regex_warning(tmp_path):
+    """A Qwen-sized vocabulary: config.json names the transformers that wrote the files, so its
+    Mistral-regex check passes (except in 4.57.3-4.57.6, which fail their own saves); the ids are
+    the reference's. Without the stamp exactly the affected versions warn: the log is really read."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    path, out = tmp_path / "big.gguf", tmp_path / "out"
+    _, _, _, tk, _ = write_tiny_gguf(path, "qwen2", pad_vocab_to=MISTRAL_CHECK_VOCAB + 100)
+    out.mkdir()
+    gguf_to_hf(path, out)
+    config = json.loads((out / "config.json").read_text())
+    assert config["transformers_version"] == transformers.__version__
+    assert regex_warned(out) == regex_warning_expected(stamped=True)
+    tok = AutoTokenizer.from_pretrained(str(out))
+    assert len(tok) > MISTRAL_CHECK_VOCAB
+    for s in SAMPLES + CORPUS[:6]:
+        assert tok.encode(s) == tk["ref"].encode(s, add_special_tokens=False).ids, s
+    del config["transformers_version"]
+    (out / "config.json").write_text(json.dumps(config))
+    assert regex_warned(out) == regex_warning_expected(stamped=False)
 
 
 def test_special_tokens_and_chat_templates(cases):

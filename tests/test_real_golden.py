@@ -4,6 +4,11 @@ The goldens in tests/golden/*.json come from tests/golden/make_golden.py (transf
 float32); this test needs neither. Each golden's .gguf is looked for where its recipe assembles
 it (`mlx-spec fetch <recipe>`: ~/.cache/mlx-spec/sources/<recipe>/<file>.gguf, or under
 $MLX_SPEC_HOME); a model whose file is absent is skipped, naming the file.
+
+`-k alone` checks the rebuilt tokenizer without converting the weights (seconds), so it also runs
+under another transformers laid over the venv, as tests/test_gguf.py's docstring shows:
+
+    PYTHONPATH=/tmp/tf-5.17 python -m pytest -q tests/test_real_golden.py -k alone
 """
 
 import json
@@ -15,6 +20,7 @@ import pytest
 
 from mlx_spec.make import recipes
 from mlx_spec.make.resolve import recipe_source_path
+from test_gguf import regex_warned, regex_warning_expected
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 # Read at import, before conftest points MLX_SPEC_HOME at a per-test temporary folder.
@@ -61,6 +67,20 @@ def converted(request, tmp_path_factory):
     return golden, model, tok
 
 
+@pytest.fixture(scope="module", params=MODELS)
+def rebuilt(request, tmp_path_factory):
+    """(golden dict, folder) for one model: what gguf_to_hf writes, its weights left out."""
+    import mlx_spec.make.gguf_weights as g
+
+    golden = json.loads((GOLDEN / f"{request.param}.json").read_text())
+    path = find_gguf(golden["gguf_file"])
+    out = tmp_path_factory.mktemp(request.param + "-tokenizer")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(g, "_write_weights", lambda *args: None)
+        g.gguf_to_hf(path, out)
+    return golden, out
+
+
 def first_greedy_miss(model, ids: list[int], want: list[int]) -> tuple[int, list[int]]:
     """Where plain greedy decoding from `ids` first leaves `want`, and the argmax tokens, from ONE forward pass
     over ids + want (teacher forcing): while greedy's tokens equal want's, its context at step i is exactly
@@ -80,14 +100,12 @@ def required_prefix(margins: list[float], gguf_file: str) -> int:
     return next((i for i, m in enumerate(margins) if m < tie), len(margins))
 
 
-def test_tokenizations_match_golden(converted):
-    golden, _, tok = converted
+def check_tokenizations(golden, tok):
     for case in golden["tokenizations"]:
         assert tok.encode(case["text"]) == case["ids"], repr(case["text"])
 
 
-def test_prompt_ids_match_golden(converted):
-    golden, _, tok = converted
+def check_prompt_ids(golden, tok):
     for p in golden["prompts"]:
         if p["kind"] == "chat":
             msgs = [{"role": "user", "content": p["message"]}]
@@ -96,6 +114,28 @@ def test_prompt_ids_match_golden(converted):
             assert tok.encode(text, add_special_tokens=False) == p["ids"]
         else:
             assert tok.encode(p["text"]) == p["ids"]
+
+
+def test_tokenizations_match_golden(converted):
+    golden, _, tok = converted
+    check_tokenizations(golden, tok)
+
+
+def test_prompt_ids_match_golden(converted):
+    golden, _, tok = converted
+    check_prompt_ids(golden, tok)
+
+
+def test_rebuilt_tokenizer_alone_matches_golden(rebuilt):
+    """transformers' own AutoTokenizer on the rebuilt folder: the golden ids, and no "incorrect
+    regex pattern" warning where the config.json stamp can prevent it."""
+    from transformers import AutoTokenizer
+
+    golden, folder = rebuilt
+    assert regex_warned(folder) == regex_warning_expected(stamped=True)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    check_tokenizations(golden, tok)
+    check_prompt_ids(golden, tok)
 
 
 def test_greedy_tokens_match_golden(converted):

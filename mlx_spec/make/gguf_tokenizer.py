@@ -152,7 +152,9 @@ def _chat_template(info: GGUFFile, vocab: set[str]) -> str | None:
 
 def write_tokenizer(info: GGUFFile, out_dir: Path, cfg: dict) -> dict:
     """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json for `info` into
-    out_dir. Returns {"eos_token_ids": [...], "chat_template": str | None}."""
+    out_dir. Returns {"eos_token_ids": [...], "chat_template": str | None,
+    "transformers_version": str}, the last for config.json (see the comment at the end)."""
+    import transformers
     from tokenizers import AddedToken, Tokenizer, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -232,4 +234,9 @@ def write_tokenizer(info: GGUFFile, out_dir: Path, cfg: dict) -> dict:
         i = ids.get(t)
         if i is not None and types[i] == _CONTROL and t in vocab_set and i not in eos_ids:
             eos_ids.append(i)
-    return {"eos_token_ids": eos_ids, "chat_template": template}
+    # transformers 4.57.2-5.22 warn "incorrect regex pattern" on loading a local tokenizer of over
+    # 100k tokens whose config.json lacks "transformers_version", taking it for a Mistral one saved
+    # before their regex fix. Ours has llama.cpp's regexes; stamping the version that wrote these
+    # files, as save_pretrained does, passes that check from 5.0 on (the ids do not change).
+    return {"eos_token_ids": eos_ids, "chat_template": template,
+            "transformers_version": transformers.__version__}

@@ -276,6 +276,7 @@ def gguf_to_hf(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> dict:
     plan = _plan_tensors(info, info.architecture)
     tok = write_tokenizer(info, out_dir, cfg)  # before weights: a bad vocab fails fast
     _write_weights(info, plan, cfg, out_dir, dtype)
+    cfg["transformers_version"] = tok["transformers_version"]
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
     gen = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": tok["eos_token_ids"]}
     if cfg.get("pad_token_id") is not None:

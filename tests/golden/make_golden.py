@@ -3,7 +3,7 @@
 Independent reference for tests/test_real_golden.py: transformers dequantizes the GGUF and
 builds its tokenizer itself (no mlx_spec code involved), then we greedy-decode in float32.
 
-    pip install torch==2.13.0          # reference only; never a runtime dependency
+    pip install torch==2.13.0 'transformers>=5.18'  # reference only; never a runtime dependency
     mlx-spec fetch qwen2.5-coder-1.5b  # assembles the recipe's .gguf in the cache
     python tests/golden/make_golden.py [--dir FOLDER] [model-stem ...]
 
@@ -20,6 +20,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 NEW_TOKENS = 32
+# Older GGUF loaders cut user-defined tokens (<tool_call>, <|fim_prefix|>, ...) into pieces.
+MIN_TRANSFORMERS = "5.18"
 
 MODELS = {
     "qwen2.5-coder-1.5b-instruct-q4_k_m": "chat",
@@ -140,6 +142,12 @@ def main():
     ap.add_argument("--dir", type=Path, help="folder holding the .gguf files (default: each recipe's cache folder)")
     ap.add_argument("models", nargs="*", default=list(MODELS))
     args = ap.parse_args()
+    import transformers
+    from packaging.version import Version
+
+    if Version(transformers.__version__) < Version(MIN_TRANSFORMERS):
+        sys.exit(f"make_golden.py: transformers {transformers.__version__} < {MIN_TRANSFORMERS} "
+                 "tokenizes GGUF user-defined tokens wrongly")
     for stem in args.models:
         folder = args.dir or recipe_folder(stem)
         if folder is None or not (folder / f"{stem}.gguf").is_file():
