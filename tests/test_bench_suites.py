@@ -403,3 +403,57 @@ def params_total(m):
     from mlx.utils import tree_flatten
 
     return sum(v.nbytes for _, v in tree_flatten(m.parameters()))
+
+
+def test_the_overhead_rows_on_a_random_model_with_mlx_lm_and_the_rounds_table(tmp_path):
+    """`random:tiny` is built into the cache once; mlx-lm's plain loop is a row; every row of ours reports what its
+    rounds cost, one read of the device a round, and a prediction from its rounds beside the measured speed-up."""
+    path = suite_file(tmp_path / "ov.toml", "random:tiny", drafts=("mlx-lm", "suffix", "self"), max_tokens=12, repeats=1)
+    result = runner.run_suite(str(path), str(tmp_path / "runs"))
+    data = json.loads(result.path.read_text())
+    rows = {e["draft"]: e for e in data["summary"]}
+    assert rows["mlx-lm"]["identical"] == rows["mlx-lm"]["compared"] == 3 and not rows["mlx-lm"].get("rounds")
+    for draft in ("none", "suffix", "self"):
+        r = rows[draft]["rounds"]
+        assert r["syncs_per_round"] == 1.0 and 0 < r["host_ms_per_round"] <= r["ms_per_round"]
+    assert rows["suffix"]["predicted_speedup"] > 0 and rows["suffix"]["decode_speedup"] > 0
+    md = result.md_path.read_text()
+    assert "host ms/round" in md and "| random:tiny float32 | mlx-lm" in md
+    again = runner.run_suite(str(path), str(tmp_path / "runs2"), model="random:tiny")  # --model: the same rows
+    assert {e["draft"] for e in json.loads(again.path.read_text())["summary"]} == set(rows)
+
+
+def test_a_row_may_fix_k_and_a_bad_k_is_one_line(tmp_path, target):
+    path = suite_file(tmp_path / "k.toml", target, drafts=("ngram K=3", "suffix"))
+    s = suites.load(str(path))
+    assert s.rows(s.targets[0]) == [{"draft": "ngram", "k": 3}, {"draft": "suffix"}]
+    bad = suite_file(tmp_path / "bad.toml", target, drafts=("ngram K=0",))
+    with pytest.raises(suites.SuiteError, match="K must be an integer >= 1"):
+        suites.load(str(bad))
+
+
+def test_predict_measures_the_pair_and_predicts_each_target(tmp_path):
+    """The pair's acceptance by position, its costs and its speed-up at the predicted best K (and with the planner
+    choosing); every other target's costs; a table that says which rows are predictions only."""
+    path = tmp_path / "predict.toml"
+    path.write_text('description = "t"\nkind = "predict"\nmax_tokens = 12\nprompts = { humaneval = 1, edit = 1 }\n'
+                    '[[targets]]\nmodel = "random:tiny"\ndrafts = ["random:tiny"]\n'
+                    '[[targets]]\nmodel = "random:tiny@int8"\n')
+    result = runner.run_suite(str(path), str(tmp_path / "runs"))
+    d = json.loads(result.path.read_text())["predict"]
+    assert d["acceptance"][:3] == [1.0, 1.0, 1.0]  # the target drafting for itself
+    assert set(d["targets"]) == {"random:tiny", "random:tiny@int8"} and d["pair"]["best_k"] >= 1
+    assert d["pair"]["measured_speedup"] > 0 and d["pair"]["planner_speedup"] > 0
+    md = result.md_path.read_text()
+    assert "predicted only" in md and f"at K = {d['pair']['best_k']}" in md
+
+
+def test_random_shapes_are_one_line_errors_where_unknown_and_only_small_ones_are_folders():
+    from mlx_spec.errors import SourceError
+    from mlx_spec.make import random
+
+    assert random.shape("qwen2.5-coder-0.5b") is None and random.shape("random:qwen2.5-7b") == "qwen2.5-7b"
+    with pytest.raises(SourceError, match="unknown random shape 'nope'"):
+        random.shape("random:nope")
+    with pytest.raises(SourceError, match="bench run predict"):
+        random.folder("qwen2.5-7b")

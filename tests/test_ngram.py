@@ -113,7 +113,7 @@ def test_chains_through_its_own_draft():
     assert d.propose([10, 11, 12, 13, 10], 6).tokens == [11, 12, 13, 10, 11, 12]
 
 
-def test_feedback_records_stats_and_leaves_trusted_levels_alone():
+def test_learning_records_stats_and_leaves_trusted_levels_alone():
     d = NGramDrafter()
     d.reset([1, 2, 1, 2])
     before = d.propose([1, 2, 1, 2], 7).tokens

@@ -71,7 +71,7 @@ class Suite:
     top_p: float = 0.0
     top_k: int = 0
     num_draft: Optional[int] = None
-    adaptive: bool = True  # the policy picks each round's length; false: always K (what a K sweep measures)
+    adaptive: bool = True  # the planner picks each round's length; false: always K (what a K sweep measures)
     sweeps: List[Tuple[Tuple[int, ...], Tuple[int, ...]]] = field(default_factory=list)  # ngram: (K values, N values)
     ks: Tuple[int, ...] = ()  # compression: the fixed K of each row
     methods: Tuple[str, ...] = ()  # compression: convert's draft methods to measure (default: all of them)

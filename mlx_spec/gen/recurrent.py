@@ -21,8 +21,8 @@ from typing import List, Optional
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
-MAX_CALLS = 64  # calls kept per layer: more than a round needs (K draft passes of a self draft + the verify)
-MAX_RECORD = 256  # a longer call (a prefill chunk) is not kept: trimming into it reports failure
+from .tunables import RECURRENT_CALLS as MAX_CALLS, RECURRENT_RECORD as MAX_RECORD
+
 # (mixer, norm) attribute pairs of recurrent blocks in mlx-lm: qwen3_next / qwen3_5, mamba / mamba2, lfm2.
 MIXERS = (("linear_attn", "input_layernorm"), ("mixer", "norm"), ("conv", "operator_norm"))
 

@@ -17,7 +17,8 @@ from typing import Iterable, List, Optional, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
-IDS_STEP = 1024  # the subset's length is rounded up to a multiple of this (repeating an id): few shapes to build
+from ..tunables import HEAD_IDS_STEP as IDS_STEP
+
 
 
 def _head(model):

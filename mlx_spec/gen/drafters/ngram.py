@@ -5,9 +5,8 @@ from typing import Dict, List, Optional, Tuple
 from ...errors import GenerationError
 from ..tunables import NGRAM_MIN_N as DEFAULT_MIN_N, NGRAM_MIN_TRUST as DEFAULT_MIN_TRUST, NGRAM_N as DEFAULT_N
 from ..tunables import NGRAM_TRUST_EMA as TRUST_EMA, NGRAM_TRUST_RECOVERY as TRUST_RECOVERY
+from ..tunables import NGRAM_SYNC_TAIL as _SYNC_TAIL
 from .base import Draft, Drafter
-
-_SYNC_TAIL = 8  # indexed tail tokens re-checked per call to detect a rewritten context in O(1)
 
 Gram = Tuple[int, ...]
 

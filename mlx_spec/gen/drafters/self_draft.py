@@ -6,6 +6,7 @@ from ...errors import ConvertError, GenerationError, UnsupportedError
 from ...make.layers import INDEX_DEPENDENT, parse_layers as _parse, with_blocks
 from .. import recurrent
 from ..cache import rewind
+from ..tunables import IMPORTANCE_TOKENS
 from .base import Draft
 from .model import ModelDrafter
 
@@ -79,7 +80,6 @@ class SelfDrafter(ModelDrafter):
             self._fed, self._drafted = [], None
 
 
-IMPORTANCE_TOKENS = 32  # prompt tokens the layer ranking runs on: about one multi-token pass of the target
 
 
 class ImportanceSelfDrafter(SelfDrafter):

@@ -22,12 +22,11 @@ import threading
 from typing import Dict, List, Optional, Tuple
 
 from ...errors import GenerationError
-from ..tunables import SUFFIX_ALPHA as ALPHA, SUFFIX_MIN_MATCH as MIN_MATCH, SUFFIX_MIN_SCORE as MIN_SCORE
+from ..tunables import SUFFIX_ALPHA as ALPHA, SUFFIX_COUNT_WALK as COUNT_WALK, SUFFIX_MATCH_TAIL as MATCH_TAIL
+from ..tunables import SUFFIX_MEMORY_TOKENS as MEMORY_TOKENS, SUFFIX_MIN_MATCH as MIN_MATCH
+from ..tunables import SUFFIX_MIN_SCORE as MIN_SCORE
 from .base import Draft, Drafter
 
-COUNT_WALK = 64  # suffix-link steps per token spent on occurrence counts (bounds a repetitive text's cost)
-MEMORY_TOKENS = 200_000  # tokens a memory keeps (about 100 MB of automaton); past it, the older half goes
-MATCH_TAIL = 64  # context tokens matched against a memory each round (a longer match drafts no longer)
 SEPARATOR = -1  # between the outputs in a memory: no match runs across two, and no draft past one
 
 

@@ -1,0 +1,83 @@
+"""What a generation measured: tokens, rounds, acceptance by position, reads of the device, the planner's costs."""
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+
+@dataclass
+class Stats:
+    """What a generation measured; algorithms fill it, only faces print it."""
+
+    prompt_tokens: int = 0  # the whole prompt (conversation so far)
+    prompt_cached: int = 0  # of which were already in the caller's cache (not prefilled again)
+    prompt_time: float = 0.0
+    generation_tokens: int = 0
+    generation_time: float = 0.0  # from the first generated token to the last
+    rounds: int = 0  # target passes after the prompt
+    spec_rounds: int = 0  # rounds that verified at least one draft token
+    proposed: int = 0
+    accepted: int = 0
+    proposed_by_position: List[int] = field(default_factory=list)
+    accepted_by_position: List[int] = field(default_factory=list)
+    syncs: int = 0  # times the host waited to read the device: one per round
+    wait_time: float = 0.0  # seconds the host spent waiting on those reads (the rest of a round is the host's)
+    peak_memory_gb: float = 0.0  # highest MLX allocation during the run above what was in use at its start
+    fallback: Optional[str] = None  # why speculation stopped early, if it did
+    finish_reason: Optional[str] = None
+    costs: dict = field(default_factory=dict)  # the planner's measured seconds per round by verify size at the end
+    trace: Optional[List[dict]] = None  # a list to fill: one entry per round, what was planned and what it cost
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens this generation processed (the rest came from the cache)."""
+        return self.prompt_tokens - self.prompt_cached
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prefill_tokens / self.prompt_time if self.prompt_time else 0.0
+
+    @property
+    def generation_tps(self) -> float:
+        n = self.generation_tokens - 1  # mlx-lm convention: the first token belongs to the prompt phase
+        return n / self.generation_time if self.generation_time and n > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Draft tokens accepted per speculative round."""
+        return self.accepted / self.spec_rounds if self.spec_rounds else 0.0
+
+    @property
+    def draft_share(self) -> float:
+        """Share of generated tokens that came from drafts (each token's own flag is `from_draft`)."""
+        return self.accepted / self.generation_tokens if self.generation_tokens else 0.0
+
+    def acceptance_by_position(self) -> List[float]:
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_by_position, self.proposed_by_position)]
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        if d["trace"] is None:
+            del d["trace"]
+        for k in ("prefill_tokens", "prompt_tps", "generation_tps", "acceptance_rate", "mean_accepted", "draft_share"):
+            d[k] = getattr(self, k)
+        d["acceptance_by_position"] = self.acceptance_by_position()
+        return d
+
+    def record(self, n: int, a: int) -> None:
+        """A round that verified n draft tokens and accepted a."""
+        self.rounds += 1
+        if n == 0:
+            return
+        self.spec_rounds += 1
+        self.proposed, self.accepted = self.proposed + n, self.accepted + a
+        grow = n - len(self.proposed_by_position)
+        if grow > 0:
+            self.proposed_by_position += [0] * grow
+            self.accepted_by_position += [0] * grow
+        for i in range(n):
+            self.proposed_by_position[i] += 1
+            self.accepted_by_position[i] += i < a
