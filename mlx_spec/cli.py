@@ -133,6 +133,7 @@ def generate(
     """Stream text from a model, plain or speculative (the output is the target's either way)."""
     import mlx.core as mx
 
+    from .gen.device import describe
     from .gen.stream import stream_generate
     from .named import load_pair
 
@@ -149,6 +150,7 @@ def generate(
     typer.echo("")
     if verbose and ev is not None:
         typer.echo(format_stats(ev.stats), err=True)
+        typer.echo(f"device:     {describe()}", err=True)
 
 
 @app.command()

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from mlx_spec.gen.device import describe
+
 
 def run(*args, env=None):
     e = dict(os.environ, **(env or {}))
@@ -29,6 +31,7 @@ def test_generate_plain_and_speculative_agree(tiny_models):
         outs[draft] = res.stdout
         if draft:
             assert "accepted" in res.stderr and "tokens/s" in res.stderr
+            assert f"device:     {describe()}\n" in res.stderr  # which device ran: "cpu (AMD EPYC, OpenBLAS)"
     assert len(set(outs.values())) == 1, outs
 
 
