@@ -1,13 +1,68 @@
 #!/usr/bin/env bash
-# Set up mlx-spec in ./.venv: the package, its dependencies and (on Linux) a fast BLAS for MLX's CPU backend.
-# Usage: bash setup.sh [--dev]    (--dev adds the test dependencies)
+# Set up mlx-spec in ./.venv: the package, its dependencies and MLX's backend for this machine: Metal on macOS,
+# CUDA on Linux with an NVIDIA GPU, else the CPU with a fast BLAS (OpenBLAS).
+# Usage: bash setup.sh [--dev] [--cpu] [--print]
+#   --dev adds the test dependencies; --cpu installs the CPU backend even where an NVIDIA GPU is;
+#   --print prints the backend and the pip command, and installs nothing.
 set -euo pipefail
 cd "$(dirname "$0")"
-extras=""
-[ "${1:-}" = "--dev" ] && extras="[dev]"
+dev=0 cpu=0 print=0
+for arg in "$@"; do
+  case "$arg" in
+    --dev) dev=1 ;;
+    --cpu) cpu=1 ;;
+    --print) print=1 ;;
+    *) echo "setup: unknown option $arg (usage: bash setup.sh [--dev] [--cpu] [--print])" >&2; exit 2 ;;
+  esac
+done
 
-if [ "$(uname -s)" = "Linux" ] && ! ls /usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0 >/dev/null 2>&1; then
-  # MLX's Linux wheel links the reference BLAS; OpenBLAS makes float32 decoding ~3x faster.
+CUDA13_DRIVER=580        # MLX's install guide: its CUDA 13 wheel needs an NVIDIA driver >= 580
+CUDA12_DRIVER=550.54.14  # and its CUDA 12 wheel >= 550.54.14
+
+version_ge() {  # version_ge A B: is version A at least B?
+  [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n1)" = "$2" ]
+}
+
+nvidia_driver() {  # the NVIDIA driver's version as nvidia-smi prints it, or nothing
+  local v
+  command -v nvidia-smi >/dev/null || return 0
+  v=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n1 | tr -d ' ') || true
+  [[ "$v" =~ ^[0-9]+(\.[0-9]+)*$ ]] && echo "$v"  # its errors go to stdout too
+  return 0
+}
+
+mlx_backend() {  # mlx_backend DRIVER: pyproject's extra with MLX's backend here: cpu, cuda13, cuda12 (macOS: none)
+  [ "$(uname -s)" = "Linux" ] || return 0
+  if [ "$cpu" = 1 ] || [ -z "$1" ]; then
+    echo cpu
+  elif version_ge "$1" "$CUDA13_DRIVER"; then
+    echo cuda13
+  elif version_ge "$1" "$CUDA12_DRIVER"; then
+    echo cuda12
+  else
+    echo "setup: NVIDIA driver $1 is older than MLX's CUDA backend needs ($CUDA12_DRIVER): installing the CPU one" >&2
+    echo cpu
+  fi
+}
+
+driver=$(nvidia_driver)
+backend=$(mlx_backend "$driver")
+openblas=$([ "$backend" = cpu ] && echo yes || echo no)  # OpenBLAS serves MLX's CPU backend only
+extras="$backend"
+if [ "$dev" = 1 ]; then extras="${extras:+$extras,}dev"; fi
+target=".${extras:+[$extras]}"
+if [ "$print" = 1 ]; then
+  echo "backend: ${backend:-metal}"
+  echo "openblas: $openblas"
+  echo "pip install -e $target"
+  exit 0
+fi
+case "$backend" in
+  cuda*) echo "setup: NVIDIA driver $driver: MLX's CUDA backend, mlx[$backend] (--cpu installs the CPU one)" ;;
+esac
+
+if [ "$openblas" = yes ] && ! ls /usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0 >/dev/null 2>&1; then
+  # MLX's Linux CPU wheel links the reference BLAS; OpenBLAS makes float32 decoding ~3x faster.
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
     (apt-get update -qq && apt-get install -y -qq libopenblas0-pthread) >/dev/null 2>&1 \
       || echo "setup: could not install libopenblas0-pthread; mlx-spec will run with the slower reference BLAS"
@@ -26,7 +81,7 @@ dev_package() {  # dev_package CMD WHAT: install Debian's package CMD for a test
   fi
 }
 
-if [ -n "$extras" ] && [ "$(uname -s)" = "Linux" ]; then
+if [ "$dev" = 1 ] && [ "$(uname -s)" = "Linux" ]; then
   # The web app's end-to-end test drives Debian's Chromium (Playwright's own browser download does not work here);
   # the terminal chat's test drives the real `mlx-spec chat` under tmux.
   dev_package chromium "the web app's browser test"
@@ -35,5 +90,12 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".${extras}"
+# MLX's Linux backends are separate wheels that write the same library: drop the one not chosen before installing.
+for other in mlx-cpu mlx-cuda-13 mlx-cuda-12; do
+  [ -n "$backend" ] && [ "$other" != "mlx-${backend/cuda/cuda-}" ] || continue
+  if .venv/bin/python -m pip show -q "$other" >/dev/null 2>&1; then
+    .venv/bin/python -m pip uninstall -q -y "$other"
+  fi
+done
+.venv/bin/python -m pip install -q -e "$target"
 echo "setup: done (.venv/bin/mlx-spec)"

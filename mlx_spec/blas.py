@@ -69,5 +69,9 @@ def setup():
 
 
 def hint():
-    """A one-line hint when no optimized BLAS could be loaded on Linux, else None."""
-    return HINT if status in ("none", "late") else None
+    """A one-line hint when MLX computes on the CPU backend of Linux with no optimized BLAS loaded, else None."""
+    if status not in ("none", "late"):
+        return None
+    import mlx.core as mx  # setup() has run: importing MLX now changes nothing it did
+
+    return HINT if mx.default_device() == mx.cpu else None

@@ -69,7 +69,7 @@ def models():
 def convert(
     source: str = typer.Argument(..., help="HF repo id, local HF/MLX folder, .gguf file or recipe"),
     out: str = typer.Argument(..., help="Output MLX folder (must not exist unless --force)"),
-    dtype: str = typer.Option("auto", help="auto|float32|float16|bfloat16 (auto: float16 on GPU, float32 on CPU)"),
+    dtype: str = typer.Option("auto", help="auto|float32|float16|bfloat16 (auto: bfloat16 on GPU, float32 on CPU)"),
     quantize: Optional[str] = typer.Option(None, "--quantize", "-q", help=QUANTIZE_HELP),
     group_size: int = typer.Option(DEFAULT_GROUP_SIZE, help="Affine quantization group size: 32|64|128"),
     head_bits: Optional[int] = typer.Option(None, help="Bits for embedding and lm_head (16 keeps them float)"),
@@ -124,6 +124,7 @@ def generate(
     import mlx.core as mx
 
     from .gen import registry
+    from .gen.device import describe
     from .gen.stream import stream_generate
     from .named import load_pair
 
@@ -141,6 +142,7 @@ def generate(
     typer.echo("")
     if verbose and ev is not None:
         typer.echo(format_stats(ev.stats, drafter is not None), err=True)
+        typer.echo(f"device:     {describe()}", err=True)
 
 
 @app.command()

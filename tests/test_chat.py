@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import long_context, one_line_error, run_cli
 
+from mlx_spec.gen.device import describe
+
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
 
 PROMPT = ">>>"
@@ -77,7 +79,8 @@ def test_chat_in_a_terminal(tiny_models, tmp_path):
     env = {k: os.environ[k] for k in ("MLX_SPEC_HOME", "HF_HUB_OFFLINE", "PATH") if k in os.environ}
     term = Terminal(tmp_path, cmd, env)
     try:
-        term.wait(lambda s: "Ctrl-D exits" in s and prompts(s) == 1, what="the banner and the first prompt")
+        s = term.wait(lambda s: "Ctrl-D exits" in s and prompts(s) == 1, what="the banner and the first prompt")
+        assert f" on {describe()}, drafter hybrid:" in s, s  # which device runs the chat
 
         # Turn 1, stopped by Ctrl-C as soon as the reply shows on screen.
         term.type("def add(a, b):")

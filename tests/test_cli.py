@@ -5,6 +5,8 @@ import json
 import pytest
 from conftest import make_model, one_line_error, run_cli
 
+from mlx_spec.gen.device import describe
+
 
 def test_generate_plain_and_speculative_agree(tiny_models):
     outs = {}
@@ -15,6 +17,7 @@ def test_generate_plain_and_speculative_agree(tiny_models):
         outs[draft] = res.stdout
         if draft:
             assert "accepted" in res.stderr and "tokens/s" in res.stderr
+            assert f"device:     {describe()}\n" in res.stderr  # which device ran: "cpu (AMD EPYC, OpenBLAS)"
     assert len(set(outs.values())) == 1, outs
 
 

@@ -25,6 +25,17 @@ def test_float32_round_trip(tiny_models, tmp_path):
     assert len(prov["source_sha256"]) == 64 and prov["version"]
 
 
+@pytest.mark.parametrize("device, dtype", [("gpu", "bfloat16"), ("cpu", "float32")])
+def test_auto_dtype_follows_the_device(tiny_models, tmp_path, monkeypatch, device, dtype):
+    """--dtype auto: bfloat16 where MLX runs on a GPU (Metal or CUDA), float32 on the CPU backend."""
+    monkeypatch.setattr(mx, "default_device", lambda: mx.Device(getattr(mx, device)))
+    out = conv.convert(tiny_models["qwen2"], tmp_path / device)
+    assert provenance(out)["operations"] == [{"op": "dtype", "dtype": dtype}]
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == dtype
+    model, _ = load(str(out))
+    assert model.model.embed_tokens.weight.dtype == getattr(mx, dtype)
+
+
 def test_quantize_all_bits(tiny_models, tmp_path):
     ref = logits(tiny_models["qwen2"])
     errs = {}

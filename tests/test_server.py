@@ -11,6 +11,7 @@ import openai
 import pytest
 from conftest import one_line_error, run_cli, wait_for
 
+from mlx_spec.gen.device import describe
 from mlx_spec_apps.server.app import build_app
 from mlx_spec_apps.server.main import Running
 from mlx_spec_apps.server.pair import Pair
@@ -190,7 +191,8 @@ def test_mlx_spec_serve_prints_its_url_once_it_listens_and_stops_on_ctrl_c(tiny_
     try:
         url = proc.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:") and not url.endswith(":0/")
-        assert httpx.get(url + "health", timeout=10).json()["status"] == "ok"
+        health = httpx.get(url + "health", timeout=10).json()
+        assert health["status"] == "ok" and health["device"] == describe()  # e.g. "cpu (AMD EPYC, OpenBLAS)"
         client = openai.OpenAI(base_url=url + "v1", api_key="unused", max_retries=0)
         assert client.chat.completions.create(model="tiny", messages=HI).usage.completion_tokens == 3
     finally:
@@ -198,7 +200,7 @@ def test_mlx_spec_serve_prints_its_url_once_it_listens_and_stops_on_ctrl_c(tiny_
         code = proc.wait(timeout=30)
     err = proc.stderr.read()
     assert code in (0, 130, -signal.SIGINT), err
-    assert "Traceback" not in err and f"open {url}" in err
+    assert "Traceback" not in err and f"on {describe()}: open {url}" in err
 
 
 @pytest.mark.parametrize("option, value, message", [

@@ -6,6 +6,7 @@ from typing import Optional
 import mlx.core as mx
 
 from mlx_spec.errors import MlxSpecError
+from mlx_spec.gen.device import describe
 from mlx_spec.gen.sampling import validate
 from mlx_spec.gen.session import Session
 from mlx_spec.named import Log, short_name
@@ -62,7 +63,7 @@ def run(*, model: str, draft, system: Optional[str] = None, num_draft: Optional[
     chat = Chat(session, model, str(draft) if drafter is not None else "none", settings, loader, system=system)
     read = line_reader()
     k = f", K {session.planner.k_max}" if chat.drafting else ""
-    _echo(f"chat with {short_name(model)}, drafter {chat.draft_name}{k}. "
+    _echo(f"chat with {short_name(model)} on {describe()}, drafter {chat.draft_name}{k}. "
           "/help lists commands; Ctrl-C stops a reply, Ctrl-D exits.")
     while True:
         try:

@@ -13,6 +13,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from mlx_spec.gen.device import describe
 from mlx_spec.gen.load import vocab_width
 
 from . import errors, params as P
@@ -26,10 +27,11 @@ STATIC = Path(__file__).parent / "static"
 
 
 class Api:
-    """The routes' shared state: the pair, the scheduler, the key and the default reply length."""
+    """The routes' shared state: the pair, the scheduler, the key, the default reply length and the device."""
 
     def __init__(self, pair: Pair, scheduler: Scheduler, api_key: Optional[str], max_tokens: int):
         self.pair, self.scheduler, self.api_key, self.max_tokens = pair, scheduler, api_key, max_tokens
+        self.device = describe()  # asked once: /health is polled, and the model thread owns MLX meanwhile
 
     def authorize(self, request: Request) -> None:
         """401 unless the bearer key matches (when the server has one)."""
@@ -119,7 +121,7 @@ class Api:
         return JSONResponse({"object": "list", "data": [model]})
 
     async def health(self, _request: Request) -> Response:
-        return JSONResponse(self.scheduler.health())
+        return JSONResponse({**self.scheduler.health(), "device": self.device})
 
     async def page(self, _request: Request) -> Response:
         return FileResponse(STATIC / "index.html")

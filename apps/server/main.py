@@ -5,6 +5,7 @@ from typing import Callable, Optional
 
 import uvicorn
 
+from mlx_spec.gen.device import describe
 from mlx_spec.gen.engine import DEFAULT_MAX_TOKENS
 from mlx_spec.named import Log
 
@@ -50,10 +51,10 @@ def serve(*, model: str, draft, host: str = DEFAULT_HOST, port: int = DEFAULT_PO
     app = build_app(pair, api_key=api_key, max_concurrency=max_concurrency, max_tokens=max_tokens)
     config = _config(app, host, port)
     sock = config.bind_socket()
-    url = _url(host, sock)
+    url, device = _url(host, sock), describe()
 
     def ready() -> None:
-        log(f"serving {pair.model_spec} drafted by {pair.info()['draft_name']}: open {url} "
+        log(f"serving {pair.model_spec} drafted by {pair.info()['draft_name']} on {device}: open {url} "
             f"(OpenAI API at {url}v1); Ctrl-C stops")
         print(url, flush=True)
 

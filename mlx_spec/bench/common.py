@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from .. import blas
+from ..gen import device
 
 DEFAULT_OUT = "runs"  # one JSON + one markdown file per run land here
 WITHIN = 0.05  # "ours matches mlx-lm" means a speed ratio within 5% of 1
@@ -37,13 +38,13 @@ def git_revision() -> Optional[str]:
 
 
 def machine_info() -> dict:
-    """Facts that change the numbers: cores, BLAS under MLX, library versions, code revision."""
+    """Facts that change the numbers: cores, BLAS under MLX, the GPU and its driver, library versions, code revision."""
     import mlx.core as mx
     import mlx_lm
 
     from .. import __version__
 
-    rev = git_revision()
+    rev, dev = git_revision(), device.info()
     return {
         "cpu": cpu_name(),
         "memory_gb": memory_gb(),
@@ -58,24 +59,13 @@ def machine_info() -> dict:
         "mlx_lm": mlx_lm.__version__,
         "mlx_spec": __version__,
         "mlx_device": str(mx.default_device()),
-        "gpu": nvidia_gpu(),
+        "mlx_backend": dev.backend,  # metal, cuda or cpu
+        "gpu": dev.name if dev.kind == "gpu" else None,
+        "gpu_driver": dev.driver,  # the NVIDIA driver's version on CUDA
         "cudnn_sdpa": os.environ.get("MLX_CUDA_USE_CUDNN_SDPA"),  # mlx_spec.backend turns it off unless set
         "git_rev": rev,
         "loadavg_start": os.getloadavg(),  # other work on the machine skews every timing
     }
-
-
-def nvidia_gpu() -> Optional[str]:
-    """'NVIDIA H100 80GB HBM3, driver 580.159.04' where nvidia-smi answers (MLX's CUDA backend), else None."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout.strip().splitlines()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if not out:
-        return None
-    name, _, driver = out[0].partition(", ")
-    return f"{name}, driver {driver}"
 
 
 def cpu_name() -> str:
@@ -338,7 +328,15 @@ def machine_line(m: dict) -> str:
     return (f"{m.get('cpu') or m['machine']}, {m['cpu_count']} CPUs ({m['machine']}), "
             + (f"{m['memory_gb']:.0f} GB memory, " if m.get("memory_gb") else "")
             + f"BLAS {m['blas_status']}"
-            f"{' ' + m['blas_path'] if m.get('blas_path') else ''}, MLX {m['mlx']} ({m['mlx_device']}"
-            f"{', ' + m['gpu'] if m.get('gpu') else ''}), "
+            f"{' ' + m['blas_path'] if m.get('blas_path') else ''}, MLX {m['mlx']} ({m['mlx_device']}{_gpu(m)}), "
             f"mlx-lm {m['mlx_lm']}, mlx-spec {m['mlx_spec']} @ {m['git_rev']}; load average at start "
             f"{m['loadavg_start'][0]:.2f}, at the last write {m.get('loadavg_end', [float('nan')])[0]:.2f}")
+
+
+def _gpu(m: dict) -> str:
+    """', CUDA NVIDIA H100 80GB HBM3, driver 580.159.04' for a run on a GPU; '' on the CPU and in older records."""
+    if not m.get("gpu"):
+        return ""
+    driver = f", driver {m['gpu_driver']}" if m.get("gpu_driver") else ""
+    backend = device.BACKENDS.get(m.get("mlx_backend"), m.get("mlx_backend"))
+    return f", {backend + ' ' if backend else ''}{m['gpu']}{driver}"

@@ -49,10 +49,11 @@ def draft_methods() -> dict:
 
 
 def auto_dtype() -> str:
-    """float16 where MLX runs on a GPU (Metal); float32 on the CPU backend, where half types are slow."""
+    """bfloat16 where MLX runs on a GPU (Metal or CUDA): the dtype most checkpoints ship in, which mlx-lm's convert
+    keeps; float32 on the CPU backend, where half types are slow."""
     import mlx.core as mx
 
-    return "float32" if mx.default_device() == mx.cpu else "float16"
+    return "float32" if mx.default_device() == mx.cpu else "bfloat16"
 
 
 def validate(dtype: str, quantize: Optional[int], group_size: int, head_bits: Optional[int],
