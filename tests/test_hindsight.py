@@ -105,9 +105,9 @@ def test_the_engine_hands_the_hindsight_to_the_planner_and_stays_lossless(pair):
     d = ModelDrafter(draft, target.args.vocab_size)
     out = [s.token for s in speculative_generate_step(prompt, target, d, max_tokens=20, planner=planner, stats=stats)]
     assert out == plain_greedy(target, prompt, 20)
-    # The output of the plain rounds before (6, and the step queued ahead that was read before drafting), judged
-    # once, in the round whose catch-up fed it with the prompt.
+    # The output of the 6 plain rounds before, judged once, in the round whose catch-up fed it with the prompt (the
+    # plain step queued ahead of it became that round's first position).
     first = next(i for i, r in enumerate(stats.trace) if r["proposed"])
-    assert [(s, len(m)) for s, m in planner.seen] == [("model", first)] and first == 7
+    assert [(s, len(m)) for s, m in planner.seen] == [("model", first)] and first == 6
     assert stats.trace[first]["hindsight"] == [sum(planner.seen[0][1]), first]
     assert stats.trace[first]["behind"] == len(prompt) - 1 + first

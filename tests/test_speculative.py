@@ -501,3 +501,26 @@ def test_closing_mid_generation_leaves_the_cache_exact(target, draft_model, name
     for a, b in zip(cache, fresh):
         assert mx.allclose(a.state[0][..., :held, :], b.state[0][..., :held, :], atol=1e-4).item()
     assert out == plain_greedy(model, prompt, stop_after)
+
+
+class LateScript(ScriptedDrafter):
+    """Knows the answer, but offers it only from the `late`-th output token on."""
+
+    late = 5
+
+    def propose(self, context, k, probs_fn=None):
+        return super().propose(context, k if len(context) - 1 - self.start >= self.late else 0, probs_fn)
+
+
+@pytest.mark.parametrize("temp", [0.0, 1.0])
+def test_a_plain_step_queued_ahead_is_the_first_position_of_the_next_verify_pass(target, temp):
+    """The round after a plain run drafts at once, the step queued on the last token being its first position: no
+    token is decoded plainly once the drafter has a draft, and none is lost."""
+    model, tok = target
+    prompt = tok.encode(PROMPTS[1])
+    ref = plain_greedy(model, prompt, 30)
+    out, stats = spec(model, prompt, LateScript(ref), max_tokens=30, num_draft=4, temp=temp)
+    if temp == 0.0:
+        assert out == ref
+    first = next(i for i, r in enumerate(stats.trace) if r["proposed"])
+    assert first == LateScript.late and len(out) == 30

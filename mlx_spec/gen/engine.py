@@ -116,23 +116,27 @@ class _Loop:
         behind = {name: self.parts[name].behind(context) for name in self.costly}
         return self.planner.plan(offers, room, behind, self.free), offer
 
-    def launch(self, token) -> mx.array:
-        """Queue a plain step fed `token` (an int or a lazy scalar) and return its lazy next token."""
+    def launch(self, token):
+        """Queue a plain step fed `token` (an int or a lazy scalar): its lazy (next token, logits (V,))."""
         x = mx.array([token]) if isinstance(token, int) else token.reshape(1)
         logits = self.model(x[None], cache=self.cache)[0, -1]
         y = mx.argmax(logits) if self.probs_fn is None else sample(self.probs_fn(logits))
         mx.async_eval(y)
-        return y
+        return y, logits
 
-    def verify(self, context: List[int], draft: Draft, size: int):
+    def verify(self, context: List[int], draft: Draft, size: int, pending=None):
         """One target pass over [last token] + draft (+ dummy positions up to `size`, trimmed at once), read
         with the draft in one synchronisation: (draft tokens, accepted, next token, hindsight matches or None,
-        the round's seconds)."""
+        the round's seconds). pending: a plain step queued on the last token already (token, logits): its
+        logits are the first row and the pass feeds the draft alone."""
         n = len(draft)
         tokens = draft.tokens if isinstance(draft.tokens, mx.array) else mx.array(draft.tokens, dtype=mx.uint32)
-        fed = mx.concatenate([mx.array([context[-1]], dtype=mx.uint32), tokens.astype(mx.uint32),
-                              mx.full((size - n - 1,), context[-1], dtype=mx.uint32)])
-        logits = self.model(fed[None], cache=self.cache)[0, : n + 1]  # (n+1, V)
+        head = [] if pending is not None else [mx.array([context[-1]], dtype=mx.uint32)]
+        fed = mx.concatenate([*head, tokens.astype(mx.uint32), mx.full((size - n - 1,), context[-1], dtype=mx.uint32)])
+        logits = self.model(fed[None], cache=self.cache)[0]
+        if pending is not None:
+            logits = mx.concatenate([pending[1][None], logits])
+        logits = logits[: n + 1]  # (n+1, V): row i scores the token after draft[:i]
         if size > n + 1:
             trim_prompt_cache(self.cache, size - n - 1)
         seen = draft.hindsight[0] if draft.hindsight is not None else mx.zeros((0,))
@@ -240,7 +244,7 @@ def speculative_generate_step(
             raise
     loop = _Loop(model, cache, drafter, planner, probs_fn, stats)
     planner.pad = shapes.paddable(cache)
-    produced, first_at, pending = 0, None, None  # pending: a queued plain step's lazy token (the cache holds context)
+    produced, first_at, pending = 0, None, None  # pending: a queued plain step (token, logits); the cache holds context
 
     def deliver(tokens: List[int], drafted: int):
         nonlocal produced, first_at
@@ -272,16 +276,19 @@ def speculative_generate_step(
                         plan, offer = loop.plan(context, room)
                     elif stats.fallback is None:
                         stats.fallback = "target cache not trimmable: plain decoding from here"
-                if plan.k == 0 or pending is not None:  # a plain step; a queued one is read before anything drafts
+                # A plain step, the next one queued on it before the host reads it; a queued step is also read first
+                # where the round's drafter drafts through the target's own cache (self, quant-self).
+                drain = pending is not None and plan.k > 0 and loop.parts[plan.source].in_target_cache
+                if plan.k == 0 or drain:
                     cold = pending is None
                     if pending is None:
                         cold = shapes.first_time(model, 1) or cold
                         pending = loop.launch(context[-1])
-                    nxt = loop.launch(pending) if plan.k == 0 and room > 0 else None  # queued before reading
-                    seconds = loop.read(pending)
-                    tok = pending.item()
+                    nxt = loop.launch(pending[0]) if room > 0 and not drain else None
+                    seconds = loop.read(pending[0])
+                    tok = pending[0].item()
                     stats.record(0, 0)
-                    planner.record(PLAIN, 0, 0, seconds, warm=not cold and plan.k == 0)
+                    planner.record(PLAIN, 0, 0, seconds, warm=not cold and not drain)
                     loop.trace(PLAIN, 0, 0, seconds)
                     loop.judge(offer, "", [tok])
                     pending = nxt
@@ -297,8 +304,9 @@ def speculative_generate_step(
                     size = plan.size if n == plan.k else planner.size(n)
                     if not planner.pad or (limit is not None and len(context) + size - 1 > limit):
                         size = n + 1  # no dummy position past the model's context (absolute position tables)
-                    cold = shapes.first_time(model, size) or draft.cold
-                    drafted, a, nxt, matches, seconds = loop.verify(context, draft, size)
+                    cold = shapes.first_time(model, size - (pending is not None)) or draft.cold
+                    drafted, a, nxt, matches, seconds = loop.verify(context, draft, size, pending)
+                    pending = None
                     stats.record(n, a)
                     planner.record(plan, n, a, seconds, draft.behind, warm=not cold, free=part.free)
                     if matches is not None:

@@ -41,6 +41,7 @@ class Drafter:
 
     name = "drafter"
     free = False  # proposing is a table lookup: the engine asks every round and judges the draft against the output
+    in_target_cache = False  # drafts through the target's own cache: the engine reads a queued plain step first
 
     @property
     def parts(self) -> Sequence["Drafter"]:

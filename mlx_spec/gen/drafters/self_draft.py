@@ -34,6 +34,7 @@ class SelfDrafter(ModelDrafter):
     """
 
     name = "self"
+    in_target_cache = True
 
     def __init__(self, model, layers: Sequence[int], vocab_size: int, real_vocab: Optional[int] = None,
                  head_ids=None):
