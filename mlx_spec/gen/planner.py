@@ -8,12 +8,13 @@ for a costly source (a draft model), its k draft steps and the catch-up it feeds
 takes the source and k with the highest E(k) / cost, or a plain step unless drafting promises MARGIN more tokens
 per second: speculation switches itself off wherever it would make the user slower.
 
-Every cost is a wall-clock time the engine measured from the start of a round to the host's one read of it, so
-the host's own work counts as well as the device's. A round that ran a pass at a shape first seen in the process
-is not timed: on a GPU that is a kernel build, not a cost. A plain step is timed as the engine runs it, the next
-step queued before the host reads the current one. A costly source's draft time is what its rounds took beyond
-the verify pass, split between its drafted tokens (d per token) and the tokens it caught up on (c per token) by
-least squares over its recent rounds.
+Every cost is a wall-clock time the engine measured from the host's read of the last round to its read of this one
+(less the time its caller held the generator), so the host's own work counts as well as the device's; a verify
+size's cost is the median of its latest rounds, so a stall moves nothing. A round that ran a pass at a shape first
+seen in the process is not timed: on a GPU that is a kernel build, not a cost. A plain step is timed as the engine
+runs it, the next step queued before the host reads the current one. A costly source's draft time is what its
+rounds took beyond the verify pass, split between its drafted tokens (d per token) and the tokens it caught up on
+(c per token) by least squares over its recent rounds.
 
 Acceptance comes from discounted counts (accepted / judged draft tokens, older rounds weighing less). Free
 sources (table lookups) are judged every round, their draft compared with the tokens the round produced. A
