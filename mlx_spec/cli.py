@@ -180,6 +180,8 @@ def serve(
                                         "more wait in a FIFO queue"),
     num_draft: Optional[int] = NUM_DRAFT,
     max_tokens: int = typer.Option(DEFAULT_MAX_TOKENS, help="Max new tokens when a request gives none"),
+    fixed_draft: bool = typer.Option(False, help="Requests may not switch the drafter (by default a request's "
+                                     "\"draft\" field, or the page's menu, picks any drafter that loads no weights)"),
 ):
     """Serve the web chat at / and an OpenAI-compatible API at /v1, speculating for every concurrent request."""
     from mlx_spec_apps.server.main import serve as run
@@ -195,7 +197,7 @@ def serve(
     if max_tokens < 1:
         raise MlxSpecError(f"--max-tokens must be at least 1, got {max_tokens}")
     run(model=model, draft=spec, host=host, port=port, api_key=api_key, max_concurrency=max_concurrency,
-        num_draft=num_draft, max_tokens=max_tokens, log=_log)
+        num_draft=num_draft, max_tokens=max_tokens, fixed_draft=fixed_draft, log=_log)
 
 
 @app.command("draft-search")

@@ -130,6 +130,8 @@ BAD = [
     ({"model": "tiny", "messages": HI, "temperature": 9}, "temperature"),
     ({"model": "tiny", "messages": HI, "top_p": -0.5}, "top_p"),
     ({"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ({"model": "tiny", "messages": HI, "draft": "no-such-model"}, "draft"),
+    ({"model": "tiny", "messages": HI, "draft": 3}, "draft"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "def add(a, b): " * 200}]}, "context"),
 ]
 
@@ -176,11 +178,37 @@ def test_api_key_guards_v1_but_not_the_page_while_a_generation_runs(served_pair)
             openai.OpenAI(base_url=srv.url + "v1", api_key="nope", max_retries=0).models.list()
 
 
+def test_a_request_switches_the_drafter_for_its_reply_and_the_output_stays_the_targets(tiny_models):
+    target, draft = str(tiny_models["qwen2"]), str(tiny_models["qwen2_draft"])
+    pair = Pair.load(target, draft, num_draft=3)
+    pair.adaptive = False  # every round drafts, so which drafter ran shows in the counts
+    with Running(build_app(pair, max_concurrency=1, max_tokens=16)) as srv:
+        client = openai.OpenAI(base_url=srv.url + "v1", api_key="unused", max_retries=0, timeout=60)
+        info = client.models.list().data[0].model_extra["mlx_spec"]
+        specs = {d["spec"]: d for d in info["drafters"]}
+        assert info["switchable"] and info["drafters"][0]["spec"] == draft
+        assert {"none", "ngram", "suffix", "hybrid:" + draft} <= set(specs) and specs[draft]["k"] == 3
+        own = client.chat.completions.create(model="tiny", messages=HI)
+        assert own.model_extra["mlx_spec"]["drafted"] > 0
+        for spec in ("none", "ngram", "suffix"):
+            r = client.chat.completions.create(model="tiny", messages=HI, extra_body={"draft": spec})
+            assert r.choices[0].message.content == own.choices[0].message.content, spec
+            if spec == "none":
+                assert r.model_extra["mlx_spec"]["drafted"] == 0
+        again = client.chat.completions.create(model="tiny", messages=HI)  # no "draft": the server's own again
+        assert again.model_extra["mlx_spec"]["drafted"] == own.model_extra["mlx_spec"]["drafted"]
+        assert again.choices[0].message.content == own.choices[0].message.content
+
+
 def test_the_page_and_its_files_are_served(server):
     page = httpx.get(server.url)
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
-    for name in ("app.js", "style.css"):
+    names = ["app.js", "render.js", "style.css", "vendor/marked.umd.js", "vendor/purify.min.js",
+             "vendor/highlight.min.js", "vendor/hljs-github.min.css", "vendor/hljs-github-dark.min.css"]
+    for name in names:
         assert f"/static/{name}" in page.text and httpx.get(server.url + "static/" + name).status_code == 200
+    for name in ("LICENSE.marked", "LICENSE.dompurify", "LICENSE.highlightjs"):
+        assert httpx.get(server.url + "static/vendor/" + name).status_code == 200
 
 
 def test_mlx_spec_serve_prints_its_url_once_it_listens_and_stops_on_ctrl_c(tiny_models):

@@ -4,9 +4,10 @@ import pytest
 
 from mlx_spec_apps.server import params as P
 from mlx_spec_apps.server.errors import ApiError
+from mlx_spec_apps.server.pair import Pair
 from mlx_spec_apps.server.pool import SessionPool
 from mlx_spec_apps.server.scheduler import Delta, Done
-from mlx_spec_apps.server.stops import StopText
+from mlx_spec_apps.server.stops import Mark, StopText
 from mlx_spec_apps.server.wire import Reply
 
 
@@ -105,12 +106,28 @@ def test_pool_takes_the_idle_session_sharing_the_longest_prefix_and_stays_bounde
 
 def test_reply_chunks_carry_flags_and_the_last_one_the_stats():
     r = Reply("chatcmpl-1", "tiny", chat=True)
-    c = r.chunk(Delta([("a", True), ("b", False)], dict(tokens=2, rounds=1, spec_rounds=1, drafted=3, accepted=1)))
-    assert c["choices"][0]["delta"] == {"content": "ab"}
-    assert c["mlx_spec"]["draft"] == [True, False] and c["mlx_spec"]["pieces"] == ["a", "b"]
+    pieces = [("a", Mark(1, 3)), ("b", Mark(0, 3)), ("c", Mark(0, 4))]
+    c = r.chunk(Delta(pieces, dict(tokens=3, rounds=2, spec_rounds=1, drafted=3, accepted=1)))
+    assert c["choices"][0]["delta"] == {"content": "abc"}
+    x = c["mlx_spec"]
+    assert (x["draft"], x["pos"], x["round"], x["pieces"]) == ([True, False, False], [1, 0, 0], [3, 3, 4], ["a", "b", "c"])
     done = Done("length", {"prompt_tokens": 5, "prompt_cached": 2, "generation_tokens": 2, "proposed": 3,
                            "generation_tps": 9.0})
     last = r.last(done)
     assert last["choices"][0]["finish_reason"] == "length" and last["mlx_spec"]["drafted"] == 3
     assert r.usage_chunk(done)["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
                                             "prompt_tokens_details": {"cached_tokens": 2}}
+
+
+def test_a_request_may_name_any_drafter_that_loads_nothing_unless_the_drafter_is_fixed():
+    pair = Pair("m", "suffix", None, None, loaded={"d": None})
+    assert pair.choices()[:2] == ["suffix", "none"] and {"ngram", "self", "quant-self", "d", "hybrid:d"} <= set(pair.choices())
+    assert pair.check_draft(None) is None and pair.check_draft("hybrid:d") == "hybrid:d"
+    for bad, words in (("other-model", "loads no draft model per request"), ("self:x", "self"), (5, "drafter spec")):
+        with pytest.raises(ApiError) as e:
+            pair.check_draft(bad)
+        assert e.value.status == 400 and e.value.param == "draft" and words in str(e.value), str(e.value)
+    fixed = Pair("m", "suffix", None, None, fixed=True)
+    assert fixed.choices() == ["suffix"] and fixed.check_draft("suffix") == "suffix"
+    with pytest.raises(ApiError, match="fixed"):
+        fixed.check_draft("none")

@@ -72,6 +72,7 @@ class Api:
 
     async def _run(self, request: Request, ids, p: P.Params, chat: bool) -> Response:
         self.check_length(ids, "messages" if chat else "prompt")
+        p.draft = self.pair.check_draft(p.draft)
         ticket = Ticket(self.scheduler, ids, p, "chatcmpl" if chat else "cmpl")
         reply = Reply(ticket.job.id, self.pair.name, chat)
         try:

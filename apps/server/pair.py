@@ -1,12 +1,23 @@
-"""The served model pair: the target and draft weights loaded once, a new drafter per session, prompts to ids."""
+"""The served model pair: the target and draft weights loaded once, a new drafter per session, prompts to ids.
 
+A request may name another drafter for its reply (`"draft"` in the body): any drafter that needs no weights beyond
+those loaded (none, ngram, suffix, self, quant-self, hybrid, and the loaded draft model alone or in a hybrid), unless
+the server was started with --fixed-draft. Nothing loads per request: a load would stall every other request.
+"""
+
+import weakref
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from mlx_spec.errors import MlxSpecError
 from mlx_spec.gen import registry
 from mlx_spec.gen.engine import context_limit
 from mlx_spec.gen.session import Session
 from mlx_spec.named import Log, load_model, make_drafter, short_name
+
+from .errors import bad_request
+
+FREE = ("none", "suffix", "ngram", "hybrid", "self", "quant-self")  # drafters that load no weights of their own
 
 
 def _quiet(_msg: str) -> None:
@@ -24,23 +35,64 @@ class Pair:
     loaded: Dict[str, Tuple] = field(default_factory=dict)  # {draft model spec: (model, tokenizer)}
     num_draft: Optional[int] = None
     adaptive: bool = True
+    fixed: bool = False  # requests may not switch the drafter (serve --fixed-draft)
+    _drafters: "weakref.WeakKeyDictionary" = field(default_factory=weakref.WeakKeyDictionary, repr=False)
 
     @classmethod
-    def load(cls, model: str, draft: registry.Spec, *, num_draft: Optional[int] = None,
+    def load(cls, model: str, draft: registry.Spec, *, num_draft: Optional[int] = None, fixed: bool = False,
              log: Log = _quiet) -> "Pair":
         """Load by name; the draft first, so an unavailable draft fails before the (bigger) target loads."""
         draft = registry.parse(draft)  # a malformed spec fails before anything loads
         name = draft.model
         loaded = {name: load_model(name, log)[:2]} if name else {}
         target, tokenizer, _ = load_model(model, log)
-        pair = cls(model, draft, target, tokenizer, loaded, num_draft)
+        pair = cls(model, draft, target, tokenizer, loaded, num_draft, fixed=fixed)
         pair.new_session()  # builds one drafter now: an incompatible draft fails at start, not per request
         return pair
 
     def new_session(self) -> Session:
-        """A fresh conversation with its own drafter over the shared weights."""
+        """A fresh conversation with its own drafter (the server's) over the shared weights."""
+        spec = str(registry.parse(self.draft_spec))
         drafter = make_drafter(self.draft_spec, self.target, self.tokenizer, loaded=self.loaded)
-        return Session(self.target, self.tokenizer, drafter, num_draft=self.num_draft, adaptive=self.adaptive)
+        session = Session(self.target, self.tokenizer, drafter, num_draft=self.num_draft, adaptive=self.adaptive)
+        self._drafters[session] = (spec, {spec: drafter})
+        return session
+
+    def choices(self) -> List[str]:
+        """The drafter specs a request may name: the server's own first."""
+        own = str(registry.parse(self.draft_spec))
+        if self.fixed:
+            return [own]
+        specs = [own, *FREE] + [s for m in self.loaded for s in (m, f"hybrid:{m}")]
+        return list(dict.fromkeys(str(registry.parse(s)) for s in specs))
+
+    def check_draft(self, spec) -> Optional[str]:
+        """A request's `draft` as a canonical spec (None: the server's own), or a 400 saying what it may be."""
+        if spec is None:
+            return None
+        if not isinstance(spec, str) or not spec:
+            raise bad_request("'draft' must be a drafter spec such as \"suffix\" or \"none\"", param="draft")
+        try:
+            parsed = registry.parse(spec)
+        except MlxSpecError as e:
+            raise bad_request(f"'draft': {e}", param="draft") from None
+        choices = self.choices()
+        if str(parsed) not in choices:
+            why = "its drafter is fixed (--fixed-draft)" if self.fixed else "it loads no draft model per request"
+            raise bad_request(f"'draft': this server cannot draft with {spec!r}: {why}; it can use "
+                              f"{', '.join(choices)}", param="draft", code="draft_unavailable")
+        return str(parsed)
+
+    def use(self, session: Session, spec: Optional[str]) -> None:
+        """Give the session the drafter `spec` (None: the server's own), built once per session and kept."""
+        spec = spec or str(registry.parse(self.draft_spec))
+        current, built = self._drafters.setdefault(session, (None, {}))
+        if spec == current:
+            return
+        if spec not in built:
+            built[spec] = make_drafter(spec, self.target, self.tokenizer, loaded=self.loaded)
+        session.set_drafter(built[spec], self.num_draft)
+        self._drafters[session] = (spec, built)
 
     @property
     def context(self) -> Optional[int]:
@@ -54,9 +106,12 @@ class Pair:
 
     def info(self) -> dict:
         """What the page shows about the pair (short names for the eye, the specs as given)."""
+        drafters = [{"spec": s, "name": short_name(s), "k": self.num_draft or registry.default_num_draft(s)}
+                    for s in self.choices()]
         return {"target": self.model_spec, "draft": str(registry.parse(self.draft_spec)), "target_name": self.name,
                 "draft_name": short_name(self.draft_spec), "drafter": registry.parse(self.draft_spec).kind,
-                "num_draft": self.num_draft, "context": self.context, "adaptive": self.adaptive}
+                "num_draft": self.num_draft, "context": self.context, "adaptive": self.adaptive,
+                "switchable": not self.fixed, "drafters": drafters}
 
     def chat_ids(self, messages: List[dict]) -> List[int]:
         """The conversation through the tokenizer's chat template (plain role-tagged lines without one)."""

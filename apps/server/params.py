@@ -27,6 +27,7 @@ class Params:
     stop: List[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    draft: Optional[str] = None  # the drafter for this reply (an extension field; the pair checks it), None: the server's
 
 
 def parse_json(raw: bytes) -> dict:
@@ -79,7 +80,8 @@ def params(body: dict, default_max_tokens: int) -> Params:
         raise bad_request("'stream_options' must be an object", param="stream_options")
     return Params(max_tokens=max_tokens, temp=_number(body, "temperature", 0.0, MAX_TEMPERATURE, 0.0),
                   top_p=_number(body, "top_p", 0.0, 1.0, 0.0), top_k=top_k, seed=seed, stop=stop,
-                  stream=bool(body.get("stream", False)), include_usage=bool(options.get("include_usage", False)))
+                  stream=bool(body.get("stream", False)), include_usage=bool(options.get("include_usage", False)),
+                  draft=body.get("draft"))
 
 
 def _content(content, where: str) -> str:

@@ -24,7 +24,7 @@ from .errors import ApiError
 from .pair import Pair
 from .params import Params
 from .pool import IDLE_EXTRA, SessionPool
-from .stops import Piece, StopText
+from .stops import Mark, Piece, StopText
 
 QUEUE_PER_SLOT = 4  # waiting requests allowed per concurrent slot before new ones get a 429
 RECENT = 64  # finished requests whose counters /health keeps
@@ -78,6 +78,7 @@ class Job:
     prompt_cached: int = 0
     turns: int = 0
     flags: List[bool] = field(default_factory=list)
+    pos: int = 0  # the last token's position in its round's draft (0: the target's own)
     session: object = None
     events: object = None
     stops: Optional[StopText] = None
@@ -111,9 +112,10 @@ class Scheduler:
     # --- the request side (any thread) ---
 
     def submit(self, job: Job) -> None:
-        """Queue a job; QueueFull when the queue is at its bound."""
+        """Queue a job; QueueFull when every slot is taken and `max_queue` jobs wait already."""
         with self._cv:
-            if len(self._waiting) >= self.max_queue:
+            free = max(0, self.max_concurrency - len(self._active))  # slots the thread has yet to fill
+            if len(self._waiting) >= self.max_queue + free:
                 self.counts["rejected"] += 1
                 raise QueueFull(f"the server is busy: {len(self._active)} requests generating and "
                                 f"{len(self._waiting)} waiting (the queue holds {self.max_queue}); retry later")
@@ -194,6 +196,7 @@ class Scheduler:
         try:
             if job.events is None:
                 job.session = self.pool.acquire(job.ids)
+                self.pair.use(job.session, p.draft)
                 job.stops = StopText(p.stop)
                 job.events = job.session.generate(job.ids, max_tokens=p.max_tokens, temp=p.temp, top_p=p.top_p,
                                                   top_k=p.top_k)
@@ -215,9 +218,10 @@ class Scheduler:
         s = ev.stats
         self.counts["rounds"] += s.rounds - job.rounds
         self.counts["tokens"] += 1
+        job.pos = ((job.pos if s.rounds == job.rounds else 0) + 1) if ev.from_draft else 0
         job.rounds, job.tokens, job.prompt_cached = s.rounds, s.generation_tokens, s.prompt_cached
         job.flags.append(ev.from_draft)
-        pieces = job.stops.add(ev.text, ev.from_draft)
+        pieces = job.stops.add(ev.text, Mark(job.pos, s.rounds))
         reason = "stop_string" if job.stops.hit else ev.finish_reason  # the engine's: stop, length, context
         if reason:
             pieces += job.stops.flush()

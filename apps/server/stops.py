@@ -1,12 +1,21 @@
 """Stop strings: release generated text token by token, hold back what may begin a stop string, cut at one."""
 
-from typing import List, Sequence, Tuple
+from typing import List, NamedTuple, Sequence, Tuple
 
-Piece = Tuple[str, bool]  # a token's text and whether it was an accepted draft token
+
+class Mark(NamedTuple):
+    """Where a token came from: its position in its round's draft (1 = first; 0: the target's own token) and the
+    round that produced it."""
+
+    pos: int
+    round: int
+
+
+Piece = Tuple[str, Mark]  # a token's text and its mark
 
 
 class StopText:
-    """Feeds token texts in; gives back the pieces safe to send, each still tied to its token's draft flag.
+    """Feeds token texts in; gives back the pieces safe to send, each still tied to its token's mark.
 
     Without stop strings every piece goes out at once. With them, the longest tail of the text that
     could still grow into a stop string waits; once a stop string appears, the text is cut where it
@@ -17,14 +26,14 @@ class StopText:
         self.stops = [s for s in stops if s]
         self.text = ""  # everything generated so far
         self.sent = 0  # characters of `text` already released
-        self.pending: List[Tuple[int, bool]] = []  # (end offset in `text`, flag) of tokens not yet released
+        self.pending: List[Tuple[int, Mark]] = []  # (end offset in `text`, mark) of tokens not yet released
         self.hit = False
 
-    def add(self, text: str, from_draft: bool) -> List[Piece]:
+    def add(self, text: str, mark: Mark) -> List[Piece]:
         """One token's text in, the pieces now safe to release out."""
         before = len(self.text)
         self.text += text
-        self.pending.append((len(self.text), from_draft))
+        self.pending.append((len(self.text), mark))
         if not self.stops:
             return self._release(len(self.text))
         longest = max(len(s) for s in self.stops)
@@ -44,10 +53,10 @@ class StopText:
         """Pieces of the pending tokens ending at or before `upto`; with `cut`, the token spanning it is cut."""
         out = []
         while self.pending and (self.pending[0][0] <= upto or cut):
-            end, flag = self.pending.pop(0)
+            end, mark = self.pending.pop(0)
             piece = self.text[self.sent:min(end, upto)]
             self.sent += len(piece)
-            out.append((piece, flag))
+            out.append((piece, mark))
             if end >= upto:
                 break
         if cut:  # the tokens of the stop string itself are not part of the reply

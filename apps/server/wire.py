@@ -1,8 +1,9 @@
 """The OpenAI wire format: completion objects, stream chunks, `usage`, and the speculative stats in the `mlx_spec` field.
 
 The extra field rides along where OpenAI clients ignore it:
-- every content chunk: `{"draft": [bool per token], "pieces": [text per token], "tokens", "rounds",
-  "spec_rounds", "drafted", "accepted"}` (the counters so far), so a page can colour each token live;
+- every content chunk: `{"draft": [bool per token], "pos": [draft position per token, 0 for the target's own],
+  "round": [round per token], "pieces": [text per token], "tokens", "rounds", "spec_rounds", "drafted",
+  "accepted"}` (the counters so far), so a page can mark each token live;
 - the chunk carrying `finish_reason`, and the non-streamed response: the whole `Stats` (`as_dict()`:
   prompt_tokens, prompt_cached, generation_tps, proposed (= drafted), accepted, acceptance_rate,
   mean_accepted, draft_share, acceptance_by_position, rounds, ...) plus `drafted`, `tokens_per_second`,
@@ -32,7 +33,9 @@ def final_stats(stats: dict) -> dict:
 
 def live(delta: Delta) -> dict:
     """The extra field of a content chunk."""
-    return dict(delta.live, draft=[f for _, f in delta.pieces], pieces=[t for t, _ in delta.pieces])
+    marks = [m for _, m in delta.pieces]
+    return dict(delta.live, draft=[m.pos > 0 for m in marks], pos=[m.pos for m in marks],
+                round=[m.round for m in marks], pieces=[t for t, _ in delta.pieces])
 
 
 class Reply:
