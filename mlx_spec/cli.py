@@ -182,6 +182,8 @@ def serve(
     max_tokens: int = typer.Option(DEFAULT_MAX_TOKENS, help="Max new tokens when a request gives none"),
     fixed_draft: bool = typer.Option(False, help="Requests may not switch the drafter (by default a request's "
                                      "\"draft\" field, or the page's menu, picks any drafter that loads no weights)"),
+    batch: bool = typer.Option(True, help="Requests that start while others generate are verified together, one "
+                               "forward pass per round for all (--no-batch: each request takes its own turns)"),
 ):
     """Serve the web chat at / and an OpenAI-compatible API at /v1, speculating for every concurrent request."""
     from mlx_spec_apps.server.main import serve as run
@@ -197,7 +199,7 @@ def serve(
     if max_tokens < 1:
         raise MlxSpecError(f"--max-tokens must be at least 1, got {max_tokens}")
     run(model=model, draft=spec, host=host, port=port, api_key=api_key, max_concurrency=max_concurrency,
-        num_draft=num_draft, max_tokens=max_tokens, fixed_draft=fixed_draft, log=_log)
+        num_draft=num_draft, max_tokens=max_tokens, fixed_draft=fixed_draft, batch=batch, log=_log)
 
 
 @app.command("draft-search")

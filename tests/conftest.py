@@ -12,6 +12,7 @@ from pathlib import Path
 
 import mlx_spec  # noqa: F401  (first: puts the fast BLAS under MLX)
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
@@ -328,3 +329,53 @@ def check(target, drafter, kw, prompt=PROMPT, drafts=2, **engine):
     counts = sample_pairs(spec_run(target, drafter, seen, prompt, **kw, **engine), SAMPLES)
     assert min(seen) == max(seen) == drafts, "every sample must verify two draft positions (K > 1)"
     return chi_square_pvalue_ok(counts, joint, SAMPLES)
+
+
+# ---- A target that answers a script: the server's and the page's tests, with drafts that are accepted ------------
+
+CODE = "def add(a, b):\n    return a + b\n"
+REPLY = ("Here is the **fixed** function:\n\n```python\n" + CODE + "```\n\n"
+         "It adds `a` and `b`:\n\n| a | b | add(a, b) |\n|---|---|---|\n| 1 | 2 | 3 |\n\n"
+         "```python\n" + CODE + "```\n")
+ASK = "Fix this function:\n\ndef add(a, b):\n    return a - b\n"
+
+
+class Scripted:
+    """The target, steered to answer `script` after any prompt: the logits of each position get a large bonus on
+    the script's next token (found from the longest script prefix the context ends with), EOS after its end."""
+
+    def __init__(self, model, script, eos, pause=0.0):
+        self._model, self._script, self._eos, self._pause = model, list(script), eos, pause
+        self._seen = []  # the token at each position of the cache, as fed
+
+    def _next(self, context):
+        s = self._script
+        for m in range(min(len(s), len(context)), 0, -1):
+            if context[-m:] == s[:m]:
+                return s[m] if m < len(s) else self._eos
+        return s[0]
+
+    def __call__(self, inputs, cache=None, **kw):
+        time.sleep(self._pause)
+        offset = cache[0].offset if cache else 0
+        fed = inputs[0].tolist()
+        self._seen[offset:] = fed
+        logits = self._model(inputs, cache=cache, **kw)
+        bonus = np.zeros(logits.shape[1:], dtype=np.float32)
+        bonus[np.arange(len(fed)), [self._next(self._seen[: offset + i + 1]) for i in range(len(fed))]] = 1e4
+        return logits + mx.array(bonus)[None]
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+def scripted_pair(tiny_models, pause=0.0, draft="suffix"):
+    """The tiny target answering REPLY, drafted by `draft` with K=4 and the planner off (every round drafts)."""
+    from mlx_spec_apps.server.pair import Pair
+
+    base = Pair.load(str(tiny_models["qwen2"]), "none")
+    tok = base.tokenizer
+    target = Scripted(base.target, tok.encode(REPLY), tok.eos_token_id, pause)
+    pair = Pair(base.model_spec, draft, target, tok, num_draft=4)
+    pair.adaptive = False
+    return pair

@@ -31,6 +31,8 @@ class Slow:
         return self._model(*args, **kw)
 
     def __getattr__(self, name):
+        if name == "_model":  # a copy made without __init__
+            raise AttributeError(name)
         return getattr(self._model, name)
 
 
@@ -72,6 +74,7 @@ def test_eight_concurrent_clients_each_get_their_lone_output(served_pair):
         assert h["status"] == "ok" and h["queued"] == 0 and h["failed"] == 0 and h["rejected"] == 0
         assert h["completed"] == 2 * CLIENTS
         assert 1 < h["sessions"]["total"] <= 4 + IDLE_EXTRA  # they ran side by side, each with its own session
+        assert any(r["batched"] for r in h["requests"]) and h["batched"] == 0  # some shared batched rounds
         assert ask(srv.url, PROMPTS[0], stream=True) == alone[0]  # still healthy afterwards
 
 
@@ -118,3 +121,41 @@ def test_a_client_that_disconnects_stops_its_generation_within_one_round_and_fre
         assert next(q for q in later["requests"] if q["id"] == job_id)["rounds"] == job["rounds"]
         assert later["rounds"] == h["rounds"]  # nothing runs any more
         assert later["sessions"] == {"total": 0, "idle": 0}  # its session and caches were freed
+
+
+def test_four_batched_requests_of_other_lengths_drafters_and_finishes_each_equal_their_solo_run(tiny_models):
+    target = str(tiny_models["qwen2"])
+    pair = Pair.load(target, "suffix", num_draft=3)
+    pair.adaptive = False  # the batch drafts every round what its rows offer
+    pair = Pair(pair.model_spec, "suffix", Slow(pair.target, 0.01), pair.tokenizer, num_draft=3)
+    asks = [  # (endpoint, body): chat and raw completions, four drafters, a stop string, sampling aside
+        ("chat", dict(messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=40)),
+        ("chat", dict(messages=[{"role": "user", "content": PROMPTS[1]}], max_tokens=12, draft="ngram")),
+        ("text", dict(prompt="def add(a, b):\n    return a + b\ndef add(a, b):\n", max_tokens=30, draft="none")),
+        ("text", dict(prompt=PROMPTS[3], max_tokens=25, draft="hybrid")),  # its stop string is set below
+        ("chat", dict(messages=[{"role": "user", "content": PROMPTS[4]}], max_tokens=20, temperature=0.8)),
+    ]
+
+    def post(url, kind, body):
+        path = "v1/chat/completions" if kind == "chat" else "v1/completions"
+        r = httpx.post(url + path, json=dict(body, model="tiny"), timeout=60).json()
+        c = r["choices"][0]
+        return (c["message"]["content"] if kind == "chat" else c["text"]), c["finish_reason"], r["mlx_spec"]
+
+    with Running(build_app(pair, max_concurrency=8, max_tokens=40)) as srv:
+        asks[3][1]["stop"] = [post(srv.url, *asks[3])[0][10:13]]  # a piece of its own reply: it ends there
+        alone = [post(srv.url, k, b) for k, b in asks[:4]]  # one at a time: the single-stream engine
+        assert not any(q["batched"] for q in health(srv)["requests"])
+        results, threads = {}, []
+        for i, (kind, body) in enumerate(asks):
+            threads.append(threading.Thread(target=lambda i=i, k=kind, b=body: results.update({i: post(srv.url, k, b)})))
+            threads[-1].start()
+            time.sleep(0.05)  # in order: the first starts alone, the others join the batch as they come
+        for t in threads:
+            t.join(90)
+        h = wait_for(srv, lambda h: h["active"] == 0)
+        assert sum(q["batched"] for q in h["requests"][-5:]) >= 3 and h["failed"] == 0
+        for i in range(4):
+            assert results[i][:2] == alone[i][:2], i  # text and finish reason
+        assert {r[1] for r in alone} == {"length", "stop"}
+        assert results[4][2]["generation_tokens"] > 0  # a sampling row beside them

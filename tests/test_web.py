@@ -1,9 +1,9 @@
 """The web chat end to end in headless Chromium against a real server over a socket.
 
-The target is the tiny model made to answer with a scripted Markdown reply (a code block, bold text, a table): its
-logits are the model's own plus a large bonus for the script's next token, so the engine, the suffix drafter, the
-scheduler and the SSE stream all run for real while the reply has something to render. The user's message holds the
-code the reply repeats, so the suffix drafter's drafts are accepted and both kinds of token appear.
+The target is the tiny model made to answer with a scripted Markdown reply (conftest's `Scripted`: a code block, bold
+text, a table), so the engine, the suffix drafter, the scheduler and the SSE stream all run for real while the reply
+has something to render. The user's message holds the code the reply repeats, so the suffix drafter's drafts are
+accepted and both kinds of token appear.
 
 MLX_SPEC_SCREENSHOTS=DIR writes the page's screenshots (light, dark, narrow, overlay on and off) to DIR; the README's
 come from `MLX_SPEC_SCREENSHOTS=docs/screenshots .venv/bin/python -m pytest tests/test_web.py`.
@@ -16,65 +16,17 @@ import time
 from pathlib import Path
 
 import httpx
-import mlx.core as mx
-import numpy as np
 import pytest
-from conftest import health, wait_for
+from conftest import ASK, CODE, health, scripted_pair, wait_for
 
 from mlx_spec_apps.server.app import build_app
 from mlx_spec_apps.server.main import Running
-from mlx_spec_apps.server.pair import Pair
 
 CHROMIUM = shutil.which("chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--no-first-run"]
-CODE = "def add(a, b):\n    return a + b\n"
-REPLY = ("Here is the **fixed** function:\n\n```python\n" + CODE + "```\n\n"
-         "It adds `a` and `b`:\n\n| a | b | add(a, b) |\n|---|---|---|\n| 1 | 2 | 3 |\n\n"
-         "```python\n" + CODE + "```\n")
-ASK = "Fix this function:\n\ndef add(a, b):\n    return a - b\n"
-
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (setup.sh --dev "
                                                          "installs it where it can: apt-get install chromium)")
-
-
-class Scripted:
-    """The target, steered to answer `script` after any prompt: the logits of each position get a large bonus on
-    the script's next token (found from the longest script prefix the context ends with), EOS after its end."""
-
-    def __init__(self, model, script, eos, pause=0.0):
-        self._model, self._script, self._eos, self._pause = model, list(script), eos, pause
-        self._seen = []  # the token at each position of the cache, as fed
-
-    def _next(self, context):
-        s = self._script
-        for m in range(min(len(s), len(context)), 0, -1):
-            if context[-m:] == s[:m]:
-                return s[m] if m < len(s) else self._eos
-        return s[0]
-
-    def __call__(self, inputs, cache=None, **kw):
-        time.sleep(self._pause)
-        offset = cache[0].offset if cache else 0
-        fed = inputs[0].tolist()
-        self._seen[offset:] = fed
-        logits = self._model(inputs, cache=cache, **kw)
-        bonus = np.zeros(logits.shape[1:], dtype=np.float32)
-        bonus[np.arange(len(fed)), [self._next(self._seen[: offset + i + 1]) for i in range(len(fed))]] = 1e4
-        return logits + mx.array(bonus)[None]
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
-
-
-def scripted_pair(tiny_models, pause=0.0, draft="suffix"):
-    """The tiny target answering REPLY, drafted by `draft` with K=4 and the planner off (every round drafts)."""
-    base = Pair.load(str(tiny_models["qwen2"]), "none")
-    tok = base.tokenizer
-    target = Scripted(base.target, tok.encode(REPLY), tok.eos_token_id, pause)
-    pair = Pair(base.model_spec, draft, target, tok, num_draft=4)
-    pair.adaptive = False
-    return pair
 
 
 @pytest.fixture(scope="module")

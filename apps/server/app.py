@@ -129,9 +129,10 @@ class Api:
 
 
 def build_app(pair: Pair, *, api_key: Optional[str] = None, max_concurrency: int, max_tokens: int,
-              max_queue: Optional[int] = None) -> Starlette:
-    """The app; its lifespan starts and stops the scheduler thread. `app.state.scheduler` is it."""
-    scheduler = Scheduler(pair, max_concurrency, max_queue)
+              max_queue: Optional[int] = None, batch: bool = True) -> Starlette:
+    """The app; its lifespan starts and stops the scheduler thread. `app.state.scheduler` is it. batch: requests
+    that start while others generate share batched rounds (else every request takes its own turns)."""
+    scheduler = Scheduler(pair, max_concurrency, max_queue, batch)
     api = Api(pair, scheduler, api_key, max_tokens)
 
     @contextlib.asynccontextmanager

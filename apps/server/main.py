@@ -46,10 +46,10 @@ def _url(host: str, sock) -> str:
 def serve(*, model: str, draft, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
           api_key: Optional[str] = None, max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
           num_draft: Optional[int] = None, max_tokens: int = DEFAULT_MAX_TOKENS, fixed_draft: bool = False,
-          log: Log = _quiet) -> None:
+          batch: bool = True, log: Log = _quiet) -> None:
     """Serve the pair until Ctrl-C; the URL (port 0: the port picked) goes to stdout once it listens."""
     pair = Pair.load(model, draft, num_draft=num_draft, fixed=fixed_draft, log=log)
-    app = build_app(pair, api_key=api_key, max_concurrency=max_concurrency, max_tokens=max_tokens)
+    app = build_app(pair, api_key=api_key, max_concurrency=max_concurrency, max_tokens=max_tokens, batch=batch)
     config = _config(app, host, port)
     sock = config.bind_socket()
     url, device = _url(host, sock), describe()

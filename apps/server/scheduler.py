@@ -4,8 +4,9 @@ MLX must not compute from several threads at once, so every forward pass happens
 has its own `Session`; one turn asks its generator for one event, which runs a speculative round when
 the last one's tokens are used up and otherwise hands out an already verified token for free. Turns
 go round-robin, so a short request is never stuck behind a long one and every request keeps
-speculating. A cancelled job is closed at its next turn, so it stops within one round, and its
-session (with its caches) is freed.
+speculating. A request that starts while others generate joins the batch instead (`batching.py`):
+one batched round per turn advances all its rows in one forward pass. A cancelled job is closed at
+its next turn, so it stops within one round, and its session (with its caches) is freed.
 """
 
 import logging
@@ -20,6 +21,7 @@ import mlx.core as mx
 
 from mlx_spec.errors import MlxSpecError
 
+from .batching import Batcher
 from .errors import ApiError
 from .pair import Pair
 from .params import Params
@@ -81,12 +83,16 @@ class Job:
     pos: int = 0  # the last token's position in its round's draft (0: the target's own)
     session: object = None
     events: object = None
+    batched: bool = False  # its rounds run in the batch
     stops: Optional[StopText] = None
+
+    __hash__ = object.__hash__  # a job is itself: the batcher keys its rows by job
 
     def summary(self) -> dict:
         """This request's counters, for /health."""
         d = {"id": self.id, "state": self.state, "prompt_tokens": len(self.ids), "prompt_cached": self.prompt_cached,
-             "tokens": self.tokens, "rounds": self.rounds, "max_tokens": self.params.max_tokens}
+             "tokens": self.tokens, "rounds": self.rounds, "max_tokens": self.params.max_tokens,
+             "batched": self.batched}
         if self.rounds_at_cancel is not None:
             d["rounds_after_cancel"] = self.rounds - self.rounds_at_cancel
         return d
@@ -95,10 +101,11 @@ class Job:
 class Scheduler:
     """Runs up to `max_concurrency` jobs in turn on its own thread; up to `max_queue` more wait FIFO."""
 
-    def __init__(self, pair: Pair, max_concurrency: int, max_queue: Optional[int] = None):
+    def __init__(self, pair: Pair, max_concurrency: int, max_queue: Optional[int] = None, batch: bool = True):
         if max_concurrency < 1:
             raise MlxSpecError(f"--max-concurrency must be >= 1, got {max_concurrency}")
         self.pair, self.max_concurrency = pair, max_concurrency
+        self.batcher = Batcher(pair) if batch else None
         self.max_queue = QUEUE_PER_SLOT * max_concurrency if max_queue is None else max_queue
         self.pool = SessionPool(pair.new_session, max_concurrency + IDLE_EXTRA)
         self.counts = dict(completed=0, cancelled=0, failed=0, rejected=0, rounds=0, tokens=0)
@@ -141,6 +148,7 @@ class Scheduler:
             return {"status": "ok" if self._thread and self._thread.is_alive() else "stopped",
                     "active": len(self._active), "queued": len(self._waiting),
                     "max_concurrency": self.max_concurrency, "max_queue": self.max_queue,
+                    "batched": len(self.batcher) if self.batcher is not None else None,
                     **self.counts, "sessions": {"total": self.pool.total, "idle": len(self.pool.idle)},
                     "requests": [j.summary() for j in jobs]}
 
@@ -184,20 +192,29 @@ class Scheduler:
                 except Exception as e:  # a bug in the bookkeeping: fail this request, keep the thread alive
                     log.exception("request %s failed", job.id)
                     self._finish(job, "failed", Failed(ApiError(500, f"{type(e).__name__}: {e}", type="server_error")))
+            if self.batcher is not None and len(self.batcher):
+                self._batched_round()
         gone = Failed(ApiError(503, "the server is shutting down", type="server_error"))
         for job in list(self._active) + list(self._waiting):
             self._finish(job, "cancelled", gone)
 
     def _advance(self, job: Job) -> None:
-        """One event of one job: its next token, from a new round if the last one is used up."""
+        """One event of one job: its next token, from a new round if the last one is used up (a batched job: only
+        a cancel, its tokens come from the batched round)."""
         if job.cancel_requested:
             return self._finish(job, "cancelled", None)
+        if job.batched:
+            return
         p = job.params
         try:
             if job.events is None:
                 job.session = self.pool.acquire(job.ids)
                 self.pair.use(job.session, p.draft)
                 job.stops = StopText(p.stop)
+                if self.batcher is not None and len(self._active) > 1 and self.batcher.can_join(job):
+                    self.batcher.join(job)  # others are generating: it joins their batched rounds
+                    job.batched = True
+                    return
                 job.events = job.session.generate(job.ids, max_tokens=p.max_tokens, temp=p.temp, top_p=p.top_p,
                                                   top_k=p.top_k)
             if p.seed is not None:
@@ -215,6 +232,24 @@ class Scheduler:
                 mx.random.seed(random.getrandbits(64))
         if ev is None:  # the engine stopped without a finish reason (it always gives one; defensive)
             return self._finish(job, "completed", Done("stop", {}))
+        self._handle(job, ev)
+
+    def _batched_round(self) -> None:
+        """One round of every batched job, then each one's events in order."""
+        try:
+            events = self.batcher.round()
+        except Exception as e:  # a bug: fail the batched requests, keep serving the others
+            log.exception("a batched round failed")
+            error = Failed(ApiError(500, f"generation failed: {type(e).__name__}: {e}", type="server_error"))
+            for job in self.batcher.clear():
+                self._finish(job, "failed", error)
+            return
+        for job, ev in events:
+            if job.state == "active":  # a stop string may have ended it at an earlier token of this round
+                self._handle(job, ev)
+
+    def _handle(self, job: Job, ev) -> None:
+        """A job's next token: counters, stop strings, the delta to send, and its end."""
         s = ev.stats
         self.counts["rounds"] += s.rounds - job.rounds
         self.counts["tokens"] += 1
@@ -237,6 +272,8 @@ class Scheduler:
         """Close the job's generator here, on the model thread, and give its session back (or free it)."""
         if job.events is not None:
             job.events.close()  # the session's caches are consistent after a close at any point
+        if job.batched and job in self.batcher.members:
+            self.batcher.leave(job)  # its cache goes back to its session
         if job.session is not None:
             # A finished reply keeps its caches for the conversation's next turn; a client that went away
             # (or a failure) frees them: nobody is coming back for that state.

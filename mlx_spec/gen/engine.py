@@ -62,7 +62,7 @@ class _Peak:
         return max(0, top - self.base) / 1e9
 
 
-def _prefill(model, cache, tokens: List[int], room: Optional[int]) -> None:
+def prefill_cache(model, cache, tokens: List[int], room: Optional[int]) -> None:
     """Feed `tokens` in chunks; where the device builds per shape, the last chunk runs at a padded size (dummy
     positions trimmed at once) so a new prompt length is not a new shape. room: positions left in the context."""
     pad = shapes.builds_per_shape() and shapes.paddable(cache)
@@ -235,7 +235,7 @@ def speculative_generate_step(
     start = time.perf_counter()  # prompt time includes the drafter's own prompt processing
     with mx.stream(generation_stream):
         try:
-            _prefill(model, cache, context[cached:-1], None if limit is None else limit - cached)
+            prefill_cache(model, cache, context[cached:-1], None if limit is None else limit - cached)
             if drafter is not None:
                 for part in drafter.parts:
                     part.reset(context, cache)

@@ -7,6 +7,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache
 from .cache import cache_tokens, new_cache, rewind
 from .drafters.base import Drafter
 from .drafters.model import common_prefix
+from .engine import prefill_cache
 from .planner import Planner
 from .registry import default_num_draft
 from .stream import Event, stream_generate
@@ -59,6 +60,25 @@ class Session:
                 self.tokens = self.tokens[:keep]
             else:  # a sliding-window cache past its window, a recurrent layer's history that does not reach
                 self.reset()
+
+    def prefill(self, prompt_ids: List[int]) -> int:
+        """Make the cache hold the conversation `prompt_ids` minus its last token, for a generation that runs
+        elsewhere (a batch, `gen.batch`); returns how many tokens were cached already. Give the cache back with
+        `restore`."""
+        ids = list(prompt_ids)
+        self._reuse(ids)
+        cached = len(self.tokens)
+        try:
+            prefill_cache(self.model, self.cache, ids[cached:-1], None)
+        except BaseException:
+            self.reset()
+            raise
+        self.tokens = ids[:-1]
+        return cached
+
+    def restore(self, cache: list, tokens: List[int]) -> None:
+        """Take back a cache holding `tokens` (a batch's row, extracted): the next turn reuses it."""
+        self.cache, self.tokens = cache, list(tokens)
 
     def generate(self, prompt_ids: List[int], **kwargs) -> Iterator[Event]:
         """Events for the next reply to the whole conversation `prompt_ids` (kwargs: `stream_generate`'s)."""

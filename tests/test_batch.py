@@ -1,0 +1,160 @@
+"""Batched speculation: rows verified in one forward pass each equal their solo runs (greedy), keep the target's law
+(sampling, a chi-square test that a broken rule fails), leave with an exact cache, and the batch planner chooses
+plain batched decoding where drafting cannot pay."""
+
+import mlx.core as mx
+import pytest
+from conftest import (N_TOKENS, PROMPT, REPEATING, SAMPLES, V, chi_square_pvalue_ok, exact_joint, plain_greedy,
+                      sample_pairs, tiny)
+
+from mlx_spec.gen import batch as B
+from mlx_spec.gen.batch import Batch, BatchPlanner, Row
+from mlx_spec.gen.cache import new_cache
+from mlx_spec.gen.drafters.hybrid import HybridDrafter
+from mlx_spec.gen.drafters.model import ModelDrafter
+from mlx_spec.gen.drafters.ngram import NGramDrafter
+from mlx_spec.gen.drafters.suffix import SuffixDrafter
+from mlx_spec.gen.engine import prefill_cache, speculative_generate_step
+from mlx_spec.gen.sampling import make_probs_fn
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny(1, 3.0, layers=2)
+
+
+def row(model, prompt, drafter, max_tokens, probs_fn=None, eos=(), k=4):
+    """A row and its solo-prefilled cache (the context minus its last token)."""
+    cache = new_cache(model)
+    prefill_cache(model, cache, prompt[:-1], None)
+    return Row(list(prompt), drafter, probs_fn, max_tokens, "length", frozenset(eos), k), cache
+
+
+def run(b: Batch, outs: dict, rounds=None):
+    """Rounds until every row is done (or `rounds` of them); finished rows leave, their caches checked."""
+    n = 0
+    while b.rows and (rounds is None or n < rounds):
+        for i, steps in b.round().items():
+            outs.setdefault(id(b.rows[i]), []).extend(s.token for s in steps)
+        for r in [r for r in b.rows if r.done]:
+            cache = b.remove(r)
+            assert {c.offset for c in cache} == {len(r.context) - 1}
+        n += 1
+
+
+def test_every_row_of_a_batch_equals_its_solo_greedy_run_as_rows_join_and_leave(target):
+    prompts = [REPEATING, PROMPT, [2, 2, 1, 0, 2, 2, 1], REPEATING + [2, 1, 3], [0, 1]]
+    drafters = [NGramDrafter(), SuffixDrafter(), None, HybridDrafter([SuffixDrafter(), NGramDrafter()], None),
+                SuffixDrafter()]
+    maxes, eos = [12, 20, 7, 16, 10], [(), (), (), (3,), ()]
+    b, outs = Batch(target, 4, adaptive=False), {}  # every round drafts what the rows offer
+    rows = []
+    for p, d, m, e in list(zip(prompts, drafters, maxes, eos))[:4]:
+        r, cache = row(target, p, d, m, eos=e)
+        b.add(r, cache)
+        rows.append(r)
+    run(b, outs, rounds=2)
+    r, cache = row(target, prompts[4], drafters[4], maxes[4])  # joins two rounds in
+    b.add(r, cache)
+    rows.append(r)
+    run(b, outs)
+    drafted = 0
+    for r, p, m, e in zip(rows, prompts, maxes, eos):
+        assert outs[id(r)] == plain_greedy(target, p, m, eos=e)
+        drafted += r.stats.accepted
+    assert drafted > 10  # drafts were accepted, so rows were rewound by different amounts
+
+
+def test_a_row_leaving_mid_generation_continues_alone_from_its_extracted_cache(target):
+    b = Batch(target, 4, adaptive=False)
+    a, cache_a = row(target, REPEATING, SuffixDrafter(), 30)
+    c, cache_c = row(target, PROMPT, NGramDrafter(), 30)
+    b.add(a, cache_a)
+    b.add(c, cache_c)
+    outs = {}
+    run(b, outs, rounds=3)
+    cache = b.remove(a)  # cancelled, say: the session keeps the cache for the conversation's next turn
+    assert {x.offset for x in cache} == {len(a.context) - 1}
+    rest = [s.token for s in speculative_generate_step(a.context, target, SuffixDrafter(), prompt_cache=cache,
+                                                        max_tokens=30 - len(outs[id(a)]))]
+    assert outs[id(a)] + rest == plain_greedy(target, REPEATING, 30)
+    run(b, outs)
+    assert outs[id(c)] == plain_greedy(target, PROMPT, 30)
+
+
+def sample_row0(target, kw, others=True):
+    """One sample: row 0 (REPEATING, n-gram drafts of 2) beside a sampling row of another length, row 0's N_TOKENS
+    tokens. The rows' prefilled caches are made once: joining a batch copies a cache, never changes it."""
+    probs_fn = make_probs_fn(**kw)
+    seen = []
+    prompts = [REPEATING] + ([PROMPT] if others else [])
+    caches = [row(target, p, None, 1)[1] for p in prompts]
+
+    def one():
+        b = Batch(target, 2, adaptive=False)
+        rows = [Row(list(p), d, probs_fn, n, "length", frozenset(), 2)
+                for p, d, n in zip(prompts, (NGramDrafter(), SuffixDrafter()), (N_TOKENS, 6))]
+        for r, c in zip(rows, caches):
+            b.add(r, c)
+        toks = []
+        while not rows[0].done:
+            toks += [s.token for s in b.round()[0]]
+        seen.append(len(rows[0].stats.proposed_by_position))
+        return toks
+    return one, seen
+
+
+def test_a_batched_round_keeps_the_targets_law(target):
+    kw = dict(temp=1.0)
+    fn, seen = sample_row0(target, kw)
+    counts = sample_pairs(fn, SAMPLES // 2)
+    assert min(seen) == max(seen) == 2  # every sample verified two draft positions
+    ok, stat, crit = chi_square_pvalue_ok(counts, exact_joint(target, make_probs_fn(**kw), REPEATING), SAMPLES // 2)
+    assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
+
+
+def test_a_broken_acceptance_rule_in_the_batch_fails_the_same_test(target, monkeypatch):
+    real = B.sampling_targets
+    monkeypatch.setattr(B, "sampling_targets", lambda q, d, p: (mx.ones(d.shape, dtype=mx.bool_), real(q, d, p)[1]))
+    kw = dict(temp=1.0)
+    fn, _ = sample_row0(target, kw, others=False)
+    counts = sample_pairs(fn, SAMPLES // 4)
+    ok, stat, crit = chi_square_pvalue_ok(counts, exact_joint(target, make_probs_fn(**kw), REPEATING), SAMPLES // 4)
+    assert not ok, f"always accepting passed: chi2 {stat:.1f} < {crit:.1f}"
+
+
+def rows_with(accept: float, n: int):
+    rows = []
+    for _ in range(n):
+        r = Row([0], None, None, 100, "length", frozenset(), 8)
+        r.accepted, r.judged = accept, 1.0
+        rows.append(r)
+    return rows
+
+
+def test_the_batch_planner_drafts_where_a_pass_costs_its_launches_and_not_where_it_costs_its_positions():
+    launch_bound = BatchPlanner(8)  # a GPU's small model: a round costs the same at any width
+    per_position = BatchPlanner(8)  # a CPU: a round costs its rows times positions
+    for b in (1, 4):
+        for t in (1, 3, 9):
+            launch_bound.record(b, t, 0.010)
+            per_position.record(b, t, 0.002 + 0.010 * b * t)
+    assert launch_bound.choose(rows_with(0.7, 4), [8] * 4) == 8
+    assert per_position.choose(rows_with(0.7, 4), [8] * 4) == 0  # plain batched decoding
+    fresh = BatchPlanner(8)
+    assert fresh.choose(rows_with(0.5, 2), [5, 0]) == 0  # plain first, then the widest draft, then the fit
+    fresh.record(2, 1, 0.01)
+    assert fresh.choose(rows_with(0.5, 2), [5, 0]) == 5
+    assert fresh.choose(rows_with(0.5, 2), [0, 0]) == 0  # nothing offered: plain
+
+
+def test_only_plain_kv_caches_batch_and_a_batched_row_drafts_with_its_table_lookups(target, tiny_models):
+    from mlx_spec.gen.batch import batchable
+    from mlx_spec.named import load_model
+
+    assert batchable(None, new_cache(target))
+    gemma = load_model(str(tiny_models["gemma3"]))[0]  # sliding-window layers: RotatingKVCache
+    assert not batchable(None, new_cache(gemma))
+    suffix, model = SuffixDrafter(), ModelDrafter(tiny(0, 1.5), V)
+    r = Row([0], HybridDrafter([suffix], model), None, 10, "length", frozenset(), 4)
+    assert r.sources() == [suffix]
