@@ -137,12 +137,18 @@ def test_the_batch_planner_drafts_where_a_pass_costs_its_launches_and_not_where_
     per_position = BatchPlanner(8)  # a CPU: a round costs its rows times positions
     for b in (1, 4):
         for t in (1, 3, 9):
+            launch_bound.record(b, t, 5.0)  # the first round of a shape is not kept: a kernel build on a GPU
+            per_position.record(b, t, 5.0)
             launch_bound.record(b, t, 0.010)
-            per_position.record(b, t, 0.002 + 0.010 * b * t)
+            per_position.record(b, t, 0.0002 + 0.010 * b * t)
     assert launch_bound.choose(rows_with(0.7, 4), [8] * 4) == 8
     assert per_position.choose(rows_with(0.7, 4), [8] * 4) == 0  # plain batched decoding
+    assert launch_bound.pays(4) and not per_position.pays(4)  # there, a request keeps its own turns
+    assert BatchPlanner().pays(4)  # until measured: batch, and measure
     fresh = BatchPlanner(8)
     assert fresh.choose(rows_with(0.5, 2), [5, 0]) == 0  # plain first, then the widest draft, then the fit
+    fresh.record(2, 1, 0.01)
+    assert fresh.choose(rows_with(0.5, 2), [5, 0]) == 0  # the first round of a shape does not count
     fresh.record(2, 1, 0.01)
     assert fresh.choose(rows_with(0.5, 2), [5, 0]) == 5
     assert fresh.choose(rows_with(0.5, 2), [0, 0]) == 0  # nothing offered: plain

@@ -7,8 +7,10 @@ import time
 
 import httpx
 import openai
+import pytest
 from conftest import health, wait_for
 
+from mlx_spec.gen.batch import BatchPlanner
 from mlx_spec_apps.server.app import build_app
 from mlx_spec_apps.server.main import Running
 from mlx_spec_apps.server.pair import Pair
@@ -51,7 +53,13 @@ def ask(url, prompt, stream, max_tokens=24):
     return r.choices[0].message.content
 
 
-def test_eight_concurrent_clients_each_get_their_lone_output(served_pair):
+@pytest.fixture
+def always_batch(monkeypatch):
+    """Requests join the batch whatever round costs this machine measures (the tests are about batched outputs)."""
+    monkeypatch.setattr(BatchPlanner, "pays", lambda self, rows: True)
+
+
+def test_eight_concurrent_clients_each_get_their_lone_output(served_pair, always_batch):
     with Running(build_app(served_pair, max_concurrency=4, max_tokens=24)) as srv:
         alone = [ask(srv.url, p, stream=False) for p in PROMPTS]
         results, errors = {}, []
@@ -123,7 +131,8 @@ def test_a_client_that_disconnects_stops_its_generation_within_one_round_and_fre
         assert later["sessions"] == {"total": 0, "idle": 0}  # its session and caches were freed
 
 
-def test_four_batched_requests_of_other_lengths_drafters_and_finishes_each_equal_their_solo_run(tiny_models):
+def test_four_batched_requests_of_other_lengths_drafters_and_finishes_each_equal_their_solo_run(tiny_models,
+                                                                                                always_batch):
     target = str(tiny_models["qwen2"])
     pair = Pair.load(target, "suffix", num_draft=3)
     pair.adaptive = False  # the batch drafts every round what its rows offer
@@ -154,7 +163,7 @@ def test_four_batched_requests_of_other_lengths_drafters_and_finishes_each_equal
         for t in threads:
             t.join(90)
         h = wait_for(srv, lambda h: h["active"] == 0)
-        assert sum(q["batched"] for q in h["requests"][-5:]) >= 3 and h["failed"] == 0
+        assert all(q["batched"] for q in h["requests"][-5:]) and h["failed"] == 0  # the first moved in when the second came
         for i in range(4):
             assert results[i][:2] == alone[i][:2], i  # text and finish reason
         assert {r[1] for r in alone} == {"length", "stop"}

@@ -7,26 +7,32 @@ from conftest import long_context, one_line_error, run_cli
 from mlx_spec_apps.server.throughput import ThroughputSettings, run_throughput
 
 
-def test_served_throughput_reports_every_cell_and_identical_replies(tiny_models, tmp_path):
+def test_served_throughput_reports_every_cell_and_mode_and_identical_replies(tiny_models, tmp_path):
     target = long_context(tiny_models["qwen2"], tmp_path / "target")
     s = ThroughputSettings(model=str(target), draft="ngram", clients=[1, 2], max_tokens=8, repeats=2)
     run = run_throughput(s, str(tmp_path / "runs"))
     data = json.loads(run.json_path.read_text())
-    assert data["complete"] and len(data["cells"]) == 2 * 2 * 2  # repeats x client counts x on/off
+    assert data["complete"] and len(data["cells"]) == 2 * 2 * 4  # repeats x client counts x modes
+    modes = [c["mode"] for c in data["cells"]]
+    assert modes[:4] == ["off", "turns", "on", "mlx-lm"] and modes[8:12] == ["turns", "on", "mlx-lm", "off"]
     prompts = [tuple(c["prompts"]) for c in data["cells"] if c["mode"] == "on"]
     assert len(set(prompts)) == len(prompts)  # fresh prompts in every cell: no cache reuse flatters a mode
     for c in data["cells"]:
         assert len(c["texts"]) == len(c["latencies_s"]) == c["clients"] and c["wall_s"] > 0
         assert 0 < c["tokens"] <= 8 * c["clients"]
-    assert data["identical"] == [4, 4]  # lossless under concurrency: greedy replies match plain decoding
+    assert data["identical"] == [8, 8]  # lossless under concurrency: greedy replies match plain decoding
+    plain = {(c["clients"], c["repeat"]): c["texts"] for c in data["cells"] if c["mode"] == "off"}
+    ours = {(c["clients"], c["repeat"]): c["texts"] for c in data["cells"] if c["mode"] == "mlx-lm"}
+    assert ours == plain  # mlx-lm's batch generator answers the same prompts the same way
     rows = {(r["clients"], r["mode"]): r for r in data["summary"]}
-    assert set(rows) == {(1, "off"), (1, "on"), (2, "off"), (2, "on")}
-    on = [c for c in data["cells"] if c["mode"] == "on" and c["clients"] == 2]
-    off = [c for c in data["cells"] if c["mode"] == "off" and c["clients"] == 2]
-    ratios = sorted(a["tokens"] / a["wall_s"] / (b["tokens"] / b["wall_s"]) for a, b in zip(on, off))
-    assert rows[(2, "on")]["vs_off_range"] == ratios
-    assert rows[(1, "off")]["vs_first_clients"] == 1.0
-    assert "| Clients | Drafter |" in run.md_path.read_text()
+    assert set(rows) == {(c, m) for c in (1, 2) for m in ("off", "turns", "on", "mlx-lm")}
+    on = sorted((c["repeat"], c["tokens"] / c["wall_s"]) for c in data["cells"] if c["mode"] == "on" and c["clients"] == 2)
+    turns = sorted((c["repeat"], c["tokens"] / c["wall_s"]) for c in data["cells"]
+                   if c["mode"] == "turns" and c["clients"] == 2)
+    assert rows[(2, "on")]["vs_turns_range"] == sorted(a / b for (_, a), (_, b) in zip(on, turns))
+    assert rows[(1, "off")]["vs_first_clients"] == 1.0 and rows[(2, "turns")]["vs_turns"] is None
+    md = run.md_path.read_text()
+    assert "| Clients | Mode |" in md and "drafter, batched" in md and "mlx-lm BatchGenerator" in md
 
 
 def test_bench_serve_refuses_a_run_without_a_drafter_in_one_line(tiny_models):

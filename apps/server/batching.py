@@ -1,14 +1,17 @@
 """The server's batched rounds: requests that start while others generate join one `gen.batch.Batch`, whose every
 round verifies all of them in one target forward pass; each keeps its own session, sampling rule and stats.
 
-A request joins when it has no seed (a seeded request reseeds per turn, which one shared round cannot do) and its
-session's target cache is a plain KV cache; it stays in the batch to its end, and leaves with its cache back in its
+A request joins when it has no seed (a seeded request reseeds per turn, which one shared round cannot do), its
+session's target cache is a plain KV cache, and the batch's measured round costs say a batched round is cheaper than
+as many single ones (`BatchPlanner.pays`: on a device where a pass costs its positions, as this project's CPU,
+requests keep their own turns and their draft models); it stays in the batch to its end, and leaves with its cache back in its
 session, so the conversation's next turn reuses it. A request that starts alone runs the single-stream engine (with
-its draft model and planner): at one client the server is the engine.
+its draft model and planner): at one client the server is the engine; when a second one comes, the first moves into
+the batch between two of its tokens (its engine closed, its cache exact, its text and counters carried over).
 """
 
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from mlx_spec.gen.batch import Batch, Row, batchable
 from mlx_spec.gen.engine import context_limit
@@ -23,6 +26,7 @@ class Member:
 
     row: Row
     detok: object
+    pending: str = ""  # text owed from before it joined, sent with its next token
 
 
 class Batcher:
@@ -37,22 +41,37 @@ class Batcher:
         return len(self.members)
 
     def can_join(self, job) -> bool:
-        return job.params.seed is None and batchable(job.session.drafter, job.session.cache)
+        """A request without a seed, on a plain KV cache, where the measured round costs say batching pays."""
+        return (job.params.seed is None and batchable(job.session.drafter, job.session.cache)
+                and self.batch.planner.pays(len(self.batch.rows) + 1))
 
-    def join(self, job) -> None:
-        """Prefill the request's prompt on its session (reusing the cached prefix), then add it as a row."""
-        p, ids, session = job.params, list(job.ids), job.session
+    def join(self, job, produced: Optional[List[int]] = None, stats: Optional[Stats] = None, sent: str = "") -> None:
+        """Prefill the request's prompt on its session (reusing the cached prefix), then add it as a row.
+
+        A request that was generating alone (its engine generator closed, so its session's cache holds the
+        context minus the last token) joins with what it `produced`, its `stats` and the text it `sent`."""
+        p, session = job.params, job.session
         probs_fn = make_probs_fn(p.temp, p.top_p, p.top_k)  # a bad option fails here, before the batch sees it
-        cached = session.prefill(ids)
-        stats = Stats()
-        stats.prompt_tokens, stats.prompt_cached = len(ids), cached
+        produced = list(produced or [])
+        context = list(job.ids) + produced
+        cached = session.prefill(context)
+        if stats is None:
+            stats = Stats()
+            stats.prompt_tokens, stats.prompt_cached = len(job.ids), cached
         budget, at_limit, limit = p.max_tokens, "length", context_limit(self.pair.target)
-        if limit is not None and limit - len(ids) < budget:
-            budget, at_limit = limit - len(ids), "context"
-        row = Row(ids, session.drafter, probs_fn, budget, at_limit, frozenset(self.pair.tokenizer.eos_token_ids),
+        if limit is not None and limit - len(job.ids) < budget:
+            budget, at_limit = limit - len(job.ids), "context"
+        row = Row(context, session.drafter, probs_fn, budget, at_limit, frozenset(self.pair.tokenizer.eos_token_ids),
                   session.planner.k_max, stats=stats)
+        detok = self.pair.tokenizer.detokenizer
+        for t in produced:
+            if t not in row.eos:
+                detok.add_token(t)
+        pending = detok.last_segment[len(sent):]  # text held back mid-character when it left the engine
+        if produced:
+            row.first_at = row.started - stats.generation_time
         self.batch.add(row, session.cache)
-        self.members[job] = Member(row, self.pair.tokenizer.detokenizer)
+        self.members[job] = Member(row, detok, pending)
 
     def leave(self, job) -> None:
         """Take the request's row out; its session gets the row's cache (context minus the last token)."""
@@ -67,13 +86,14 @@ class Batcher:
         for i, steps in self.batch.round().items():
             row = self.batch.rows[i]
             job = jobs[id(row)]
-            detok = self.members[job].detok
+            member = self.members[job]
             for s in steps:
                 if s.token not in row.eos:
-                    detok.add_token(s.token)
+                    member.detok.add_token(s.token)
                 if s.finish_reason:
-                    detok.finalize()
-                out.append((job, Event(s.token, detok.last_segment, s.from_draft, row.stats, s.finish_reason)))
+                    member.detok.finalize()
+                text, member.pending = member.pending + member.detok.last_segment, ""
+                out.append((job, Event(s.token, text, s.from_draft, row.stats, s.finish_reason)))
         return out
 
     def clear(self) -> List[object]:

@@ -26,7 +26,8 @@ def serve(
     num_draft: Optional[int] = typer.Option(None, help=NUM_DRAFT_HELP),
     out: str = typer.Option(DEFAULT_OUT, help="Folder for the run's JSON and markdown"),
 ):
-    """Served throughput of N concurrent clients with the drafter on and off, as ratios from one run."""
+    """Served throughput of N concurrent clients: plain (batched), the drafter turn-taking, the drafter batched, and
+    mlx-lm's BatchGenerator, as ratios from one run."""
     from .throughput import ThroughputSettings, run_throughput
 
     if hint := blas.hint():

@@ -84,6 +84,8 @@ class Job:
     session: object = None
     events: object = None
     batched: bool = False  # its rounds run in the batch
+    produced: List[int] = field(default_factory=list)  # its tokens so far
+    stats: object = None  # the engine's counters of its reply so far
     stops: Optional[StopText] = None
 
     __hash__ = object.__hash__  # a job is itself: the batcher keys its rows by job
@@ -212,6 +214,9 @@ class Scheduler:
                 self.pair.use(job.session, p.draft)
                 job.stops = StopText(p.stop)
                 if self.batcher is not None and len(self._active) > 1 and self.batcher.can_join(job):
+                    for other in self._active:  # those generating alone move into the batch first
+                        if other.events is not None and not other.cancel_requested and self.batcher.can_join(other):
+                            self._move_to_batch(other)
                     self.batcher.join(job)  # others are generating: it joins their batched rounds
                     job.batched = True
                     return
@@ -234,6 +239,14 @@ class Scheduler:
             return self._finish(job, "completed", Done("stop", {}))
         self._handle(job, ev)
 
+    def _move_to_batch(self, job: Job) -> None:
+        """A job generating alone joins the batch between two of its tokens: its engine generator closes (the
+        session's cache then holds its context minus the last token) and its row carries its tokens and stats."""
+        job.events.close()
+        job.events = None
+        self.batcher.join(job, job.produced, job.stats, job.stops.text)
+        job.batched = True
+
     def _batched_round(self) -> None:
         """One round of every batched job, then each one's events in order."""
         try:
@@ -251,6 +264,8 @@ class Scheduler:
     def _handle(self, job: Job, ev) -> None:
         """A job's next token: counters, stop strings, the delta to send, and its end."""
         s = ev.stats
+        job.produced.append(ev.token)
+        job.stats = s
         self.counts["rounds"] += s.rounds - job.rounds
         self.counts["tokens"] += 1
         job.pos = ((job.pos if s.rounds == job.rounds else 0) + 1) if ev.from_draft else 0

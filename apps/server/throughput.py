@@ -1,10 +1,13 @@
-"""Served throughput: 1, 2, 4... concurrent clients against `mlx-spec serve`, drafter on and off, in one process.
+"""Served throughput: 1, 2, 4... concurrent clients against `mlx-spec serve` in four modes, in one process.
 
-Two servers share the loaded weights, one with the pair's drafter and one with none, and listen on
-loopback; the clients are the official `openai` client on threads, as a user's programs would be.
-Each cell (a client count, a repeat) sends the same fresh prompts to both servers, alternating which
-goes first, so the ratio "drafter on / off" compares like with like and shares the machine's noise.
-Throughput is the completion tokens of the cell over its wall time, first request sent to last reply.
+Three servers share the loaded weights and listen on loopback: `off`, no drafter (plain decoding, batched: requests
+that start while others generate share each forward pass); `turns`, the pair's drafter with each request taking its
+own turns (`serve --no-batch`); `on`, the drafter with batched speculation (the default). The fourth mode, `mlx-lm`,
+is mlx-lm's own `batch_generate` (its `BatchGenerator`, no draft) on the same prompts, called directly (no HTTP: the
+comparison flatters it by the server's overhead). The clients are the official `openai` client on threads, as a
+user's programs would be. Each cell (a client count, a repeat) sends the same fresh prompts to every mode, the order
+turning from repeat to repeat, so the ratios compare like with like and share the machine's noise. Throughput is the
+completion tokens of the cell over its wall time, first request sent to last reply.
 """
 
 import dataclasses
@@ -26,7 +29,8 @@ from .main import Running
 from .pair import Pair
 
 WARMUP_TOKENS = 4
-MODES = ("off", "on")  # drafter off (plain decoding) first: it is the baseline of every ratio
+MODES = ("off", "turns", "on", "mlx-lm")  # off (plain decoding) first: it is the baseline of the ratios
+SERVED = ("off", "turns", "on")
 
 
 @dataclass
@@ -71,6 +75,20 @@ class Cell:
 def _ask(client, text: str, max_tokens: int):
     return client.chat.completions.create(model="served", messages=[{"role": "user", "content": text}],
                                           max_tokens=max_tokens, temperature=0.0)
+
+
+def run_mlx_lm(pair: Pair, cell: Cell, max_tokens: int) -> Cell:
+    """The cell's prompts through mlx-lm's `batch_generate` (greedy), timed the same way."""
+    from mlx_lm.generate import batch_generate
+
+    prompts = [pair.chat_ids([{"role": "user", "content": text}]) for text in cell.prompts]
+    t0 = time.perf_counter()
+    r = batch_generate(pair.target, pair.tokenizer, prompts, max_tokens=max_tokens, return_token_ids=True)
+    cell.wall_s = time.perf_counter() - t0
+    cell.texts = list(r.texts)
+    cell.tokens = sum(len(t) for t in r.token_ids)
+    cell.latencies_s = [cell.wall_s] * len(prompts)  # one call: every reply arrives at its end
+    return cell
 
 
 def run_cell(url: str, cell: Cell, max_tokens: int) -> Cell:
@@ -132,24 +150,35 @@ def plan_prompts(tokenizer, clients: Sequence[int], repeats: int) -> Dict[Tuple[
     return {cell: [pool[k].pop(0) for k in ks] for cell, ks in kinds.items()}
 
 
+def _ratios(mine: List[Cell], base: List[Cell]) -> Optional[List[float]]:
+    """Cell-by-cell throughput ratios against the same cells of another mode (same prompts, same repeat)."""
+    by = {x.repeat: x for x in base}
+    out = [x.tokens_per_second / by[x.repeat].tokens_per_second for x in mine
+           if x.repeat in by and by[x.repeat].tokens_per_second]
+    return out or None
+
+
 def summarize(cells: List[Cell], clients: Sequence[int]) -> List[dict]:
     """Per client count and mode: median throughput over repeats (with the spread) and the ratios."""
     rows = []
     for c in clients:
         by_mode = {m: [x for x in cells if x.clients == c and x.mode == m] for m in MODES}
-        pairs = list(zip(by_mode["off"], by_mode["on"]))
         for m in MODES:
             mine = by_mode[m]
             if not mine:
                 continue
             tps = [x.tokens_per_second for x in mine]
             one = [x.tokens_per_second for x in cells if x.clients == clients[0] and x.mode == m]
-            vs_off = [on.tokens_per_second / off.tokens_per_second for off, on in pairs if off.tokens_per_second]
+            vs = {b: _ratios(mine, by_mode[b]) if b != m else None for b in ("off", "turns", "mlx-lm")}
+            vs_off = vs["off"] or [1.0]
             rows.append({
                 "clients": c, "mode": m, "cells": len(mine), "tokens": sum(x.tokens for x in mine),
                 "tokens_per_second": statistics.median(tps), "min": min(tps), "max": max(tps),
-                "vs_off": statistics.median(vs_off) if m == "on" and vs_off else 1.0,
-                "vs_off_range": [min(vs_off), max(vs_off)] if m == "on" and vs_off else [1.0, 1.0],
+                "vs_off": statistics.median(vs_off), "vs_off_range": [min(vs_off), max(vs_off)],
+                "vs_turns": statistics.median(vs["turns"]) if vs["turns"] else None,
+                "vs_turns_range": [min(vs["turns"]), max(vs["turns"])] if vs["turns"] else None,
+                "vs_mlx_lm": statistics.median(vs["mlx-lm"]) if vs["mlx-lm"] else None,
+                "vs_mlx_lm_range": [min(vs["mlx-lm"]), max(vs["mlx-lm"])] if vs["mlx-lm"] else None,
                 "vs_first_clients": statistics.median(tps) / statistics.median(one) if one else None,
                 "acceptance": (sum(x.accepted for x in mine) / sum(x.drafted for x in mine)
                                if sum(x.drafted for x in mine) else None),
@@ -159,28 +188,41 @@ def summarize(cells: List[Cell], clients: Sequence[int]) -> List[dict]:
     return rows
 
 
+def _ratio(r: dict, key: str) -> str:
+    if r.get(key) is None:
+        return ""
+    lo, hi = r[key + "_range"]
+    return f"{r[key]:.2f}× ({lo:.2f}–{hi:.2f})"
+
+
+MODE_NAMES = {"off": "plain, batched", "turns": "drafter, turn-taking", "on": "drafter, batched",
+              "mlx-lm": "mlx-lm BatchGenerator"}
+
+
 def markdown(data: dict) -> str:
     s = data["settings"]
-    head = (f"# Served throughput: {s['model']} with drafter `{s['draft']}` on and off\n\n"
+    head = (f"# Served throughput: {s['model']} with drafter `{s['draft']}`\n\n"
             f"{machine_line(data['machine'])}\n\n"
             f"`{' '.join(data['command'])}`\n\n"
             f"{s['repeats']} repeat(s) per client count, {s['max_tokens']} max tokens per request, greedy; "
-            f"each cell sends the same fresh prompts to both servers; Prompts H/E/P counts the HumanEval, "
+            f"each cell sends the same fresh prompts to every mode; ratios are cell by cell (median, min–max); "
+            f"mlx-lm's `batch_generate` runs in-process without HTTP. Prompts H/E/P counts the HumanEval, "
             f"code-edit and prose prompts of a row (with a multiple of 3 repeats every client count gets the same "
-            f"mix; otherwise compare rows only through their drafter on / off ratios).\n\n")
-    rows = [[r["clients"], r["mode"], r["cells"], r["tokens"], r["tokens_per_second"],
-             f"{r['min']:.2f}–{r['max']:.2f}",
-             f"{r['vs_off']:.2f}× ({r['vs_off_range'][0]:.2f}–{r['vs_off_range'][1]:.2f})" if r["mode"] == "on" else "1.00×",
+            f"mix).\n\n")
+    rows = [[r["clients"], MODE_NAMES.get(r["mode"], r["mode"]), r["cells"], r["tokens"], r["tokens_per_second"],
+             f"{r['min']:.2f}–{r['max']:.2f}", _ratio(r, "vs_off") if r["mode"] != "off" else "1.00×",
+             _ratio(r, "vs_turns") if r["mode"] != "turns" else "1.00×",
+             _ratio(r, "vs_mlx_lm") if r["mode"] != "mlx-lm" else "1.00×",
              f"{r['vs_first_clients']:.2f}×" if r["vs_first_clients"] else "",
              f"{100 * r['acceptance']:.1f}%" if r["acceptance"] is not None else "", f"{r['latency_s']:.1f}",
              "/".join(str(r["kinds"][k]) for k in KINDS)]
             for r in data["summary"]]
-    table = md_table(["Clients", "Drafter", "Cells", "Tokens", "Tokens/s (median)", "Spread",
-                      "Drafter on / off", f"vs {s['clients'][0]} client(s)", "Acceptance", "Latency s (median)",
-                      "Prompts H/E/P"],
+    table = md_table(["Clients", "Mode", "Cells", "Tokens", "Tokens/s (median)", "Spread", "vs plain",
+                      "vs turn-taking", "vs mlx-lm", f"vs {s['clients'][0]} client(s)", "Acceptance",
+                      "Latency s (median)", "Prompts H/E/P"],
                      rows)
     same = data["identical"]
-    return (head + table + f"\n\nReplies identical with the drafter on and off (greedy): "
+    return (head + table + f"\n\nReplies identical to plain decoding (greedy), drafter turn-taking and batched: "
             f"{same[0]}/{same[1]}.\n")
 
 
@@ -194,24 +236,29 @@ def run_throughput(s: ThroughputSettings, out: str, log: Log = lambda _m: None) 
     concurrency = max(s.clients)
     cells: List[Cell] = []
     with Running(build_app(on, max_concurrency=concurrency, max_tokens=s.max_tokens)) as srv_on, \
+            Running(build_app(on, max_concurrency=concurrency, max_tokens=s.max_tokens, batch=False)) as srv_turns, \
             Running(build_app(off, max_concurrency=concurrency, max_tokens=s.max_tokens)) as srv_off:
-        urls = {"on": srv_on.url, "off": srv_off.url}
-        for mode in MODES:  # untimed: the first forward passes of each server build MLX's kernels
-            run_cell(urls[mode], Cell(1, -1, mode, [bench_prompts.WARMUP_PROMPT]), WARMUP_TOKENS)
+        urls = {"on": srv_on.url, "turns": srv_turns.url, "off": srv_off.url}
+
+        def measure(mode: str, cell: Cell, max_tokens: int) -> Cell:
+            return run_mlx_lm(off, cell, max_tokens) if mode == "mlx-lm" else run_cell(urls[mode], cell, max_tokens)
+
+        for mode in MODES:  # untimed: the first forward passes of each mode build MLX's kernels
+            measure(mode, Cell(2, -1, mode, [bench_prompts.WARMUP_PROMPT] * 2), WARMUP_TOKENS)
         for r in range(s.repeats):
             for c in s.clients:
                 chosen = plan[(c, r)]
-                order = MODES if r % 2 == 0 else MODES[::-1]
+                order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
                 for mode in order:
-                    cell = run_cell(urls[mode], Cell(c, r, mode, [p.text for p in chosen], [p.set for p in chosen]),
-                                    s.max_tokens)
+                    cell = measure(mode, Cell(c, r, mode, [p.text for p in chosen], [p.set for p in chosen]),
+                                   s.max_tokens)
                     cells.append(cell)
                     log(f"repeat {r + 1}/{s.repeats}, {c} client(s), drafter {mode}: {cell.tokens} tokens in "
                         f"{cell.wall_s:.1f} s = {cell.tokens_per_second:.2f} tokens/s")
                     run.data["cells"] = [dataclasses.asdict(x) for x in cells]
                     run.flush()
     pairs = [(a, b) for a in cells for b in cells
-             if a.mode == "off" and b.mode == "on" and (a.clients, a.repeat) == (b.clients, b.repeat)]
+             if a.mode == "off" and b.mode in ("turns", "on") and (a.clients, a.repeat) == (b.clients, b.repeat)]
     run.data["identical"] = [sum(a.texts == b.texts for a, b in pairs), len(pairs)]
     run.data["summary"] = summarize(cells, list(s.clients))
     run.data["complete"] = True

@@ -26,11 +26,9 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 from .drafters.base import Drafter
 from .sampling import sample
 from .stats import Stats
+from .tunables import DISCOUNT, MARGIN, PRIOR_ACCEPT, PRIOR_TRIALS, TIMINGS
 from .verify import accept_greedy, accept_sampling, sampling_targets
 
-DECAY = 0.9  # acceptance counts: each round's weight against the last (older rounds count less)
-PRIOR = (1.0, 2.0)  # (accepted, judged) before a row has drafted: an acceptance of 0.5 (Leviathan et al.'s middle)
-KEEP = 9  # round times kept per (rows, width): their median is the cost
 
 
 @dataclass
@@ -55,8 +53,8 @@ class Row:
     eos: frozenset
     k_max: int
     stats: Stats = field(default_factory=Stats)
-    accepted: float = PRIOR[0]  # discounted counts of this row's judged draft tokens
-    judged: float = PRIOR[1]
+    accepted: float = PRIOR_ACCEPT * PRIOR_TRIALS  # discounted counts of this row's judged draft tokens
+    judged: float = PRIOR_TRIALS
     done: bool = False
     started: float = field(default_factory=time.perf_counter)  # prompt time runs from here to the first token
     first_at: Optional[float] = None
@@ -89,10 +87,15 @@ class BatchPlanner:
     def __init__(self, k_max: Optional[int] = None, adaptive: bool = True):
         self.k_max, self.adaptive = k_max, adaptive
         self.times: Dict[Tuple[int, int], List[float]] = {}
+        self.seen: set = set()
 
     def record(self, rows: int, width: int, seconds: float) -> None:
+        """A round's time; the first round of each (rows, width) is not kept (on a GPU it builds kernels)."""
+        if (rows, width) not in self.seen:
+            self.seen.add((rows, width))
+            return
         self.times.setdefault((rows, width), []).append(seconds)
-        del self.times[(rows, width)][:-KEEP]
+        del self.times[(rows, width)][:-TIMINGS]
 
     def cost(self, rows: int, width: int) -> Optional[float]:
         """Predicted seconds of a round, or None while the fit has too few points."""
@@ -105,6 +108,12 @@ class BatchPlanner:
         c1 = max(0.0, sum((x - mx_) * (y - my) for x, y in pts) / sxx)
         c0 = max(1e-6, my - c1 * mx_)
         return c0 + c1 * rows * width
+
+    def pays(self, rows: int) -> bool:
+        """Whether one batched round over `rows` rows costs MARGIN less than as many single-row rounds (a device
+        whose pass costs its positions, as this CPU's, gains nothing); True until the fit says."""
+        batched, alone = self.cost(rows, 1), self.cost(1, 1)
+        return batched is None or batched < (1 - MARGIN) * rows * alone
 
     def choose(self, rows: List[Row], lengths: List[int]) -> int:
         """The draft length of this round (0: plain), given each row's available draft length."""
@@ -204,10 +213,12 @@ class Batch:
                 a, nxt = accept_sampling(b[0].tolist(), b[1].tolist())
             r.stats.record(n, a)
             if n:
-                r.accepted, r.judged = DECAY * r.accepted + a, DECAY * r.judged + n
+                r.accepted, r.judged = DISCOUNT * r.accepted + a, DISCOUNT * r.judged + n
                 for part in r.sources():
                     if drafts[i] is not None and part.name == drafts[i].source:
                         part.learn(n, a)
+            elif drafts[i] is not None:  # a draft the round did not verify is judged on the token it produced
+                r.accepted, r.judged = DISCOUNT * r.accepted + (drafts[i].tokens[0] == nxt), DISCOUNT * r.judged + 1
             keep.append(1 + a)
             out[i] = self._deliver(r, t[:a] + [nxt], a)
         self._rewind(width, keep)
