@@ -164,3 +164,18 @@ def test_only_plain_kv_caches_batch_and_a_batched_row_drafts_with_its_table_look
     suffix, model = SuffixDrafter(), ModelDrafter(tiny(0, 1.5), V)
     r = Row([0], HybridDrafter([suffix], model), None, 10, "length", frozenset(), 4)
     assert r.sources() == [suffix]
+
+
+def test_the_first_request_of_a_batch_asks_whether_a_batch_of_all_generating_requests_pays(target):
+    from types import SimpleNamespace
+
+    from mlx_spec_apps.server.batching import Batcher
+
+    batcher = Batcher(SimpleNamespace(target=target, adaptive=True))
+    for b in (1, 2, 4):  # a launch-bound device: batching pays
+        for _ in range(2):
+            batcher.batch.planner.record(b, 1, 0.010)
+    job = SimpleNamespace(params=SimpleNamespace(seed=None), session=SimpleNamespace(drafter=None, cache=new_cache(target)))
+    assert not batcher.batch.rows and batcher.can_join(job, rows=2)  # not "a batch of one row costs one row"
+    job.params.seed = 7
+    assert not batcher.can_join(job, rows=2)  # a seeded request keeps its own turns

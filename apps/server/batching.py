@@ -40,10 +40,11 @@ class Batcher:
     def __len__(self) -> int:
         return len(self.members)
 
-    def can_join(self, job) -> bool:
-        """A request without a seed, on a plain KV cache, where the measured round costs say batching pays."""
+    def can_join(self, job, rows: int) -> bool:
+        """A request without a seed, on a plain KV cache, where the measured round costs say a batch of `rows`
+        rows pays."""
         return (job.params.seed is None and batchable(job.session.drafter, job.session.cache)
-                and self.batch.planner.pays(len(self.batch.rows) + 1))
+                and self.batch.planner.pays(max(2, rows)))
 
     def join(self, job, produced: Optional[List[int]] = None, stats: Optional[Stats] = None, sent: str = "") -> None:
         """Prefill the request's prompt on its session (reusing the cached prefix), then add it as a row.

@@ -213,9 +213,11 @@ class Scheduler:
                 job.session = self.pool.acquire(job.ids)
                 self.pair.use(job.session, p.draft)
                 job.stops = StopText(p.stop)
-                if self.batcher is not None and len(self._active) > 1 and self.batcher.can_join(job):
+                rows = len(self._active)  # the batch it would make with every request generating now
+                if self.batcher is not None and rows > 1 and self.batcher.can_join(job, rows):
                     for other in self._active:  # those generating alone move into the batch first
-                        if other.events is not None and not other.cancel_requested and self.batcher.can_join(other):
+                        if (other.events is not None and not other.cancel_requested
+                                and self.batcher.can_join(other, rows)):
                             self._move_to_batch(other)
                     self.batcher.join(job)  # others are generating: it joins their batched rounds
                     job.batched = True

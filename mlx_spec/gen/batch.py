@@ -24,6 +24,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from .drafters.base import Drafter
+from .engine import context_limit
 from .sampling import sample
 from .stats import Stats
 from .tunables import DISCOUNT, MARGIN, PRIOR_ACCEPT, PRIOR_TRIALS, TIMINGS
@@ -138,7 +139,7 @@ class Batch:
     """The rows generating together and their joint target cache."""
 
     def __init__(self, model, k_max: Optional[int] = None, adaptive: bool = True):
-        self.model = model
+        self.model, self.limit = model, context_limit(model)
         self.rows: List[Row] = []
         self.cache: Optional[List[BatchKVCache]] = None
         self.planner = BatchPlanner(k_max, adaptive)
@@ -186,6 +187,8 @@ class Batch:
         lengths = [min(len(d), r.k_max, r.budget - r.stats.generation_tokens - 1) if d else 0
                    for r, d in zip(rows, drafts)]
         k = self.planner.choose(rows, lengths)
+        if self.limit is not None:  # no row's padding may reach past the context (absolute position tables)
+            k = max(0, min([k] + [self.limit - len(r.context) for r in rows]))
         tokens = [list(d.tokens[: min(k, n)]) if d else [] for d, n in zip(drafts, lengths)]
         width = 1 + max(len(t) for t in tokens)
         inputs = [[r.context[-1]] + t + [r.context[-1]] * (width - 1 - len(t)) for r, t in zip(rows, tokens)]
