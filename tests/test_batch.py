@@ -107,9 +107,9 @@ def sample_row0(target, kw, others=True):
 def test_a_batched_round_keeps_the_targets_law(target):
     kw = dict(temp=1.0)
     fn, seen = sample_row0(target, kw)
-    counts = sample_pairs(fn, SAMPLES // 2)
+    counts = sample_pairs(fn, SAMPLES)
     assert min(seen) == max(seen) == 2  # every sample verified two draft positions
-    ok, stat, crit = chi_square_pvalue_ok(counts, exact_joint(target, make_probs_fn(**kw), REPEATING), SAMPLES // 2)
+    ok, stat, crit = chi_square_pvalue_ok(counts, exact_joint(target, make_probs_fn(**kw), REPEATING), SAMPLES)
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 

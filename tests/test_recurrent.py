@@ -57,7 +57,7 @@ def drafters(arch, model, others, attention_draft):
 _REFERENCE = {}
 
 
-def reference(arch, model, prompt, n=40):
+def reference(arch, model, prompt, n=24):
     """mlx-lm's own greedy loop with its own (untrimmable) caches, once per prompt."""
     key = (arch, tuple(prompt), n)
     if key not in _REFERENCE:
@@ -75,7 +75,7 @@ def test_greedy_equals_plain_for_every_drafter(recurrent_models, attention_draft
         for text in TEXTS if k == 1 else TEXTS[1::2]:  # K=16: prose (early rejections) and the repeat (long accepts)
             prompt = tok.encode(text)
             ref = reference(arch, model, prompt)
-            out, stats = spec(model, prompt, make(), max_tokens=40, num_draft=k, adaptive=False)
+            out, stats = spec(model, prompt, make(), max_tokens=24, num_draft=k, adaptive=False)
             assert out == ref, (arch, name, k, text)
             assert stats.fallback is None, stats.fallback
             rounds, proposed, accepted = rounds + stats.spec_rounds, proposed + stats.proposed, accepted + stats.accepted
@@ -88,7 +88,7 @@ def test_a_broken_rewind_fails_the_same_test(recurrent_models, attention_draft, 
     monkeypatch.setattr(recurrent, "_replay", lambda *a: None)
     prompt = tok.encode(PROMPTS[1])
     out, _ = spec(model, prompt, ModelDrafter(attention_draft, model.args.vocab_size),
-                  max_tokens=40, num_draft=4, adaptive=False)
+                  max_tokens=24, num_draft=4, adaptive=False)
     assert out != reference("qwen3_next", model, prompt)
 
 

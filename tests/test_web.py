@@ -224,7 +224,7 @@ def test_dark_mode_follows_the_system_and_the_page_fits_390_px(context, server, 
 def test_a_full_queue_shows_its_429_line_and_the_message_goes_back_in_the_box(browser, tiny_models):
     with Running(build_app(scripted_pair(tiny_models, pause=0.05, draft="none"), max_concurrency=1, max_queue=0,
                            max_tokens=200)) as srv:
-        body = {"model": "m", "messages": [{"role": "user", "content": ASK}], "max_tokens": 200}
+        body = {"model": "m", "messages": [{"role": "user", "content": ASK}], "max_tokens": 80}
         busy = threading.Thread(target=lambda: httpx.post(srv.url + "v1/chat/completions", json=body, timeout=60))
         busy.start()
         wait_for(srv, lambda h: h["active"] == 1)
