@@ -158,9 +158,9 @@ def test_only_plain_kv_caches_batch_and_a_batched_row_drafts_with_its_table_look
     from mlx_spec.gen.batch import batchable
     from mlx_spec.named import load_model
 
-    assert batchable(None, new_cache(target))
+    assert batchable(new_cache(target))
     gemma = load_model(str(tiny_models["gemma3"]))[0]  # sliding-window layers: RotatingKVCache
-    assert not batchable(None, new_cache(gemma))
+    assert not batchable(new_cache(gemma))
     suffix, model = SuffixDrafter(), ModelDrafter(tiny(0, 1.5), V)
     r = Row([0], HybridDrafter([suffix], model), None, 10, "length", frozenset(), 4)
     assert r.sources() == [suffix]

@@ -43,7 +43,7 @@ class Batcher:
     def can_join(self, job, rows: int) -> bool:
         """A request without a seed, on a plain KV cache, where the measured round costs say a batch of `rows`
         rows pays."""
-        return (job.params.seed is None and batchable(job.session.drafter, job.session.cache)
+        return (job.params.seed is None and batchable(job.session.cache)
                 and self.batch.planner.pays(max(2, rows)))
 
     def join(self, job, produced: Optional[List[int]] = None, stats: Optional[Stats] = None, sent: str = "") -> None:

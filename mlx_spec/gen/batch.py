@@ -11,8 +11,8 @@ Rows join after a solo prefill (their `KVCache` merged in) and leave with their 
 context minus its last token: the engine's contract, so a conversation continues from a session either way.
 
 Batched rows draft with the sources that need no target state of their own (n-gram, suffix, a hybrid's table
-lookups); a draft model or a layer subset of the target runs in `engine.speculative_generate_step` instead (the
-scheduler decides which rows batch, see `batchable`).
+lookups); a draft model's or a layer subset's drafts run only in `engine.speculative_generate_step` (in a batch such
+a row drafts with its lookups, or not at all). Only rows on plain KV caches batch (`batchable`).
 """
 
 import time
@@ -29,7 +29,6 @@ from .sampling import sample
 from .stats import Stats
 from .tunables import DISCOUNT, MARGIN, PRIOR_ACCEPT, PRIOR_TRIALS, TIMINGS
 from .verify import accept_greedy, accept_sampling, sampling_targets
-
 
 
 @dataclass
@@ -49,7 +48,7 @@ class Row:
     context: List[int]
     drafter: Optional[Drafter]
     probs_fn: object
-    budget: int  # tokens it may still produce
+    budget: int  # tokens it may produce in all (its stats count those produced)
     at_limit: str  # the finish reason when the budget runs out: "length" or "context"
     eos: frozenset
     k_max: int
@@ -71,7 +70,7 @@ class Row:
         return sum(a ** i for i in range(n + 1))
 
 
-def batchable(drafter: Optional[Drafter], cache: Sequence) -> bool:
+def batchable(cache: Sequence) -> bool:
     """Whether a generation can join a batch: plain KV caches (no sliding window, no recurrent layer)."""
     return all(type(c) is KVCache for c in cache)
 
@@ -82,7 +81,7 @@ class BatchPlanner:
     A round over B rows and T positions per row costs, on any device, about c0 + c1 * B * T (a fixed part: weight
     reads and kernel launches; a part per position): the planner fits c0 and c1 by least squares to the median time
     of each (B, T) seen, and picks the k that maximises the expected tokens of all rows per second, k = 0 (plain
-    batched decoding) included. Until two widths are measured it tries the widest draft once.
+    batched decoding) included. Until the fit has two points it runs plain rounds, then the widest draft.
     """
 
     def __init__(self, k_max: Optional[int] = None, adaptive: bool = True):
