@@ -168,3 +168,28 @@ def test_four_batched_requests_of_other_lengths_drafters_and_finishes_each_equal
             assert results[i][:2] == alone[i][:2], i  # text and finish reason
         assert {r[1] for r in alone} == {"length", "stop"}
         assert results[4][2]["generation_tokens"] > 0  # a sampling row beside them
+
+
+def test_a_batched_client_that_disconnects_leaves_the_batch_and_the_others_finish_as_alone(served_pair, always_batch):
+    with Running(build_app(slow_pair(served_pair, "suffix"), max_concurrency=4, max_tokens=60)) as srv:
+        alone = {i: ask(srv.url, PROMPTS[i], stream=False, max_tokens=40) for i in (1, 2)}
+        done = {}
+        threads = [threading.Thread(target=lambda i=i: done.update({i: ask(srv.url, PROMPTS[i], True, 40)}))
+                   for i in (1, 2)]
+        body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[0]}], "stream": True,
+                "max_tokens": 400}
+        with httpx.Client(timeout=30) as http:
+            with http.stream("POST", srv.url + "v1/chat/completions", json=body) as r:
+                lines = (x for x in r.iter_lines() if x.startswith("data:"))
+                job_id = json.loads(next(lines)[5:])["id"]
+                for t in threads:
+                    t.start()
+                wait_for(srv, lambda h: h["batched"] == 3)  # the streaming one moved in when the others came
+                assert sum(1 for _, _ in zip(range(4), lines)) == 4
+        h = wait_for(srv, lambda h: any(q["id"] == job_id and q["state"] == "cancelled" for q in h["requests"]))
+        assert next(q for q in h["requests"] if q["id"] == job_id)["rounds_after_cancel"] <= 1
+        for t in threads:
+            t.join(60)
+        assert done == alone  # the rows beside it never noticed
+        h = wait_for(srv, lambda h: h["active"] == 0)
+        assert h["batched"] == 0 and h["failed"] == 0 and h["sessions"]["total"] == 2  # its session was freed
