@@ -179,3 +179,33 @@ def test_the_first_request_of_a_batch_asks_whether_a_batch_of_all_generating_req
     assert not batcher.batch.rows and batcher.can_join(job, rows=2)  # not "a batch of one row costs one row"
     job.params.seed = 7
     assert not batcher.can_join(job, rows=2)  # a seeded request keeps its own turns
+
+
+def test_a_joining_prompt_is_prefilled_a_chunk_per_round_beside_the_running_rows(served_pair):
+    from mlx_spec_apps.server.batching import Batcher
+    from mlx_spec_apps.server.params import Params
+
+    tok, model = served_pair.tokenizer, served_pair.target
+    batcher = Batcher(served_pair, chunk=8)
+    class Job:  # what the batcher reads of the scheduler's jobs (hashable by identity, as they are)
+        def __init__(self, text, n):
+            self.ids, self.params, self.session = tok.encode(text), Params(max_tokens=n), served_pair.new_session()
+
+    jobs = [Job("def add(a, b):", 30), Job("class Point:\n    def __init__(self, x, y):\n" * 4, 10)]
+    out = {0: [], 1: []}
+    batcher.join(jobs[0])
+    out[0] += [ev.token for _, ev in batcher.round()]  # its prompt fits one chunk: it joins, then runs a round
+    assert out[0]
+    batcher.join(jobs[1])
+    beside = 0
+    while len(batcher):
+        joining = jobs[1] in batcher.joining
+        for job, ev in batcher.round():
+            i = jobs.index(job)
+            out[i].append(ev.token)
+            beside += joining and i == 0
+            if ev.finish_reason:
+                batcher.leave(job)
+    assert len(jobs[1].ids) > 4 * 8 and beside >= 4  # the first kept generating while the second's chunks went in
+    for i, job in enumerate(jobs):
+        assert out[i] == plain_greedy(model, job.ids, job.params.max_tokens, eos=tok.eos_token_ids)

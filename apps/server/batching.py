@@ -11,13 +11,14 @@ the batch between two of its tokens (its engine closed, its cache exact, its tex
 """
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from mlx_spec.gen.batch import Batch, Row, batchable
 from mlx_spec.gen.engine import context_limit
 from mlx_spec.gen.sampling import make_probs_fn
 from mlx_spec.gen.stats import Stats
 from mlx_spec.gen.stream import Event
+from mlx_spec.gen.tunables import PREFILL_STEP
 
 
 @dataclass
@@ -29,16 +30,32 @@ class Member:
     pending: str = ""  # text owed from before it joined, sent with its next token
 
 
+@dataclass
+class Joining:
+    """A request on its way into the batch: its prefill, and what it brings from the engine if it was generating."""
+
+    prefill: Iterator[Tuple[bool, int]]
+    context: List[int]
+    produced: List[int]
+    stats: Optional[Stats]
+    sent: str
+    probs_fn: object
+
+
 class Batcher:
     """The batch and which request each of its rows serves."""
 
-    def __init__(self, pair):
-        self.pair = pair
+    def __init__(self, pair, chunk: int = PREFILL_STEP):
+        self.pair, self.chunk = pair, chunk
         self.batch = Batch(pair.target, adaptive=pair.adaptive)
         self.members: Dict[object, Member] = {}  # job -> member
+        self.joining: Dict[object, Joining] = {}  # job -> its prefill under way, in arrival order
 
     def __len__(self) -> int:
-        return len(self.members)
+        return len(self.members) + len(self.joining)
+
+    def __contains__(self, job) -> bool:
+        return job in self.members or job in self.joining
 
     def can_join(self, job, rows: int) -> bool:
         """A request without a seed, on a plain KV cache, where the measured round costs say a batch of `rows`
@@ -47,41 +64,63 @@ class Batcher:
                 and self.batch.planner.pays(max(2, rows)))
 
     def join(self, job, produced: Optional[List[int]] = None, stats: Optional[Stats] = None, sent: str = "") -> None:
-        """Prefill the request's prompt on its session (reusing the cached prefix), then add it as a row.
+        """Queue the request to join: its prompt is prefilled on its session (reusing the cached prefix) a chunk
+        per round (`step_joins`), beside the running rows, then it becomes a row.
 
         A request that was generating alone (its engine generator closed, so its session's cache holds the
         context minus the last token) joins with what it `produced`, its `stats` and the text it `sent`."""
-        p, session = job.params, job.session
+        p = job.params
         probs_fn = make_probs_fn(p.temp, p.top_p, p.top_k)  # a bad option fails here, before the batch sees it
-        produced = list(produced or [])
-        context = list(job.ids) + produced
-        cached = session.prefill(context)
+        context = list(job.ids) + list(produced or [])
+        self.joining[job] = Joining(job.session.prefill(context, self.chunk), context, list(produced or []), stats,
+                                    sent, probs_fn)
+
+    def step_joins(self) -> None:
+        """One prefill chunk of the first request waiting to join; a request whose prompt is in becomes a row."""
+        for job, j in list(self.joining.items()):
+            done, cached = next(j.prefill)
+            if done:
+                del self.joining[job]
+                self._add(job, j, cached)
+                continue  # nothing was prefilled (a request moved in from the engine): the next one may go too
+            return
+
+    def _add(self, job, j: "Joining", cached: int) -> None:
+        p, session, stats = job.params, job.session, j.stats
         if stats is None:
             stats = Stats()
             stats.prompt_tokens, stats.prompt_cached = len(job.ids), cached
         budget, at_limit, limit = p.max_tokens, "length", context_limit(self.pair.target)
         if limit is not None and limit - len(job.ids) < budget:
             budget, at_limit = limit - len(job.ids), "context"
-        row = Row(context, session.drafter, probs_fn, budget, at_limit, frozenset(self.pair.tokenizer.eos_token_ids),
-                  session.planner.k_max, stats=stats)
+        row = Row(j.context, session.drafter, j.probs_fn, budget, at_limit,
+                  frozenset(self.pair.tokenizer.eos_token_ids), session.planner.k_max, stats=stats)
         detok = self.pair.tokenizer.detokenizer
-        for t in produced:
+        for t in j.produced:
             if t not in row.eos:
                 detok.add_token(t)
-        pending = detok.last_segment[len(sent):]  # text held back mid-character when it left the engine
-        if produced:
+        pending = detok.last_segment[len(j.sent):]  # text held back mid-character when it left the engine
+        if j.produced:
             row.first_at = row.started - stats.generation_time
         self.batch.add(row, session.cache)
         self.members[job] = Member(row, detok, pending)
 
     def leave(self, job) -> None:
-        """Take the request's row out; its session gets the row's cache (context minus the last token)."""
+        """Take the request's row out; its session gets the row's cache (context minus the last token). One still
+        joining stops its prefill (its session forgets the conversation)."""
+        if job in self.joining:
+            self.joining.pop(job).prefill.close()
+            return
         member = self.members.pop(job)
         cache = self.batch.remove(member.row)
         job.session.restore(cache, member.row.context[:-1])
 
     def round(self) -> List[Tuple[object, Event]]:
-        """One batched round: every member's new tokens, as the single-stream engine's events."""
+        """A prefill chunk of a joining request, then one batched round: every member's new tokens, as the
+        single-stream engine's events."""
+        self.step_joins()
+        if not self.batch.rows:
+            return []
         jobs = {id(m.row): job for job, m in self.members.items()}
         out = []
         for i, steps in self.batch.round().items():
@@ -98,8 +137,11 @@ class Batcher:
         return out
 
     def clear(self) -> List[object]:
-        """Forget every row (after a failed round): the jobs that were in it."""
-        jobs = list(self.members)
+        """Forget every row (after a failed round): the jobs that were in it or joining it."""
+        jobs = list(self.members) + list(self.joining)
+        for j in self.joining.values():
+            j.prefill.close()
         self.members.clear()
+        self.joining.clear()
         self.batch = Batch(self.pair.target, adaptive=self.pair.adaptive)
         return jobs

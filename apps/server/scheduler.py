@@ -289,7 +289,7 @@ class Scheduler:
         """Close the job's generator here, on the model thread, and give its session back (or free it)."""
         if job.events is not None:
             job.events.close()  # the session's caches are consistent after a close at any point
-        if job.batched and job in self.batcher.members:
+        if job.batched and job in self.batcher:
             self.batcher.leave(job)  # its cache goes back to its session
         if job.session is not None:
             # A finished reply keeps its caches for the conversation's next turn; a client that went away

@@ -1,6 +1,6 @@
 """A conversation: the target cache, the drafter with its state, the planner and the token history, kept across turns."""
 
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 from mlx_lm.models.cache import can_trim_prompt_cache
 
@@ -61,20 +61,26 @@ class Session:
             else:  # a sliding-window cache past its window, a recurrent layer's history that does not reach
                 self.reset()
 
-    def prefill(self, prompt_ids: List[int]) -> int:
+    def prefill(self, prompt_ids: List[int], step: Optional[int] = None) -> Iterator[Tuple[bool, int]]:
         """Make the cache hold the conversation `prompt_ids` minus its last token, for a generation that runs
-        elsewhere (a batch, `gen.batch`); returns how many tokens were cached already. Give the cache back with
-        `restore`."""
+        elsewhere (a batch, `gen.batch`), one chunk of at most `step` tokens (default: all) per iteration. Each
+        iteration yields (done, the tokens that were cached already). Closed before it is done, it leaves an empty
+        conversation. Give the cache back with `restore`."""
         ids = list(prompt_ids)
         self._reuse(ids)
         cached = len(self.tokens)
+        rest = ids[cached:-1]
+        step = step or max(1, len(rest))
         try:
-            prefill_cache(self.model, self.cache, ids[cached:-1], None)
+            for i in range(0, len(rest), step):
+                prefill_cache(self.model, self.cache, rest[i : i + step], None)
+                if i + step < len(rest):
+                    yield False, cached
         except BaseException:
             self.reset()
             raise
         self.tokens = ids[:-1]
-        return cached
+        yield True, cached
 
     def restore(self, cache: list, tokens: List[int]) -> None:
         """Take back a cache holding `tokens` (a batch's row, extracted): the next turn reuses it."""
