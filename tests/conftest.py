@@ -234,7 +234,7 @@ def wait_for(srv, check, timeout=30.0) -> dict:
 # ---- The chi-square harness: the engine's samples against the target's exact law ----------------------------
 
 V = 4  # tiny vocabulary: V^3 = 64 cells for the joint law of the first three tokens
-SAMPLES = 1000
+SAMPLES = 800
 N_TOKENS = 3  # max_tokens=3 lets the first round draft K=2: draft positions 1 and 2, then the bonus token
 PROMPT = [1, 3, 2]
 REPEATING = [1, 3, 2, 1, 3, 2, 1, 3]  # the context drafters' bait: they draft 2, 1 after it

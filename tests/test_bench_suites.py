@@ -436,7 +436,7 @@ def test_predict_measures_the_pair_and_predicts_each_target(tmp_path):
     """The pair's acceptance by position, its costs and its speed-up at the predicted best K (and with the planner
     choosing); every other target's costs; a table that says which rows are predictions only."""
     path = tmp_path / "predict.toml"
-    path.write_text('description = "t"\nkind = "predict"\nmax_tokens = 12\nprompts = { humaneval = 1, edit = 1 }\n'
+    path.write_text('description = "t"\nkind = "predict"\nmax_tokens = 12\nrepeats = 1\nprompts = { humaneval = 1, edit = 1 }\n'
                     '[[targets]]\nmodel = "random:tiny"\ndrafts = ["random:tiny"]\n'
                     '[[targets]]\nmodel = "random:tiny@int8"\n')
     result = runner.run_suite(str(path), str(tmp_path / "runs"))
