@@ -175,7 +175,7 @@ def test_the_first_request_of_a_batch_asks_whether_a_batch_of_all_generating_req
     for b in (1, 2, 4):  # a launch-bound device: batching pays
         for _ in range(2):
             batcher.batch.planner.record(b, 1, 0.010)
-    job = SimpleNamespace(params=SimpleNamespace(seed=None), session=SimpleNamespace(drafter=None, cache=new_cache(target)))
+    job = SimpleNamespace(params=SimpleNamespace(seed=None), session=SimpleNamespace(cache=new_cache(target)))
     assert not batcher.batch.rows and batcher.can_join(job, rows=2)  # not "a batch of one row costs one row"
     job.params.seed = 7
     assert not batcher.can_join(job, rows=2)  # a seeded request keeps its own turns

@@ -157,7 +157,8 @@ def test_four_batched_requests_of_other_lengths_drafters_and_finishes_each_equal
         assert not any(q["batched"] for q in health(srv)["requests"])
         results, threads = {}, []
         for i, (kind, body) in enumerate(asks):
-            threads.append(threading.Thread(target=lambda i=i, k=kind, b=body: results.update({i: post(srv.url, k, b)})))
+            ask_one = lambda i=i, k=kind, b=body: results.update({i: post(srv.url, k, b)})  # noqa: E731
+            threads.append(threading.Thread(target=ask_one))
             threads[-1].start()
             time.sleep(0.05)  # in order: the first starts alone, the others join the batch as they come
         for t in threads:

@@ -27,7 +27,7 @@ class Params:
     stop: List[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
-    draft: Optional[str] = None  # the drafter for this reply (an extension field; the pair checks it), None: the server's
+    draft: Optional[str] = None  # this reply's drafter (an extension field, the pair checks it); None: the server's
 
 
 def parse_json(raw: bytes) -> dict:
