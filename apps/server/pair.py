@@ -50,9 +50,14 @@ class Pair:
         pair.new_session()  # builds one drafter now: an incompatible draft fails at start, not per request
         return pair
 
+    @property
+    def own_draft(self) -> str:
+        """The server's drafter, as a canonical spec."""
+        return str(registry.parse(self.draft_spec))
+
     def new_session(self) -> Session:
         """A fresh conversation with its own drafter (the server's) over the shared weights."""
-        spec = str(registry.parse(self.draft_spec))
+        spec = self.own_draft
         drafter = make_drafter(self.draft_spec, self.target, self.tokenizer, loaded=self.loaded)
         session = Session(self.target, self.tokenizer, drafter, num_draft=self.num_draft, adaptive=self.adaptive)
         self._drafters[session] = (spec, {spec: drafter})
@@ -60,7 +65,7 @@ class Pair:
 
     def choices(self) -> List[str]:
         """The drafter specs a request may name: the server's own first."""
-        own = str(registry.parse(self.draft_spec))
+        own = self.own_draft
         if self.fixed:
             return [own]
         specs = [own, *FREE] + [s for m in self.loaded for s in (m, f"hybrid:{m}")]
@@ -85,7 +90,7 @@ class Pair:
 
     def use(self, session: Session, spec: Optional[str]) -> None:
         """Give the session the drafter `spec` (None: the server's own), built once per session and kept."""
-        spec = spec or str(registry.parse(self.draft_spec))
+        spec = spec or self.own_draft
         current, built = self._drafters.setdefault(session, (None, {}))
         if spec == current:
             return
@@ -108,7 +113,7 @@ class Pair:
         """What the page shows about the pair (short names for the eye, the specs as given)."""
         drafters = [{"spec": s, "name": short_name(s), "k": self.num_draft or registry.default_num_draft(s)}
                     for s in self.choices()]
-        return {"target": self.model_spec, "draft": str(registry.parse(self.draft_spec)), "target_name": self.name,
+        return {"target": self.model_spec, "draft": self.own_draft, "target_name": self.name,
                 "draft_name": short_name(self.draft_spec), "drafter": registry.parse(self.draft_spec).kind,
                 "num_draft": self.num_draft, "context": self.context, "adaptive": self.adaptive,
                 "switchable": not self.fixed, "drafters": drafters}

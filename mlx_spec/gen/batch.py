@@ -174,17 +174,16 @@ class Batch:
     def round(self) -> Dict[int, List[Step]]:
         """One round for every row: {row index: the steps it produced}. Finished rows are marked `done`."""
         rows = self.rows
+        rooms = [r.budget - r.stats.generation_tokens - 1 for r in rows]  # draft tokens each row may still use
         drafts = []
-        for r in rows:
-            room = r.budget - r.stats.generation_tokens - 1
+        for r, room in zip(rows, rooms):
             d = None
             for part in r.sources() if room > 0 else ():
                 d = part.propose(r.context, min(r.k_max, room), r.probs_fn)
                 if len(d):
                     break
             drafts.append(d if d is not None and len(d) else None)
-        lengths = [min(len(d), r.k_max, r.budget - r.stats.generation_tokens - 1) if d else 0
-                   for r, d in zip(rows, drafts)]
+        lengths = [min(len(d), r.k_max, room) if d else 0 for r, d, room in zip(rows, drafts, rooms)]
         k = self.planner.choose(rows, lengths)
         if self.limit is not None:  # no row's padding may reach past the context (absolute position tables)
             k = max(0, min([k] + [self.limit - len(r.context) for r in rows]))
