@@ -155,7 +155,7 @@ def test_the_batch_planner_drafts_where_a_pass_costs_its_launches_and_not_where_
 
 
 def test_only_plain_kv_caches_batch_and_a_batched_row_drafts_with_its_table_lookups(target, tiny_models):
-    from mlx_spec.gen.batch import batchable
+    from mlx_spec.gen.batch_cache import batchable
     from mlx_spec.named import load_model
 
     assert batchable(new_cache(target))

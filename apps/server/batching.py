@@ -14,7 +14,8 @@ text and counters carried over).
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from mlx_spec.gen.batch import Batch, Row, batchable
+from mlx_spec.gen.batch import Batch, Row
+from mlx_spec.gen.batch_cache import batchable
 from mlx_spec.gen.engine import context_limit
 from mlx_spec.gen.sampling import make_probs_fn
 from mlx_spec.gen.stats import Stats

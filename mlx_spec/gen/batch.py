@@ -18,11 +18,10 @@ a row drafts with its lookups, or not at all). Only rows on plain KV caches batc
 import time
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache
-
+from . import batch_cache
 from .drafters.base import Drafter
 from .engine import context_limit
 from .sampling import sample
@@ -68,11 +67,6 @@ class Row:
         """Tokens a round yields for this row with n draft tokens: 1 + a + a^2 + ... + a^n (geometric acceptance)."""
         a = self.accepted / self.judged
         return sum(a ** i for i in range(n + 1))
-
-
-def batchable(cache: Sequence) -> bool:
-    """Whether a generation can join a batch: plain KV caches (no sliding window, no recurrent layer)."""
-    return all(type(c) is KVCache for c in cache)
 
 
 class BatchPlanner:
@@ -140,33 +134,29 @@ class Batch:
     def __init__(self, model, k_max: Optional[int] = None, adaptive: bool = True):
         self.model, self.limit = model, context_limit(model)
         self.rows: List[Row] = []
-        self.cache: Optional[List[BatchKVCache]] = None
+        self.cache: Optional[list] = None  # the joint target cache (`batch_cache`)
         self.planner = BatchPlanner(k_max, adaptive)
 
-    def add(self, row: Row, cache: List[KVCache]) -> None:
+    def add(self, row: Row, cache: list) -> None:
         """Join a row whose `cache` holds its context minus the last token."""
-        joined = [BatchKVCache.merge([c]) for c in cache]
+        joined = batch_cache.merge(cache)
         if self.cache is None:
             self.cache = joined
         else:
-            for mine, new in zip(self.cache, joined):
-                mine.extend(new)
+            batch_cache.extend(self.cache, joined)
         self.rows.append(row)
         if row.drafter is not None:
             for part in row.sources():
                 part.reset(row.context, None)
 
-    def remove(self, row: Row) -> List[KVCache]:
+    def remove(self, row: Row) -> list:
         """Take a row out; its cache comes back holding exactly its context minus the last token."""
         i = self.rows.index(row)
-        out = [c.extract(i) for c in self.cache]
-        for c in out:
-            c.trim(c.offset - (len(row.context) - 1))
+        out = batch_cache.extract(self.cache, i, len(row.context) - 1)
         keep = [j for j in range(len(self.rows)) if j != i]
         self.rows.pop(i)
         if keep:
-            for c in self.cache:
-                c.filter(keep)
+            batch_cache.keep_rows(self.cache, keep)
         else:
             self.cache = None
         return out
@@ -222,7 +212,7 @@ class Batch:
                 r.accepted, r.judged = DISCOUNT * r.accepted + (drafts[i].tokens[0] == nxt), DISCOUNT * r.judged + 1
             keep.append(1 + a)
             out[i] = self._deliver(r, t[:a] + [nxt], a)
-        self._rewind(width, keep)
+        batch_cache.rewind(self.cache, [width - n for n in keep])
         return out
 
     def _deliver(self, r: Row, new: List[int], drafted: int) -> List[Step]:
@@ -239,15 +229,3 @@ class Batch:
                 r.done, r.stats.finish_reason = True, finish
                 break
         return steps
-
-    def _rewind(self, width: int, keep: List[int]) -> None:
-        """Drop each row's positions past the `keep` it accepted: the common part by trimming, the rest rolled into
-        the row's left padding."""
-        common = width - max(keep)
-        extra = [max(keep) - n for n in keep]
-        for c in self.cache:
-            if common:
-                c.trim(common)
-            if any(extra):
-                c.prepare(right_padding=extra)
-                c.finalize()

@@ -1,0 +1,54 @@
+"""The joint caches of a batch (one object per layer, one row per generation): merging a generation's cache in,
+taking a row's cache out, and rewinding each row by its own count.
+
+Built on mlx-lm's `BatchKVCache` (rows of different lengths sit left-padded in it, as in its `BatchGenerator`). A row
+is rewound on its own by rolling the positions it drops into its left padding (`prepare(right_padding=...)` then
+`finalize()`), so every row ends at the same column again.
+"""
+
+from typing import List, Sequence
+
+from mlx_lm.models.cache import BatchKVCache, KVCache
+
+
+def batchable(cache: Sequence) -> bool:
+    """Whether a generation's cache can join a batch: plain KV caches (no sliding window, no recurrent layer)."""
+    return all(type(c) is KVCache for c in cache)
+
+
+def merge(cache: Sequence) -> List:
+    """A batch of one row from a generation's cache (the cache itself is copied, never changed)."""
+    return [BatchKVCache.merge([c]) for c in cache]
+
+
+def extend(joint: List, more: List) -> None:
+    """Append the rows of `more` (a `merge` result or another joint cache) to `joint`, in place."""
+    for mine, new in zip(joint, more):
+        mine.extend(new)
+
+
+def extract(joint: List, i: int, tokens: int) -> List:
+    """Row i's cache as a generation's own, holding its first `tokens` tokens."""
+    out = [c.extract(i) for c in joint]
+    for c in out:
+        c.trim(c.offset - tokens)
+    return out
+
+
+def keep_rows(joint: List, rows: List[int]) -> None:
+    """Keep only the given rows, in place."""
+    for c in joint:
+        c.filter(rows)
+
+
+def rewind(joint: List, drop: List[int]) -> None:
+    """Drop each row's last `drop[i]` positions: the part common to all by trimming, the rest rolled into the
+    row's left padding."""
+    common = min(drop)
+    extra = [n - common for n in drop]
+    for c in joint:
+        if common:
+            c.trim(common)
+        if any(extra):
+            c.prepare(right_padding=extra)
+            c.finalize()
