@@ -180,6 +180,7 @@ class Batch:
         tokens = [list(d.tokens[: min(k, n)]) if d else [] for d, n in zip(drafts, lengths)]
         width = 1 + max(len(t) for t in tokens)
         inputs = [[r.context[-1]] + t + [r.context[-1]] * (width - 1 - len(t)) for r, t in zip(rows, tokens)]
+        batch_cache.start_round(self.cache)
         start = time.perf_counter()
         logits = self.model(mx.array(inputs), cache=self.cache)
         built = []

@@ -41,6 +41,10 @@ def keep_rows(joint: List, rows: List[int]) -> None:
         c.filter(rows)
 
 
+def start_round(joint: List) -> None:
+    """What the joint cache holds now is final: a round's rewind goes back no further than this."""
+
+
 def rewind(joint: List, drop: List[int]) -> None:
     """Drop each row's last `drop[i]` positions: the part common to all by trimming, the rest rolled into the
     row's left padding."""
