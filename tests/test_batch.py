@@ -13,6 +13,7 @@ from mlx_spec.gen.cache import new_cache
 from mlx_spec.gen.drafters.hybrid import HybridDrafter
 from mlx_spec.gen.drafters.model import ModelDrafter
 from mlx_spec.gen.drafters.ngram import NGramDrafter
+from mlx_spec.gen.drafters.self_draft import SelfDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.engine import prefill_cache, speculative_generate_step
 from mlx_spec.gen.sampling import make_probs_fn
@@ -127,9 +128,12 @@ def rows_with(accept: float, n: int):
     rows = []
     for _ in range(n):
         r = Row([0], None, None, 100, "length", frozenset(), 8)
-        r.accepted, r.judged = accept, 1.0
+        r.rates = {"suffix": [accept, 1.0], "model": [accept, 1.0]}
         rows.append(r)
     return rows
+
+
+SUFFIX = ["suffix"] * 4
 
 
 def test_the_batch_planner_drafts_where_a_pass_costs_its_launches_and_not_where_it_costs_its_positions():
@@ -141,20 +145,20 @@ def test_the_batch_planner_drafts_where_a_pass_costs_its_launches_and_not_where_
             per_position.record(b, t, 5.0)
             launch_bound.record(b, t, 0.010)
             per_position.record(b, t, 0.0002 + 0.010 * b * t)
-    assert launch_bound.choose(rows_with(0.7, 4), [8] * 4) == 8
-    assert per_position.choose(rows_with(0.7, 4), [8] * 4) == 0  # plain batched decoding
+    assert launch_bound.choose(rows_with(0.7, 4), [8] * 4, SUFFIX).k == 8
+    assert per_position.choose(rows_with(0.7, 4), [8] * 4, SUFFIX).k == 0  # plain batched decoding
     assert launch_bound.pays(4) and not per_position.pays(4)  # there, a request keeps its own turns
     assert BatchPlanner().pays(4)  # until measured: batch, and measure
     fresh = BatchPlanner(8)
-    assert fresh.choose(rows_with(0.5, 2), [5, 0]) == 0  # plain first, then the widest draft, then the fit
+    assert fresh.choose(rows_with(0.5, 2), [5, 0], SUFFIX).k == 0  # plain first, then the widest draft, then the fit
     fresh.record(2, 1, 0.01)
-    assert fresh.choose(rows_with(0.5, 2), [5, 0]) == 0  # the first round of a shape does not count
+    assert fresh.choose(rows_with(0.5, 2), [5, 0], SUFFIX).k == 0  # the first round of a shape does not count
     fresh.record(2, 1, 0.01)
-    assert fresh.choose(rows_with(0.5, 2), [5, 0]) == 5
-    assert fresh.choose(rows_with(0.5, 2), [0, 0]) == 0  # nothing offered: plain
+    assert fresh.choose(rows_with(0.5, 2), [5, 0], SUFFIX).k == 5
+    assert fresh.choose(rows_with(0.5, 2), [0, 0], SUFFIX).k == 0  # nothing offered: plain
 
 
-def test_only_plain_kv_caches_batch_and_a_batched_row_drafts_with_its_table_lookups(target, tiny_models):
+def test_only_plain_kv_caches_batch_and_a_row_knows_its_lookups_and_its_draft_model(target, tiny_models):
     from mlx_spec.gen.batch_cache import batchable
     from mlx_spec.named import load_model
 
@@ -163,7 +167,8 @@ def test_only_plain_kv_caches_batch_and_a_batched_row_drafts_with_its_table_look
     assert not batchable(new_cache(gemma))
     suffix, model = SuffixDrafter(), ModelDrafter(tiny(0, 1.5), V)
     r = Row([0], HybridDrafter([suffix], model), None, 10, "length", frozenset(), 4)
-    assert r.sources() == [suffix]
+    assert r.sources() == [suffix] and r.model is model
+    assert Row([0], SelfDrafter(target, [1], V), None, 10, "length", frozenset(), 4).model is None  # target's cache
 
 
 def test_the_first_request_of_a_batch_asks_whether_a_batch_of_all_generating_requests_pays(target):

@@ -11,6 +11,7 @@ import pytest
 from conftest import health, wait_for
 
 from mlx_spec.gen.batch import BatchPlanner
+from mlx_spec.gen.batch_draft import BatchDraft
 from mlx_spec_apps.server.app import build_app
 from mlx_spec_apps.server.main import Running
 from mlx_spec_apps.server.pair import Pair
@@ -132,16 +133,21 @@ def test_a_client_that_disconnects_stops_its_generation_within_one_round_and_fre
 
 
 def test_four_batched_requests_of_other_lengths_drafters_and_finishes_each_equal_their_solo_run(tiny_models,
-                                                                                                always_batch):
-    target = str(tiny_models["qwen2"])
-    pair = Pair.load(target, "suffix", num_draft=3)
-    pair.adaptive = False  # the batch drafts every round what its rows offer
-    pair = Pair(pair.model_spec, "suffix", Slow(pair.target, 0.01), pair.tokenizer, num_draft=3)
-    asks = [  # (endpoint, body): chat and raw completions, four drafters, a stop string, sampling aside
-        ("chat", dict(messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=40)),
+                                                                                                always_batch,
+                                                                                                monkeypatch):
+    passes = []  # draft-model drafts for the batch: (rows, k)
+    real = BatchDraft.draft
+    monkeypatch.setattr(BatchDraft, "draft", lambda self, k: passes.append((len(self.rows), k)) or real(self, k))
+    target, draft = str(tiny_models["qwen2"]), str(tiny_models["qwen2_draft"])
+    pair = Pair.load(target, draft, num_draft=3)
+    pair = Pair(pair.model_spec, draft, Slow(pair.target, 0.01), pair.tokenizer, pair.loaded, num_draft=3)
+    pair.adaptive = False  # the batch drafts every round what its rows offer, the draft model included
+    asks = [  # (endpoint, body): chat and raw completions, five drafters, a stop string, sampling aside
+        ("chat", dict(messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=40)),  # the draft model
         ("chat", dict(messages=[{"role": "user", "content": PROMPTS[1]}], max_tokens=12, draft="ngram")),
         ("text", dict(prompt="def add(a, b):\n    return a + b\ndef add(a, b):\n", max_tokens=30, draft="none")),
         ("text", dict(prompt=PROMPTS[3], max_tokens=25, draft="hybrid")),  # its stop string is set below
+        ("chat", dict(messages=[{"role": "user", "content": PROMPTS[5]}], max_tokens=16, draft="suffix")),
         ("chat", dict(messages=[{"role": "user", "content": PROMPTS[4]}], max_tokens=20, temperature=0.8)),
     ]
 
@@ -153,7 +159,7 @@ def test_four_batched_requests_of_other_lengths_drafters_and_finishes_each_equal
 
     with Running(build_app(pair, max_concurrency=8, max_tokens=40)) as srv:
         asks[3][1]["stop"] = [post(srv.url, *asks[3])[0][10:13]]  # a piece of its own reply: it ends there
-        alone = [post(srv.url, k, b) for k, b in asks[:4]]  # one at a time: the single-stream engine
+        alone = [post(srv.url, k, b) for k, b in asks[:5]]  # one at a time: the single-stream engine
         assert not any(q["batched"] for q in health(srv)["requests"])
         results, threads = {}, []
         for i, (kind, body) in enumerate(asks):
@@ -164,11 +170,12 @@ def test_four_batched_requests_of_other_lengths_drafters_and_finishes_each_equal
         for t in threads:
             t.join(90)
         h = wait_for(srv, lambda h: h["active"] == 0)
-        assert all(q["batched"] for q in h["requests"][-5:]) and h["failed"] == 0  # the first moved in when the second came
-        for i in range(4):
+        assert all(q["batched"] for q in h["requests"][-6:]) and h["failed"] == 0  # the first moved in when the second came
+        for i in range(5):
             assert results[i][:2] == alone[i][:2], i  # text and finish reason
         assert {r[1] for r in alone} == {"length", "stop"}
-        assert results[4][2]["generation_tokens"] > 0  # a sampling row beside them
+        assert results[5][2]["generation_tokens"] > 0  # a sampling row beside them
+        assert max(rows for rows, _ in passes) >= 2  # the draft model drafted for several rows in one pass
 
 
 def test_a_batched_client_that_disconnects_leaves_the_batch_and_the_others_finish_as_alone(served_pair, always_batch):

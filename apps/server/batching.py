@@ -1,16 +1,15 @@
 """The server's batched rounds: requests that start while others generate join one `gen.batch.Batch`, whose every
-round verifies all of them in one target forward pass; each keeps its own session, sampling rule and stats.
+round verifies all of them in one target forward pass (their draft model, if the server loaded one, drafting for all
+of them in one pass per position); each keeps its own session, sampling rule and stats.
 
 A request joins when it has no seed (a seeded request reseeds per turn, which one shared round cannot do), its
-session's target cache is a plain KV cache, and the batch's measured round costs say a batched round is cheaper than
-as many single ones (`BatchPlanner.pays`: where a pass costs its positions, requests keep their own turns and their
-draft models). Its prompt goes in a chunk per round, beside the running rows; it stays in the batch to its end and
-leaves with its cache back in its session, so the conversation's next turn reuses it. A request that starts alone
-runs the single-stream engine (with its draft model and planner): at one client the server is the engine; when a
-second one comes, the first moves into the batch between two of its tokens (its engine closed, its cache exact, its
-text and counters carried over).
+session's target cache can batch (`batch_cache.batchable`), and the batch's measured round costs say a batched round
+is cheaper than as many single ones (`BatchPlanner.pays`: where a pass costs its positions, requests keep their own
+turns). Its prompt goes in a chunk per round, beside the running rows; it stays in the batch to its end and leaves
+with its caches back in its session, so the conversation's next turn reuses them. A request that starts alone runs
+the single-stream engine: at one client the server is the engine; when a second one comes, the first moves into the
+batch between two of its tokens (its engine closed, its caches exact, its text and counters carried over).
 """
-
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Tuple
 

@@ -1,20 +1,17 @@
 """Batched speculation: several generations verified in one target forward pass per round.
 
-Each row is one generation with its own context, drafter, sampling rule and stats. A round asks every row's context
-drafters for a draft, chooses one draft length k for the batch (`BatchPlanner`), and feeds every row its last token
-plus up to k draft tokens, right-padded to a common width, through mlx-lm's `BatchKVCache` (rows of different lengths
-sit left-padded in it). Each row then accepts its own prefix (greedy or speculative sampling) and is rewound on its
-own: positions past what a row accepted are rolled to its left padding (`BatchKVCache.prepare(right_padding=...)`
-then `finalize()`, the way mlx-lm's batch generator aligns prompts), so the next round starts level again.
+Each row is one generation with its own context, drafter, sampling rule and stats. A round asks every row's table
+lookups (n-gram, suffix, a hybrid's) for a draft, lets the planner choose one draft length k for the batch and whether
+the rows' draft model drafts for the rows that have no lookup draft (`BatchPlanner`: all of them in one draft-model
+pass per position, `batch_draft.py`), and feeds every row its last token plus up to k draft tokens, right-padded to a
+common width, through the joint cache (`batch_cache.py`). Each row then accepts its own prefix (greedy or
+speculative sampling) and is rewound on its own, so the next round starts level again.
 
-Rows join after a solo prefill (their `KVCache` merged in) and leave with their cache extracted back, trimmed to the
-context minus its last token: the engine's contract, so a conversation continues from a session either way.
-
-Batched rows draft with the sources that need no target state of their own (n-gram, suffix, a hybrid's table
-lookups); a draft model's or a layer subset's drafts run only in `engine.speculative_generate_step` (in a batch such
-a row drafts with its lookups, or not at all). Only rows on plain KV caches batch (`batchable`).
+Rows join after a solo prefill (their cache merged in) and leave with their cache extracted back, trimmed to the
+context minus its last token: the engine's contract, so a conversation continues from a session either way. A layer
+subset of the target (self, quant-self) drafts only in `engine.speculative_generate_step`: in a batch such a row
+drafts with its lookups, or not at all.
 """
-
 import time
 from dataclasses import dataclass, field
 from statistics import median
@@ -22,7 +19,9 @@ from typing import Dict, List, Optional, Tuple
 
 import mlx.core as mx
 from . import batch_cache
+from .batch_draft import BatchDraft
 from .drafters.base import Drafter
+from .drafters.model import ModelDrafter
 from .engine import context_limit
 from .sampling import sample
 from .stats import Stats
@@ -52,35 +51,73 @@ class Row:
     eos: frozenset
     k_max: int
     stats: Stats = field(default_factory=Stats)
-    accepted: float = PRIOR_ACCEPT * PRIOR_TRIALS  # discounted counts of this row's judged draft tokens
-    judged: float = PRIOR_TRIALS
+    rates: Dict[str, List[float]] = field(default_factory=dict)  # source -> discounted [accepted, judged] tokens
+    model: Optional[ModelDrafter] = None  # its separate draft model (not a layer subset of the target), if any
     done: bool = False
     started: float = field(default_factory=time.perf_counter)  # prompt time runs from here to the first token
     first_at: Optional[float] = None
 
+    def __post_init__(self):
+        parts = self.drafter.parts if self.drafter is not None else ()
+        self.model = next((p for p in parts if isinstance(p, ModelDrafter) and not p.in_target_cache), None)
+
     def sources(self) -> List[Drafter]:
-        """The row's drafting sources a batched round may use (no draft model, no layer subset of the target)."""
+        """The row's table lookups (the sources a batched round asks first: free, no layer subset of the target)."""
         parts = self.drafter.parts if self.drafter is not None else ()
         return [p for p in parts if p.free and not p.in_target_cache]
 
-    def expected(self, n: int) -> float:
-        """Tokens a round yields for this row with n draft tokens: 1 + a + a^2 + ... + a^n (geometric acceptance)."""
-        a = self.accepted / self.judged
+    def rate(self, source: str) -> float:
+        """The row's estimated acceptance of a source's draft tokens."""
+        accepted, judged = self.rates.get(source, (PRIOR_ACCEPT * PRIOR_TRIALS, PRIOR_TRIALS))
+        return accepted / judged
+
+    def judge(self, source: str, proposed: int, accepted: int) -> None:
+        """Count `accepted` of `proposed` draft tokens from `source` (older rounds discounted)."""
+        a, j = self.rates.get(source, (PRIOR_ACCEPT * PRIOR_TRIALS, PRIOR_TRIALS))
+        self.rates[source] = [DISCOUNT * a + accepted, DISCOUNT * j + proposed]
+
+    def expected(self, n: int, source: str = "") -> float:
+        """Tokens a round yields for this row with n draft tokens from `source`: 1 + a + ... + a^n (geometric)."""
+        a = self.rate(source)
         return sum(a ** i for i in range(n + 1))
 
 
-class BatchPlanner:
-    """Chooses the batch's draft length from measured round times and each row's acceptance.
+def _line(points: List[Tuple[float, float]]) -> Optional[Tuple[float, float]]:
+    """Least-squares (c0, c1) of y = c0 + c1 * x, both non-negative; a single x gives (its y, 0); None for none."""
+    if not points:
+        return None
+    n = len(points)
+    mx_, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    sxx = sum((x - mx_) ** 2 for x, _ in points)
+    if sxx == 0:
+        return my, 0.0
+    c1 = max(0.0, sum((x - mx_) * (y - my) for x, y in points) / sxx)
+    return max(1e-6, my - c1 * mx_), c1
 
-    A round over B rows and T positions per row costs, on any device, about c0 + c1 * B * T (a fixed part: weight
-    reads and kernel launches; a part per position): the planner fits c0 and c1 by least squares to the median time
-    of each (B, T) seen, and picks the k that maximises the expected tokens of all rows per second, k = 0 (plain
-    batched decoding) included. Until the fit has two points it runs plain rounds, then the widest draft.
+
+@dataclass
+class Plan:
+    """A round's drafting: k draft tokens at most per row, and whether the draft model drafts them."""
+
+    k: int
+    model: bool = False
+
+
+class BatchPlanner:
+    """Chooses each round's draft length, and whether the draft model runs, from measured times and each row's
+    acceptance of each source.
+
+    A target pass over B rows and T positions per row costs, on any device, about c0 + c1 * B * T (a fixed part:
+    weight reads and kernel launches; a part per position); a draft-model pass over m rows about d0 + d1 * m. Both
+    are fitted by least squares to the medians of the times seen per shape, and the plan maximising the rows'
+    expected tokens per second wins, plain batched decoding (k = 0) included. Until the target fit has two points it
+    runs plain rounds, then the widest draft; a draft model not yet timed drafts once to be.
     """
 
     def __init__(self, k_max: Optional[int] = None, adaptive: bool = True):
         self.k_max, self.adaptive = k_max, adaptive
         self.times: Dict[Tuple[int, int], List[float]] = {}
+        self.draft_times: Dict[int, List[float]] = {}  # members -> seconds per draft pass
         self.seen: set = set()
 
     def record(self, rows: int, width: int, seconds: float) -> None:
@@ -91,17 +128,23 @@ class BatchPlanner:
         self.times.setdefault((rows, width), []).append(seconds)
         del self.times[(rows, width)][:-TIMINGS]
 
+    def record_draft(self, members: int, passes: int, seconds: float) -> None:
+        """A draft phase's time over `members` rows (not called for one that ran a shape for the first time)."""
+        self.draft_times.setdefault(members, []).append(seconds / passes)
+        del self.draft_times[members][:-TIMINGS]
+
     def cost(self, rows: int, width: int) -> Optional[float]:
-        """Predicted seconds of a round, or None while the fit has too few points."""
+        """Predicted seconds of a target pass, or None while the fit has too few points."""
         pts = [(b * t, median(v)) for (b, t), v in self.times.items()]
         if len({x for x, _ in pts}) < 2:
             return None
-        n = len(pts)
-        mx_, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
-        sxx = sum((x - mx_) ** 2 for x, _ in pts)
-        c1 = max(0.0, sum((x - mx_) * (y - my) for x, y in pts) / sxx)
-        c0 = max(1e-6, my - c1 * mx_)
+        c0, c1 = _line(pts)
         return c0 + c1 * rows * width
+
+    def draft_cost(self, members: int) -> Optional[float]:
+        """Predicted seconds of one draft-model pass over `members` rows, or None before one was timed."""
+        fit = _line([(m, median(v)) for m, v in self.draft_times.items()])
+        return None if fit is None else fit[0] + fit[1] * members
 
     def pays(self, rows: int) -> bool:
         """Whether one batched round over `rows` rows costs MARGIN less than as many single-row rounds (a device
@@ -109,33 +152,45 @@ class BatchPlanner:
         batched, alone = self.cost(rows, 1), self.cost(1, 1)
         return batched is None or batched < (1 - MARGIN) * rows * alone
 
-    def choose(self, rows: List[Row], lengths: List[int]) -> int:
-        """The draft length of this round (0: plain), given each row's available draft length."""
+    def choose(self, rows: List[Row], lengths: List[int], sources: List[str]) -> Plan:
+        """This round's plan, given each row's table-lookup draft (its length and source; 0 for none). Rows with a
+        `model` and no lookup draft draft with the model when the plan says so."""
         longest = max(lengths, default=0)
+        wants = [r.model is not None and n == 0 for r, n in zip(rows, lengths)]
+        k_model = max([r.k_max for r, w in zip(rows, wants) if w], default=0)
         if self.k_max is not None:
-            longest = min(longest, self.k_max)
-        if longest == 0 or not self.adaptive:
-            return longest
+            longest, k_model = min(longest, self.k_max), min(k_model, self.k_max)
+        if not self.adaptive:
+            return Plan(max(longest, k_model), k_model > 0)
+        if max(longest, k_model) == 0:
+            return Plan(0)
         widths = {t for (_, t) in self.times}
         if self.cost(len(rows), 1) is None:  # measure plain and the widest draft first
-            return 0 if 1 not in widths else longest
-        best, best_rate = 0, sum(r.expected(0) for r in rows) / self.cost(len(rows), 1)
-        for k in range(1, longest + 1):
-            gain = sum(r.expected(min(k, n)) for r, n in zip(rows, lengths))
-            rate = gain / self.cost(len(rows), k + 1)
-            if rate > best_rate:
-                best, best_rate = k, rate
+            return Plan(0) if 1 not in widths else Plan(max(longest, k_model), k_model > 0)
+        members = sum(r.model is not None for r in rows)
+        per_pass = self.draft_cost(members)
+        if k_model and per_pass is None:  # the draft model drafts once to be timed
+            return Plan(max(longest, k_model), True)
+        best, best_rate = Plan(0), sum(r.expected(0) for r in rows) / self.cost(len(rows), 1)
+        for model in (False, True) if k_model else (False,):
+            for k in range(1, (max(longest, k_model) if model else longest) + 1):
+                gain = sum(r.expected(min(k, n), s) if n else (r.expected(k, "model") if model and w else 1.0)
+                           for r, n, s, w in zip(rows, lengths, sources, wants))
+                seconds = self.cost(len(rows), k + 1) + (k * per_pass if model else 0.0)
+                if gain / seconds > best_rate:
+                    best, best_rate = Plan(k, model), gain / seconds
         return best
 
 
 class Batch:
-    """The rows generating together and their joint target cache."""
+    """The rows generating together, their joint target cache and, where rows have one, their draft model's."""
 
     def __init__(self, model, k_max: Optional[int] = None, adaptive: bool = True):
         self.model, self.limit = model, context_limit(model)
         self.rows: List[Row] = []
         self.cache: Optional[list] = None  # the joint target cache (`batch_cache`)
         self.planner = BatchPlanner(k_max, adaptive)
+        self.drafting: Optional[BatchDraft] = None  # the rows drafting with a draft model, once one has
 
     def add(self, row: Row, cache: list) -> None:
         """Join a row whose `cache` holds its context minus the last token."""
@@ -145,12 +200,16 @@ class Batch:
         else:
             batch_cache.extend(self.cache, joined)
         self.rows.append(row)
-        if row.drafter is not None:
-            for part in row.sources():
-                part.reset(row.context, None)
+        for part in row.sources():
+            part.reset(row.context, None)
+        if row.model is not None and self.drafting is not None and row.model.model is not self.drafting.model:
+            row.model = None  # one draft model per batch
 
     def remove(self, row: Row) -> list:
-        """Take a row out; its cache comes back holding exactly its context minus the last token."""
+        """Take a row out; its cache comes back holding exactly its context minus the last token (its draft
+        model's goes back to its drafter)."""
+        if self.drafting is not None and row in self.drafting:
+            self.drafting.leave(row)
         i = self.rows.index(row)
         out = batch_cache.extract(self.cache, i, len(row.context) - 1)
         keep = [j for j in range(len(self.rows)) if j != i]
@@ -165,35 +224,23 @@ class Batch:
         """One round for every row: {row index: the steps it produced}. Finished rows are marked `done`."""
         rows = self.rows
         rooms = [r.budget - r.stats.generation_tokens - 1 for r in rows]  # draft tokens each row may still use
-        drafts = []
-        for r, room in zip(rows, rooms):
-            d = None
-            for part in r.sources() if room > 0 else ():
-                d = part.propose(r.context, min(r.k_max, room), r.probs_fn)
-                if len(d):
-                    break
-            drafts.append(d if d is not None and len(d) else None)
+        drafts = [self._lookup(r, room) for r, room in zip(rows, rooms)]
         lengths = [min(len(d), r.k_max, room) if d else 0 for r, d, room in zip(rows, drafts, rooms)]
-        k = self.planner.choose(rows, lengths)
+        plan = self.planner.choose(rows, lengths, [d.source if d else "" for d in drafts])
+        k = plan.k
         if self.limit is not None:  # no row's padding may reach past the context (absolute position tables)
             k = max(0, min([k] + [self.limit - len(r.context) for r in rows]))
+        if plan.model and k:
+            for i, d in self._model_drafts(k).items():
+                if drafts[i] is None and rooms[i] > 0:
+                    drafts[i], lengths[i] = d, min(k, rooms[i])
         tokens = [list(d.tokens[: min(k, n)]) if d else [] for d, n in zip(drafts, lengths)]
         width = 1 + max(len(t) for t in tokens)
         inputs = [[r.context[-1]] + t + [r.context[-1]] * (width - 1 - len(t)) for r, t in zip(rows, tokens)]
         batch_cache.start_round(self.cache)
         start = time.perf_counter()
-        logits = self.model(mx.array(inputs), cache=self.cache)
-        built = []
-        for i, (r, t) in enumerate(zip(rows, tokens)):
-            n = len(t)
-            if r.probs_fn is None:
-                built.append(mx.argmax(logits[i, : n + 1], axis=-1))
-            else:
-                q = r.probs_fn(logits[i, : n + 1])
-                d = drafts[i]
-                p = d.probs[:n] if d is not None and d.probs is not None else None
-                built.append(sampling_targets(q, mx.array(t, dtype=mx.uint32), p) if n else
-                             (mx.zeros((0,), dtype=mx.bool_), sample(q)))
+        logits = self.model(mx.array(inputs), cache=self.cache)  # (B, width, V)
+        built = [self._targets(r, logits[i, : len(t) + 1], t, drafts[i]) for i, (r, t) in enumerate(zip(rows, tokens))]
         mx.eval(built)
         self.planner.record(len(rows), width, time.perf_counter() - start)
         keep, out = [], {}
@@ -205,16 +252,57 @@ class Batch:
                 a, nxt = accept_sampling(b[0].tolist(), b[1].tolist())
             r.stats.record(n, a)
             if n:
-                r.accepted, r.judged = DISCOUNT * r.accepted + a, DISCOUNT * r.judged + n
+                r.judge(drafts[i].source, n, a)
                 for part in r.sources():
-                    if drafts[i] is not None and part.name == drafts[i].source:
+                    if part.name == drafts[i].source:
                         part.learn(n, a)
             elif drafts[i] is not None:  # a draft the round did not verify is judged on the token it produced
-                r.accepted, r.judged = DISCOUNT * r.accepted + (drafts[i].tokens[0] == nxt), DISCOUNT * r.judged + 1
+                r.judge(drafts[i].source, 1, drafts[i].tokens[0] == nxt)
             keep.append(1 + a)
             out[i] = self._deliver(r, t[:a] + [nxt], a)
         batch_cache.rewind(self.cache, [width - n for n in keep])
+        if self.drafting is not None and self.drafting.fed:  # each member keeps the model's drafts the target took
+            used = {id(r): keep[i] - 1 for i, r in enumerate(rows) if drafts[i] is not None
+                    and drafts[i].source == "model"}
+            self.drafting.settle([used.get(id(r), 0) for r in self.drafting.rows])
         return out
+
+    def _lookup(self, r: Row, room: int):
+        """The row's first table-lookup draft (None if no source has one)."""
+        for part in r.sources() if room > 0 else ():
+            d = part.propose(r.context, min(r.k_max, room), r.probs_fn)
+            if len(d):
+                return d
+        return None
+
+    def _model_drafts(self, k: int) -> Dict[int, object]:
+        """k draft-model tokens for every row with a draft model (rows join its batch first), timed for the
+        planner: {row index: its draft}."""
+        if self.drafting is None:
+            self.drafting = BatchDraft(next(r.model.model for r in self.rows if r.model is not None))
+        for r in self.rows:
+            if r.model is not None and r not in self.drafting and not self.drafting.join(r, r.model):
+                r.model = None  # its draft model's cache cannot batch: it drafts with its lookups
+        if not self.drafting.rows:
+            return {}
+        start = time.perf_counter()
+        drafts = self.drafting.draft(k)
+        if not self.drafting.cold:
+            self.planner.record_draft(len(drafts), k, time.perf_counter() - start)
+        index = {id(r): i for i, r in enumerate(self.rows)}
+        return {index[id(r)]: d for r, d in zip(self.drafting.rows, drafts)}
+
+    @staticmethod
+    def _targets(r: Row, logits: mx.array, t: List[int], d):
+        """What acceptance needs of a row's logits (n + 1, V): the greedy tokens, or the sampling rule's draws."""
+        n = len(t)
+        if r.probs_fn is None:
+            return mx.argmax(logits, axis=-1)
+        q = r.probs_fn(logits)
+        p = d.probs[:n] if d is not None and d.probs is not None else None
+        if not n:
+            return mx.zeros((0,), dtype=mx.bool_), sample(q)
+        return sampling_targets(q, mx.array(t, dtype=mx.uint32), p)
 
     def _deliver(self, r: Row, new: List[int], drafted: int) -> List[Step]:
         steps, now = [], time.perf_counter()

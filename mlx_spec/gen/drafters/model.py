@@ -106,7 +106,29 @@ class ModelDrafter(Drafter):
         recurrent.commit(self.cache)  # the held prefix is the context's: only this round's drafts get trimmed
         return context[keep:]
 
-    def _align(self, logits: mx.array) -> mx.array:
+    def lend(self, context: List[int]) -> list:
+        """Hand the cache to a batch (`batch_draft.py`), first brought to hold `context[:-1]` (the missing tokens
+        fed now, in chunks): this drafter holds nothing until `take_back`."""
+        if self.cache is None:
+            self.cache = self._new_cache()
+
+        def catch_up():
+            todo = self._sync(context)[:-1]
+            for i in range(0, len(todo), PREFILL_STEP):
+                self.model(mx.array(todo[i : i + PREFILL_STEP])[None], cache=self.cache)
+            mx.eval([c.state for c in self.cache])
+            self._fed.extend(todo)
+            self.fed_total += len(todo)
+
+        self._guarded(catch_up)
+        cache, self.cache, self._fed = self.cache, None, []
+        return cache
+
+    def take_back(self, cache: list, fed: List[int]) -> None:
+        """Take back a lent cache, which now holds `fed`."""
+        self.cache, self._fed, self._drafted = cache, list(fed), None
+
+    def align(self, logits: mx.array) -> mx.array:
         """Pad or cut the draft's logits (..., V) to the target's width and mask padding ids."""
         v = logits.shape[-1]
         if v > self.vocab_size:
@@ -134,16 +156,16 @@ class ModelDrafter(Drafter):
     def _greedy(self, h: mx.array) -> mx.array:
         """The greedy draft token at each row of h (n, d) or of logits (n, V) without a split head (lazy)."""
         if self.head is None:
-            return mx.argmax(self._align(h), axis=-1)
+            return mx.argmax(self.align(h), axis=-1)
         if self.subset:
             return self.head.ids()[mx.argmax(self.head.subset(h), axis=-1)]
-        return mx.argmax(self._align(self.head.full(h)), axis=-1)
+        return mx.argmax(self.align(self.head.full(h)), axis=-1)
 
     def _pick(self, h: mx.array, probs_fn) -> Tuple[mx.array, Optional[mx.array]]:
         """The draft token after state h (1, d or V) and, when sampling, the distribution it was drawn from."""
         if probs_fn is None:
             return self._greedy(h), None
-        logits = self._align(self.head.full(h) if self.head is not None else h)
+        logits = self.align(self.head.full(h) if self.head is not None else h)
         probs = probs_fn(logits)
         return sample(probs), probs[0]
 
