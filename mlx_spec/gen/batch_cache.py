@@ -1,24 +1,33 @@
 """The joint caches of a batch (one object per layer, one row per generation): merging a generation's cache in,
 taking a row's cache out, and rewinding each row by its own count.
 
-Built on mlx-lm's `BatchKVCache` (rows of different lengths sit left-padded in it, as in its `BatchGenerator`). A row
-is rewound on its own by rolling the positions it drops into its left padding (`prepare(right_padding=...)` then
-`finalize()`), so every row ends at the same column again.
+Attention layers use mlx-lm's `BatchKVCache` (rows of different lengths sit left-padded in it, as in its
+`BatchGenerator`). A row is rewound on its own by rolling the positions it drops into its left padding
+(`prepare(right_padding=...)` then `finalize()`), so every row ends at the same column again.
+
+Recurrent layers (gated delta nets, Mamba) use `recurrent.RewindableRows`: the rows' states stacked, the batched
+passes recorded, and each row rewound by restoring its state before the pass its kept part ends in and replaying
+its layer's mixer on that part. A hybrid's attention layers rewind as above.
 """
 
 from typing import List, Sequence
 
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
+from . import recurrent
+from .recurrent import RewindableCache, RewindableRows
+
 
 def batchable(cache: Sequence) -> bool:
-    """Whether a generation's cache can join a batch: plain KV caches (no sliding window, no recurrent layer)."""
-    return all(type(c) is KVCache for c in cache)
+    """Whether a generation's cache can join a batch: plain KV caches and rewindable recurrent ones (no sliding
+    window, no recurrent state of unknown length)."""
+    return all(type(c) is KVCache or (isinstance(c, RewindableCache) and not isinstance(c, RewindableRows))
+               for c in cache)
 
 
 def merge(cache: Sequence) -> List:
     """A batch of one row from a generation's cache (the cache itself is copied, never changed)."""
-    return [BatchKVCache.merge([c]) for c in cache]
+    return [recurrent.joint(c) if isinstance(c, RewindableCache) else BatchKVCache.merge([c]) for c in cache]
 
 
 def extend(joint: List, more: List) -> None:
@@ -31,7 +40,9 @@ def extract(joint: List, i: int, tokens: int) -> List:
     """Row i's cache as a generation's own, holding its first `tokens` tokens."""
     out = [c.extract(i) for c in joint]
     for c in out:
-        c.trim(c.offset - tokens)
+        n = c.offset - tokens
+        if c.trim(n) < n:  # a recurrent row trims only within the pass it was last rewound in
+            raise ValueError(f"row {i} cannot be trimmed back {n} tokens")
     return out
 
 
@@ -43,14 +54,19 @@ def keep_rows(joint: List, rows: List[int]) -> None:
 
 def start_round(joint: List) -> None:
     """What the joint cache holds now is final: a round's rewind goes back no further than this."""
+    recurrent.commit(joint)
 
 
 def rewind(joint: List, drop: List[int]) -> None:
-    """Drop each row's last `drop[i]` positions: the part common to all by trimming, the rest rolled into the
-    row's left padding."""
+    """Drop each row's last `drop[i]` positions (of the passes since the last rewind or `start_round`): a recurrent
+    layer replays each row's kept part; an attention layer trims the part common to all and rolls the rest into
+    the row's left padding."""
     common = min(drop)
     extra = [n - common for n in drop]
     for c in joint:
+        if isinstance(c, RewindableRows):
+            c.trim_rows(drop)
+            continue
         if common:
             c.trim(common)
         if any(extra):

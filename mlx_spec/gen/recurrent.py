@@ -12,6 +12,11 @@ projections over the accepted tokens, not a second forward pass.
 mlx-lm offers no hook for a layer's input, so each recurrent layer instance gets a recording subclass of its
 own class (`enable`): parameters, weights and outputs are unchanged, and with a cache that is not ours
 it only adds one isinstance check. Written here because no maintained library rewinds these caches.
+
+In a batch (`batch_cache`), a layer's rows share one `RewindableRows` cache: the recording layer records each
+batched call into it, and `trim_rows` rewinds each row by its own count, restoring its state before the call
+its kept part ends in. The rows keeping the same count of a call replay together, with no padding mask: a mixer
+needs no support for mlx-lm's per-row `lengths` (mamba's and olmo_hybrid's have none).
 """
 
 import functools
@@ -68,6 +73,105 @@ class RewindableCache:
             self.offset += keep
             done = n
         return done
+
+
+class RewindableRows(RewindableCache):
+    """A batch's joint recurrent cache (one row per generation): per-row offsets (an array) and a per-row rewind.
+
+    After `trim_rows`, each row keeps a reference to the call it was rewound in, so a row taken out (`extract`)
+    can still be trimmed within it. Rows keep it across `filter` and `extend` until `commit`.
+    """
+
+    def _start(self, offset) -> None:
+        self.offset, self._calls, self._rows = offset, [], [None] * offset.size
+
+    @property
+    def batch_size(self) -> int:
+        return self.offset.size  # (mlx-lm's counts 1 while every state is still None)
+
+    def commit(self) -> None:
+        self._calls.clear()
+        self._rows = [None] * len(self._rows)
+
+    def trim_rows(self, drop: List[int]) -> None:
+        """Drop row i's last `drop[i]` positions, which may span several recorded calls: each row's state is restored
+        to before the call its kept part ends in and that part replayed, the rows keeping the same count of a call
+        in one replay. Older calls are forgotten; each row keeps the call it ends in, for `extract`."""
+        left, parts, index = list(drop), [self.cache], list(range(len(drop)))
+        count, last = len(drop), True
+        self._rows = [None] * len(drop)
+        while self._calls and (last or any(left)):
+            call = before, layer, x, mask = self._calls.pop()
+            width, groups = x.shape[1], {}
+            for i, d in enumerate(left):
+                if last and not d:
+                    self._rows[i] = (call, i, width)  # keeps all: the state after the pass
+                elif 0 < d <= width:
+                    groups.setdefault(width - d, []).append(i)
+                    left[i] = 0
+                elif d > width:
+                    left[i] = d - width
+            for keep, rows in groups.items():
+                idx = mx.array(rows)
+                part = ArraysCache(len(before))
+                part.cache = [mx.zeros_like(a[idx]) if s is None else s[idx] for s, a in zip(before, self.cache)]
+                if keep:
+                    _replay(layer, x[idx, :keep], _take(mask, rows, keep), part)
+                parts.append(part.cache)
+                for j, i in enumerate(rows):
+                    index[i], self._rows[i] = count + j, (call, i, keep) if keep else None
+                count += len(rows)
+            last = False
+        if any(left):
+            raise ValueError("a row cannot be rewound past the calls recorded since the last rewind or commit")
+        if len(parts) > 1:  # each row's state: the last pass's (a row that kept all) or its replay's
+            where = mx.array(index)
+            self.cache = [mx.concatenate([p[e] for p in parts])[where] for e in range(len(self.cache))]
+        self.offset = self.offset - mx.array(drop)
+        self._calls.clear()
+
+    def filter(self, batch_indices) -> None:
+        super().filter(mx.array(batch_indices))
+        self.offset = self.offset[mx.array(batch_indices)]
+        self._rows = [self._rows[i] for i in batch_indices]
+
+    def extend(self, other) -> None:
+        super().extend(other)
+        self.offset = mx.concatenate([self.offset, other.offset])
+        self._rows += other._rows
+
+    def extract(self, idx: int):
+        """Row idx as a generation's own rewindable cache, trimmable within the call it was last rewound in."""
+        out = _own(self)(len(self.cache))
+        out.cache = [None if s is None else s[idx: idx + 1] for s in self.cache]
+        out._start(self.offset[idx].item())
+        if self._rows[idx] is not None:
+            (before, layer, x, mask), i, k = self._rows[idx]
+            out._calls.append(([None if s is None else s[i: i + 1] for s in before], layer, x[i: i + 1, :k],
+                               _take(mask, [i], k)))
+        return out
+
+
+def joint(cache: RewindableCache) -> RewindableRows:
+    """A joint cache of one row holding `cache`'s state (`cache` itself is not changed)."""
+    out = _subclass(_base(cache), RewindableRows)(len(cache.cache))
+    out.cache = list(cache.cache)
+    out._start(mx.array([cache.offset]))
+    return out
+
+
+def _base(cache) -> type:
+    """The mlx-lm class a rewindable cache was made from."""
+    return next(c for c in type(cache).__mro__ if not issubclass(c, RewindableCache))
+
+
+def _own(cache) -> type:
+    return _subclass(_base(cache), RewindableCache)
+
+
+def _take(mask, rows: List[int], keep: int):
+    """The given rows' first `keep` positions of a recorded (rows, positions) mask."""
+    return None if mask is None else mask[mx.array(rows)][..., :keep]
 
 
 def _replay(layer, x, mask, cache) -> None:
