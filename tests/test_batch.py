@@ -158,7 +158,7 @@ def test_the_batch_planner_drafts_where_a_pass_costs_its_launches_and_not_where_
     assert fresh.choose(rows_with(0.5, 2), [0, 0], SUFFIX).k == 0  # nothing offered: plain
 
 
-def test_only_plain_kv_caches_batch_and_a_row_knows_its_lookups_and_its_draft_model(target, tiny_models):
+def test_sliding_window_caches_do_not_batch_and_a_row_knows_its_lookups_and_its_draft_model(target, tiny_models):
     from mlx_spec.gen.batch_cache import batchable
     from mlx_spec.named import load_model
 

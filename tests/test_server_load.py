@@ -201,3 +201,24 @@ def test_a_batched_client_that_disconnects_leaves_the_batch_and_the_others_finis
         assert done == alone  # the rows beside it never noticed
         h = wait_for(srv, lambda h: h["active"] == 0)
         assert h["batched"] == 0 and h["failed"] == 0 and h["sessions"]["total"] == 2  # its session was freed
+
+
+def test_requests_on_a_hybrid_recurrent_model_batch_and_each_equal_their_solo_run(tmp_path, always_batch):
+    from conftest import make_model
+
+    folder = str(make_model(tmp_path / "qwen3_next", "qwen3_next", seed=5, scale=4.0))
+    pair = Pair.load(folder, "suffix", num_draft=3)
+    pair = Pair(pair.model_spec, "suffix", Slow(pair.target, 0.01), pair.tokenizer, num_draft=3)
+    with Running(build_app(pair, max_concurrency=4, max_tokens=30)) as srv:
+        alone = [ask(srv.url, p, stream=False, max_tokens=30) for p in PROMPTS[:3]]
+        results = {}
+        threads = [threading.Thread(target=lambda i=i: results.update({i: ask(srv.url, PROMPTS[i], i == 1, 30)}))
+                   for i in range(3)]
+        for t in threads:
+            t.start()
+            time.sleep(0.05)
+        for t in threads:
+            t.join(60)
+        h = wait_for(srv, lambda h: h["active"] == 0)
+        assert sum(q["batched"] for q in h["requests"][-3:]) >= 2 and h["failed"] == 0
+        assert [results[i] for i in range(3)] == alone

@@ -59,8 +59,8 @@ class Batcher:
         return job in self.members or job in self.joining
 
     def can_join(self, job, rows: int) -> bool:
-        """A request without a seed, on a plain KV cache, where the measured round costs say a batch of `rows`
-        rows pays."""
+        """A request without a seed, on a cache that can batch (plain KV or rewindable recurrent layers), where the
+        measured round costs say a batch of `rows` rows pays."""
         return (job.params.seed is None and batchable(job.session.cache)
                 and self.batch.planner.pays(max(2, rows)))
 

@@ -5,7 +5,9 @@ lookups (n-gram, suffix, a hybrid's) for a draft, lets the planner choose one dr
 the rows' draft model drafts for the rows that have no lookup draft (`BatchPlanner`: all of them in one draft-model
 pass per position, `batch_draft.py`), and feeds every row its last token plus up to k draft tokens, right-padded to a
 common width, through the joint cache (`batch_cache.py`). Each row then accepts its own prefix (greedy or
-speculative sampling) and is rewound on its own, so the next round starts level again.
+speculative sampling) and is rewound on its own, so the next round starts level again. Rows on plain KV caches
+batch, and so do rows of recurrent and hybrid models (a gated delta net's or Mamba's state is rewound per row by
+replaying the layer's mixer on what the row kept, `recurrent.RewindableRows`); sliding-window caches do not.
 
 Rows join after a solo prefill (their cache merged in) and leave with their cache extracted back, trimmed to the
 context minus its last token: the engine's contract, so a conversation continues from a session either way. A layer
