@@ -62,7 +62,7 @@ def test_bench_list_shows_every_builtin_suite_and_each_loads():
     ('kind = "table"\nadaptive = "no"\n[[targets]]\nmodel = "m"\n', "'adaptive'"),
     ('kind = "compression"\nk = [5]\nmethods = ["int5"]\n[[targets]]\nmodel = "m"\n', "'int5'"),
     ('kind = "compression"\n[[targets]]\nmodel = "m"\n', "'k'"),
-    ('kind = "table"\nprompts = { prose = 9 }\n[[targets]]\nmodel = "m"\n', "'prose'"),
+    ('kind = "table"\nprompts = { prose = 33 }\n[[targets]]\nmodel = "m"\n', "'prose'"),
     ('kind = "table"\ntemps = [0.5]\n[[targets]]\nmodel = "m"\n', "'temps' belongs to quality suites"),
     ('kind = "table"\nbandwidth_gb = 0.1\n[[targets]]\nmodel = "m"\n', "'bandwidth_gb' belongs to roofline"),
     ('kind = "roofline"\nbandwidth_gb = 0\n[[targets]]\nmodel = "m"\n', "'bandwidth_gb'"),
