@@ -35,6 +35,21 @@ def test_served_throughput_reports_every_cell_and_mode_and_identical_replies(tin
     assert "| Clients | Mode |" in md and "drafter, batched" in md and "mlx-lm BatchGenerator" in md
 
 
+def test_clients_that_send_their_next_request_when_a_reply_ends_get_every_prompt_answered(tiny_models, tmp_path):
+    target = long_context(tiny_models["qwen2"], tmp_path / "target")
+    s = ThroughputSettings(model=str(target), draft="ngram", clients=[2], max_tokens=6, repeats=1, requests=3)
+    data = json.loads(run_throughput(s, str(tmp_path / "runs")).json_path.read_text())
+    for c in data["cells"]:
+        assert c["clients"] == 2 and len(c["prompts"]) == len(c["texts"]) == 6 and all(c["latencies_s"])
+        assert max(c["latencies_s"]) < c["wall_s"] or c["mode"] == "mlx-lm"  # three replies in turn per client
+    assert data["identical"] == [2, 2]
+    assert "3 request(s) per client" in run_md(tmp_path)
+
+
+def run_md(tmp_path) -> str:
+    return next((tmp_path / "runs").glob("*.md")).read_text()
+
+
 def test_bench_serve_refuses_a_run_without_a_drafter_in_one_line(tiny_models):
     r = run_cli("bench", "serve", "--model", str(tiny_models["qwen2"]), "--draft", "none", timeout=60)
     assert one_line_error(r) == "error: --draft must name a drafter: the run compares it against none"
@@ -48,7 +63,8 @@ def test_bench_serve_is_mounted_under_the_bench_with_its_options():
 
     r = CliRunner().invoke(app, ["bench", "serve", "--help"], env={"COLUMNS": "200"})
     assert r.exit_code == 0
-    for option in ("--model", "--draft", "--clients", "--max-tokens", "--repeats", "--num-draft", "--out"):
+    for option in ("--model", "--draft", "--clients", "--max-tokens", "--repeats", "--num-draft", "--requests",
+                   "--out"):
         assert option in r.stdout
     assert "Served throughput" in CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"}).stdout
 

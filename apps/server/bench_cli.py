@@ -24,6 +24,8 @@ def serve(
     max_tokens: int = typer.Option(SERVE_MAX_TOKENS, help="Max new tokens per request"),
     repeats: int = typer.Option(SERVE_REPEATS, help="Cells per client count (fresh prompts each)"),
     num_draft: Optional[int] = typer.Option(None, help=NUM_DRAFT_HELP),
+    requests: int = typer.Option(1, help="Requests per client and cell, each sent when its previous reply ends "
+                                         "(1: every client sends once, all at the same time)"),
     out: str = typer.Option(DEFAULT_OUT, help="Folder for the run's JSON and markdown"),
 ):
     """Served throughput of N concurrent clients: plain (batched), the drafter turn-taking, the drafter batched, and
@@ -37,7 +39,7 @@ def serve(
     except ValueError:
         raise MlxSpecError(f"--clients must be comma-separated counts, got '{clients}'") from None
     s = ThroughputSettings(model=model, draft=draft, clients=counts, max_tokens=max_tokens, repeats=repeats,
-                           num_draft=num_draft)
+                           num_draft=num_draft, requests=requests)
     run = run_throughput(s, out, log=_log)
     typer.echo(run.md_path.read_text())
     _log(f"wrote {run.json_path} and {run.md_path}")

@@ -8,6 +8,11 @@ comparison flatters it by the server's overhead). The clients are the official `
 user's programs would be. Each cell (a client count, a repeat) sends the same fresh prompts to every mode, the order
 turning from repeat to repeat, so the ratios compare like with like and share the machine's noise. Throughput is the
 completion tokens of the cell over its wall time, first request sent to last reply.
+
+With one request per client (`requests=1`) a cell is a wave: every client sends at once and the cell ends with the
+slowest reply. With more, each client sends its next request as soon as its reply ends (as vLLM's serving benchmark
+does with a concurrency limit), so the server stays under load of that many clients; mlx-lm's `batch_generate` then
+gets every prompt with `completion_batch_size` set to the client count, which keeps as many generating.
 """
 
 import dataclasses
@@ -41,12 +46,13 @@ class ThroughputSettings:
     max_tokens: int = SERVE_MAX_TOKENS
     repeats: int = SERVE_REPEATS
     num_draft: Optional[int] = None
+    requests: int = 1  # per client and cell: each sends its next one when its reply ends
 
     def check(self) -> None:
         if not self.clients or min(self.clients) < 1:
             raise MlxSpecError(f"--clients must be positive counts, got {list(self.clients)}")
-        if self.max_tokens < 1 or self.repeats < 1:
-            raise MlxSpecError("--max-tokens and --repeats must be at least 1")
+        if self.max_tokens < 1 or self.repeats < 1 or self.requests < 1:
+            raise MlxSpecError("--max-tokens, --repeats and --requests must be at least 1")
         if self.draft in (None, "", "none"):
             raise MlxSpecError("--draft must name a drafter: the run compares it against none")
 
@@ -58,7 +64,7 @@ class Cell:
     clients: int
     repeat: int
     mode: str
-    prompts: List[str]
+    prompts: List[str]  # client i sends prompts i, i + clients, i + 2 * clients, ... one after the other
     kinds: List[str] = field(default_factory=list)  # each prompt's set: humaneval, edit or prose
     wall_s: float = 0.0
     tokens: int = 0
@@ -83,7 +89,8 @@ def run_mlx_lm(pair: Pair, cell: Cell, max_tokens: int) -> Cell:
 
     prompts = [pair.chat_ids([{"role": "user", "content": text}]) for text in cell.prompts]
     t0 = time.perf_counter()
-    r = batch_generate(pair.target, pair.tokenizer, prompts, max_tokens=max_tokens, return_token_ids=True)
+    r = batch_generate(pair.target, pair.tokenizer, prompts, max_tokens=max_tokens, return_token_ids=True,
+                       completion_batch_size=cell.clients)
     cell.wall_s = time.perf_counter() - t0
     cell.texts = list(r.texts)
     cell.tokens = sum(len(t) for t in r.token_ids)
@@ -92,25 +99,27 @@ def run_mlx_lm(pair: Pair, cell: Cell, max_tokens: int) -> Cell:
 
 
 def run_cell(url: str, cell: Cell, max_tokens: int) -> Cell:
-    """All of the cell's clients at once, each on its own thread and connection; the wall time covers them all."""
+    """All of the cell's clients at once, each on its own thread and connection, sending its prompts one after the
+    other; the wall time covers them all."""
     import openai
 
     n = len(cell.prompts)
     replies: List[object] = [None] * n
     latencies = [0.0] * n
-    start = threading.Barrier(n + 1)
+    start = threading.Barrier(cell.clients + 1)
 
-    def client_thread(i: int) -> None:
+    def client_thread(c: int) -> None:
         client = openai.OpenAI(base_url=url + "v1", api_key="unused", max_retries=0, timeout=3600)
         start.wait()
-        t0 = time.perf_counter()
-        try:
-            replies[i] = _ask(client, cell.prompts[i], max_tokens)
-        except Exception as e:  # recorded, then raised on the main thread: a lost request fails the run
-            replies[i] = e
-        latencies[i] = time.perf_counter() - t0
+        for i in range(c, n, cell.clients):
+            t0 = time.perf_counter()
+            try:
+                replies[i] = _ask(client, cell.prompts[i], max_tokens)
+            except Exception as e:  # recorded, then raised on the main thread: a lost request fails the run
+                replies[i] = e
+            latencies[i] = time.perf_counter() - t0
 
-    threads = [threading.Thread(target=client_thread, args=(i,)) for i in range(n)]
+    threads = [threading.Thread(target=client_thread, args=(c,)) for c in range(cell.clients)]
     for t in threads:
         t.start()
     start.wait()
@@ -133,14 +142,17 @@ def run_cell(url: str, cell: Cell, max_tokens: int) -> Cell:
 KINDS = ("humaneval", "edit", "prose")
 
 
-def plan_prompts(tokenizer, clients: Sequence[int], repeats: int) -> Dict[Tuple[int, int], List[Prompt]]:
+def plan_prompts(tokenizer, clients: Sequence[int], repeats: int, requests: int = 1
+                 ) -> Dict[Tuple[int, int], List[Prompt]]:
     """Fresh prompts for every (client count, repeat) cell, the kinds in turn within each client count.
 
-    Client i of repeat r with c clients gets kind (r * c + i) mod 3, so over 3 repeats (or any multiple)
+    Prompt i of repeat r with n = clients x requests prompts gets kind (r * n + i) mod 3, so over 3 repeats (or any
+    multiple)
     every client count sends the same number of HumanEval, edit and prose prompts, and its throughput
     can be set against the others' without a different prompt mix deciding the comparison.
     """
-    kinds = {(c, r): [KINDS[(r * c + i) % len(KINDS)] for i in range(c)] for c in clients for r in range(repeats)}
+    kinds = {(c, r): [KINDS[(r * c * requests + i) % len(KINDS)] for i in range(c * requests)]
+             for c in clients for r in range(repeats)}
     need = {k: sum(ks.count(k) for ks in kinds.values()) for k in KINDS}
     if need["prose"] > len(bench_prompts.PROSE_QUESTIONS):
         raise MlxSpecError(f"this run needs {need['prose']} prose prompts and there are "
@@ -204,7 +216,8 @@ def markdown(data: dict) -> str:
     head = (f"# Served throughput: {s['model']} with drafter `{s['draft']}`\n\n"
             f"{machine_line(data['machine'])}\n\n"
             f"`{' '.join(data['command'])}`\n\n"
-            f"{s['repeats']} repeat(s) per client count, {s['max_tokens']} max tokens per request, greedy; "
+            f"{s['repeats']} repeat(s) per client count, {s.get('requests', 1)} request(s) per client and cell (each "
+            f"sent when the client's previous reply ended), {s['max_tokens']} max tokens per request, greedy; "
             f"each cell sends the same fresh prompts to every mode; ratios are cell by cell (median, min–max); "
             f"mlx-lm's `batch_generate` runs in-process without HTTP. Prompts H/E/P counts the HumanEval, "
             f"code-edit and prose prompts of a row (with a multiple of 3 repeats every client count gets the same "
@@ -231,7 +244,7 @@ def run_throughput(s: ThroughputSettings, out: str, log: Log = lambda _m: None) 
     s.check()
     on = Pair.load(s.model, s.draft, num_draft=s.num_draft, log=log)
     off = dataclasses.replace(on, draft_spec=None, loaded={})
-    plan = plan_prompts(on.tokenizer, s.clients, s.repeats)
+    plan = plan_prompts(on.tokenizer, s.clients, s.repeats, s.requests)
     run = RunFile("serve", out, {"machine": machine_info(), "settings": dataclasses.asdict(s), "cells": []})
     concurrency = max(s.clients)
     cells: List[Cell] = []
