@@ -83,26 +83,31 @@ def test_a_row_leaving_mid_generation_continues_alone_from_its_extracted_cache(t
     assert outs[id(c)] == plain_greedy(target, PROMPT, 30)
 
 
-def sample_row0(target, kw, others=True):
-    """One sample: row 0 (REPEATING, n-gram drafts of 2) beside a sampling row of another length, row 0's N_TOKENS
-    tokens. The rows' prefilled caches are made once: joining a batch copies a cache, never changes it."""
-    probs_fn = make_probs_fn(**kw)
+def sample_first_row(target, rows, k=2):
+    """A sampler of row 0's tokens in a fresh batch of `rows`: (prompt, make its drafter, probs_fn, max tokens)
+    each; the rows' prefilled caches are made once (joining a batch copies a cache, never changes it). Also returns
+    how many draft positions row 0 verified, per sample."""
+    caches = [row(target, p, None, 1)[1] for p, _, _, _ in rows]
     seen = []
-    prompts = [REPEATING] + ([PROMPT] if others else [])
-    caches = [row(target, p, None, 1)[1] for p in prompts]
 
     def one():
-        b = Batch(target, 2, adaptive=False)
-        rows = [Row(list(p), d, probs_fn, n, "length", frozenset(), 2)
-                for p, d, n in zip(prompts, (NGramDrafter(), SuffixDrafter()), (N_TOKENS, 6))]
-        for r, c in zip(rows, caches):
+        b = Batch(target, k, adaptive=False)
+        made = [Row(list(p), make(), fn, n, "length", frozenset(), k) for p, make, fn, n in rows]
+        for r, c in zip(made, caches):
             b.add(r, c)
         toks = []
-        while not rows[0].done:
+        while not made[0].done:
             toks += [s.token for s in b.round()[0]]
-        seen.append(len(rows[0].stats.proposed_by_position))
+        seen.append(len(made[0].stats.proposed_by_position))
         return toks
     return one, seen
+
+
+def sample_row0(target, kw, others=True):
+    """Row 0 (REPEATING, n-gram drafts of 2, sampling) beside a sampling row of another length: row 0's N_TOKENS."""
+    probs_fn = make_probs_fn(**kw)
+    rows = [(REPEATING, NGramDrafter, probs_fn, N_TOKENS)] + ([(PROMPT, SuffixDrafter, probs_fn, 6)] if others else [])
+    return sample_first_row(target, rows)
 
 
 def test_a_batched_round_keeps_the_targets_law(target):

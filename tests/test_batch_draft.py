@@ -3,14 +3,13 @@ run, a self-drafting row accepts everything, a row leaves with its draft cache e
 law (and a rule that forgets to subtract their distribution fails), and the planner runs the model only where it
 pays."""
 
-import mlx.core as mx
 import pytest
-from conftest import N_TOKENS, PROMPT, REPEATING, SAMPLES, V, chi_square_pvalue_ok, exact_joint, plain_greedy, \
-    sample_pairs, tiny
-from test_batch import row, rows_with, run
+from conftest import (N_TOKENS, PROMPT, REPEATING, SAMPLES, V, chi_square_pvalue_ok, exact_joint, plain_greedy,
+                      sample_pairs, tiny)
+from test_batch import row, rows_with, run, sample_first_row
 
 from mlx_spec.gen import verify
-from mlx_spec.gen.batch import Batch, BatchPlanner, Row
+from mlx_spec.gen.batch import Batch, BatchPlanner
 from mlx_spec.gen.drafters.hybrid import HybridDrafter
 from mlx_spec.gen.drafters.model import ModelDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
@@ -86,23 +85,9 @@ def test_a_row_leaving_gets_its_draft_cache_back_and_continues_alone(target, dra
 
 
 def sample_model_row(target, draft, kw):
-    """One sample: a row drafting 2 sampled tokens with a draft model beside a greedy row drafting with it too."""
-    probs_fn = make_probs_fn(**kw)
-    caches = [row(target, p, None, 1)[1] for p in (PROMPT, REPEATING)]
-    seen = []
-
-    def one():
-        b = Batch(target, 2, adaptive=False)
-        rows = [Row(list(PROMPT), ModelDrafter(draft, V), probs_fn, N_TOKENS, "length", frozenset(), 2),
-                Row(list(REPEATING), ModelDrafter(draft, V), None, 6, "length", frozenset(), 2)]
-        for r, c in zip(rows, caches):
-            b.add(r, c)
-        toks = []
-        while not rows[0].done:
-            toks += [s.token for s in b.round()[0]]
-        seen.append(len(rows[0].stats.proposed_by_position))
-        return toks
-    return one, seen
+    """Row 0 drafting 2 sampled tokens with a draft model beside a greedy row drafting with it too: row 0's tokens."""
+    return sample_first_row(target, [(PROMPT, lambda: ModelDrafter(draft, V), make_probs_fn(**kw), N_TOKENS),
+                                     (REPEATING, lambda: ModelDrafter(draft, V), None, 6)])
 
 
 def test_sampled_model_drafts_in_a_batch_keep_the_targets_law(spread, draft):

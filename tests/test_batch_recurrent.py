@@ -6,6 +6,7 @@ import mlx.core as mx
 import pytest
 from conftest import PROMPTS, make_model, plain_greedy
 from mlx.utils import tree_flatten
+from test_batch import run
 
 from mlx_spec.gen import batch_cache, recurrent
 from mlx_spec.gen.batch import Batch, Row
@@ -70,18 +71,6 @@ def row(model, prompt, n, drafter):
 
 def oracle(model, prompt, n, shift):
     return Oracle(len(prompt), solo(model, prompt, n), shift, model.args.vocab_size)
-
-
-def run(b: Batch, outs: dict, rounds=None):
-    """Rounds until every row is done (or `rounds` of them); finished rows leave, their caches checked."""
-    n = 0
-    while b.rows and (rounds is None or n < rounds):
-        for i, steps in b.round().items():
-            outs.setdefault(id(b.rows[i]), []).extend(s.token for s in steps)
-        for r in [r for r in b.rows if r.done]:
-            cache = b.remove(r)
-            assert {c.offset for c in cache} == {len(r.context) - 1}
-        n += 1
 
 
 def joining_and_leaving(model, prompts):

@@ -196,11 +196,7 @@ class Batch:
 
     def add(self, row: Row, cache: list) -> None:
         """Join a row whose `cache` holds its context minus the last token."""
-        joined = batch_cache.merge(cache)
-        if self.cache is None:
-            self.cache = joined
-        else:
-            batch_cache.extend(self.cache, joined)
+        self.cache = batch_cache.join(self.cache, cache)
         self.rows.append(row)
         for part in row.sources():
             part.reset(row.context, None)

@@ -10,7 +10,7 @@ passes recorded, and each row rewound by restoring its state before the pass its
 its layer's mixer on that part. A hybrid's attention layers rewind as above.
 """
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
@@ -28,6 +28,15 @@ def batchable(cache: Sequence) -> bool:
 def merge(cache: Sequence) -> List:
     """A batch of one row from a generation's cache (the cache itself is copied, never changed)."""
     return [recurrent.joint(c) if isinstance(c, RewindableCache) else BatchKVCache.merge([c]) for c in cache]
+
+
+def join(joint: Optional[List], cache: Sequence) -> List:
+    """`joint` with a generation's cache as one more row (a new joint cache when `joint` is None)."""
+    one = merge(cache)
+    if joint is None:
+        return one
+    extend(joint, one)
+    return joint
 
 
 def extend(joint: List, more: List) -> None:

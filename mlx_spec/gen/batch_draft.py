@@ -40,11 +40,7 @@ class BatchDraft:
         if not batch_cache.batchable(cache):
             part.take_back(cache, row.context[:-1])
             return False
-        joined = batch_cache.merge(cache)
-        if self.cache is None:
-            self.cache = joined
-        else:
-            batch_cache.extend(self.cache, joined)
+        self.cache = batch_cache.join(self.cache, cache)
         self.rows.append(row)
         self.parts.append(part)
         self.held.append(len(row.context) - 1)
