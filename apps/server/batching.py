@@ -10,6 +10,7 @@ with its caches back in its session, so the conversation's next turn reuses them
 the single-stream engine: at one client the server is the engine; when a second one comes, the first moves into the
 batch between two of its tokens (its engine closed, its caches exact, its text and counters carried over).
 """
+
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Tuple
 

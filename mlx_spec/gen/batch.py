@@ -14,6 +14,7 @@ context minus its last token: the engine's contract, so a conversation continues
 subset of the target (self, quant-self) drafts only in `engine.speculative_generate_step`: in a batch such a row
 drafts with its lookups, or not at all.
 """
+
 import time
 from dataclasses import dataclass, field
 from statistics import median
