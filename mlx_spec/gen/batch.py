@@ -114,7 +114,7 @@ class BatchPlanner:
     weight reads and kernel launches; a part per position); a draft-model pass over m rows about d0 + d1 * m. Both
     are fitted by least squares to the medians of the times seen per shape, and the plan maximising the rows'
     expected tokens per second wins, plain batched decoding (k = 0) included. Until the target fit has two points it
-    runs plain rounds, then the widest draft; a draft model not yet timed drafts once to be.
+    runs plain rounds, then the widest draft; a draft model drafts until one of its rounds has been timed.
     """
 
     def __init__(self, k_max: Optional[int] = None, adaptive: bool = True):
