@@ -10,6 +10,7 @@ from conftest import (N_TOKENS, PROMPT, REPEATING, SAMPLES, V, chi_square_pvalue
 from mlx_spec.gen import batch as B
 from mlx_spec.gen.batch import Batch, BatchPlanner, Row
 from mlx_spec.gen.cache import new_cache
+from mlx_spec.gen.planner import SourceStats
 from mlx_spec.gen.drafters.hybrid import HybridDrafter
 from mlx_spec.gen.drafters.model import ModelDrafter
 from mlx_spec.gen.drafters.ngram import NGramDrafter
@@ -133,7 +134,7 @@ def rows_with(accept: float, n: int):
     rows = []
     for _ in range(n):
         r = Row([0], None, None, 100, "length", frozenset(), 8)
-        r.rates = {"suffix": [accept, 1.0], "model": [accept, 1.0]}
+        r.rates = {s: SourceStats(accepted_w=accept, judged_w=1.0) for s in ("suffix", "model")}
         rows.append(r)
     return rows
 

@@ -147,9 +147,8 @@ def plan_prompts(tokenizer, clients: Sequence[int], repeats: int, requests: int 
     """Fresh prompts for every (client count, repeat) cell, the kinds in turn within each client count.
 
     Prompt i of repeat r with n = clients x requests prompts gets kind (r * n + i) mod 3, so over 3 repeats (or any
-    multiple)
-    every client count sends the same number of HumanEval, edit and prose prompts, and its throughput
-    can be set against the others' without a different prompt mix deciding the comparison.
+    multiple) every client count sends the same number of HumanEval, edit and prose prompts, and its throughput can
+    be set against the others' without a different prompt mix deciding the comparison.
     """
     kinds = {(c, r): [KINDS[(r * c * requests + i) % len(KINDS)] for i in range(c * requests)]
              for c in clients for r in range(repeats)}

@@ -21,6 +21,7 @@ from statistics import median
 from typing import Dict, List, Optional, Tuple
 
 import mlx.core as mx
+
 from . import batch_cache
 from .batch_draft import BatchDraft
 from .drafters.base import Drafter
@@ -28,7 +29,8 @@ from .drafters.model import ModelDrafter
 from .engine import context_limit
 from .sampling import sample
 from .stats import Stats
-from .tunables import DISCOUNT, MARGIN, PRIOR_ACCEPT, PRIOR_TRIALS, TIMINGS
+from .planner import SourceStats
+from .tunables import MARGIN, TIMINGS
 from .verify import accept_greedy, accept_sampling, sampling_targets
 
 
@@ -54,8 +56,8 @@ class Row:
     eos: frozenset
     k_max: int
     stats: Stats = field(default_factory=Stats)
-    rates: Dict[str, List[float]] = field(default_factory=dict)  # source -> discounted [accepted, judged] tokens
-    model: Optional[ModelDrafter] = None  # its separate draft model (not a layer subset of the target), if any
+    rates: Dict[str, SourceStats] = field(default_factory=dict)  # each source's acceptance for this row
+    model: Optional[ModelDrafter] = field(init=False, default=None)  # its drafter's draft model (not self), if any
     done: bool = False
     started: float = field(default_factory=time.perf_counter)  # prompt time runs from here to the first token
     first_at: Optional[float] = None
@@ -70,14 +72,12 @@ class Row:
         return [p for p in parts if p.free and not p.in_target_cache]
 
     def rate(self, source: str) -> float:
-        """The row's estimated acceptance of a source's draft tokens."""
-        accepted, judged = self.rates.get(source, (PRIOR_ACCEPT * PRIOR_TRIALS, PRIOR_TRIALS))
-        return accepted / judged
+        """The row's estimated acceptance of a source's draft tokens (the single-stream planner's `SourceStats`)."""
+        return self.rates.setdefault(source, SourceStats()).accept
 
     def judge(self, source: str, proposed: int, accepted: int) -> None:
         """Count `accepted` of `proposed` draft tokens from `source` (older rounds discounted)."""
-        a, j = self.rates.get(source, (PRIOR_ACCEPT * PRIOR_TRIALS, PRIOR_TRIALS))
-        self.rates[source] = [DISCOUNT * a + accepted, DISCOUNT * j + proposed]
+        self.rates.setdefault(source, SourceStats()).observe(proposed, accepted)
 
     def expected(self, n: int, source: str = "") -> float:
         """Tokens a round yields for this row with n draft tokens from `source`: 1 + a + ... + a^n (geometric)."""
@@ -262,7 +262,7 @@ class Batch:
         batch_cache.rewind(self.cache, [width - n for n in keep])
         if self.drafting is not None and self.drafting.fed:  # each member keeps the model's drafts the target took
             used = {id(r): keep[i] - 1 for i, r in enumerate(rows) if drafts[i] is not None
-                    and drafts[i].source == "model"}
+                    and drafts[i].source == ModelDrafter.name}
             self.drafting.settle([used.get(id(r), 0) for r in self.drafting.rows])
         return out
 

@@ -88,7 +88,7 @@ class BatchDraft:
         self.fed = k - 1
         for part in self.parts:
             part.fed_total += k - 1
-        return [Draft(t, p, "model") for t, p in zip(drafted.tolist(), rows_p)]
+        return [Draft(t, p, ModelDrafter.name) for t, p in zip(drafted.tolist(), rows_p)]
 
     def settle(self, kept: List[int]) -> None:
         """After the verify: each member keeps the first `kept[i]` of the drafts fed last round (the target's)."""
