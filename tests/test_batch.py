@@ -164,6 +164,39 @@ def test_the_batch_planner_drafts_where_a_pass_costs_its_launches_and_not_where_
     assert fresh.choose(rows_with(0.5, 2), [0, 0], SUFFIX).k == 0  # nothing offered: plain
 
 
+def test_the_batch_planner_drafts_for_some_rows_only_where_the_places_of_rows_that_end_are_taken(target):
+    planner = BatchPlanner(8)  # a CPU: a fixed part and a part per position
+    for b in (1, 4, 16):
+        for t in (1, 2, 3):
+            for _ in range(2):
+                planner.record(b, t, 0.3 + 0.016 * b * t)
+    rows, some, every = rows_with(0.88, 16), [3] * 10 + [0] * 6, [3] * 16
+    sources = ["suffix"] * 10 + [""] * 6
+    assert planner.refill == 1.0  # until rows have left: a busy server's measure, the rows' tokens per second
+    assert planner.choose(rows, some, sources).k >= 1
+    for n in reversed(range(16)):  # a wave drains: its rows leave and no new one comes
+        planner.left(n)
+    assert planner.refill < 0.05
+    assert planner.choose(rows, some, sources).k == 0  # the six rows without a draft bound the batch's rounds
+    assert planner.choose(rows, every, ["suffix"] * 16).k >= 1  # every row drafts: the batch needs fewer rounds
+    for _ in range(16):  # a busy server: a new request takes each place
+        planner.left(15)
+        planner.joined()
+    assert planner.refill > 0.95 and planner.choose(rows, some, sources).k >= 1
+
+    b = Batch(target, 4)  # the batch tells its planner who joins and leaves
+    first, second, third = (row(target, PROMPT, None, 4) for _ in range(3))
+    b.add(*first)
+    b.add(*second)
+    b.remove(first[0])
+    assert b.planner.open == 1
+    b.add(*third)  # takes the place first left
+    assert b.planner.open == 0 and b.planner.refill == 1.0
+    b.remove(second[0])
+    b.remove(third[0])  # the batch empties: both places stay empty
+    assert b.planner.open == 0 and b.planner.refill < 0.7
+
+
 def test_sliding_window_caches_do_not_batch_and_a_row_knows_its_lookups_and_its_draft_model(target, tiny_models):
     from mlx_spec.gen.batch_cache import batchable
     from mlx_spec.named import load_model

@@ -30,7 +30,7 @@ from .engine import context_limit
 from .sampling import sample
 from .stats import Stats
 from .planner import SourceStats
-from .tunables import MARGIN, TIMINGS
+from .tunables import DISCOUNT, MARGIN, PRIOR_TRIALS, TIMINGS
 from .verify import accept_greedy, accept_sampling, sampling_targets
 
 
@@ -112,9 +112,17 @@ class BatchPlanner:
 
     A target pass over B rows and T positions per row costs, on any device, about c0 + c1 * B * T (a fixed part:
     weight reads and kernel launches; a part per position); a draft-model pass over m rows about d0 + d1 * m. Both
-    are fitted by least squares to the medians of the times seen per shape, and the plan maximising the rows'
-    expected tokens per second wins, plain batched decoding (k = 0) included. Until the target fit has two points it
-    runs plain rounds, then the widest draft; a draft model drafts until one of its rounds has been timed.
+    are fitted by least squares to the medians of the times seen per shape. A plan is worth the seconds of plain
+    batched decoding its expected tokens save, per second it takes; plain batched decoding (k = 0) is worth 1, and
+    the plan worth most wins. What a row's extra tokens save depends on what happens when it ends:
+    - its place is taken by a new request (a busy server): each saves a plain round's share per row, so the
+      measure is the rows' expected tokens per second;
+    - nobody takes it (the batch drains): they save only the row's positions in the rounds it no longer runs,
+      unless they shorten the rounds the batch still needs, set by its row with the most left to produce. Drafting
+      for some rows while others bound the batch then wins nothing, and a wider pass costs its positions.
+    The chance of the first, `refill`, is learned from the rows that left: taken by a row that joined before the
+    batch emptied, or not. Until the target fit has two points the planner runs plain rounds, then the widest
+    draft; a draft model drafts until one of its rounds has been timed.
     """
 
     def __init__(self, k_max: Optional[int] = None, adaptive: bool = True):
@@ -122,6 +130,32 @@ class BatchPlanner:
         self.times: Dict[Tuple[int, int], List[float]] = {}
         self.draft_times: Dict[int, List[float]] = {}  # members -> seconds per draft pass
         self.seen: set = set()
+        self.fit: Optional[Tuple[float, float]] = None  # (c0, c1) of the target's times, refitted after a record
+        self.refilled_w = self.left_w = PRIOR_TRIALS  # discounted rows that left, and those whose place was taken
+        self.open = 0  # rows that left and whose place no row has taken yet
+
+    @property
+    def refill(self) -> float:
+        """Estimated chance that a row's place in the batch is taken by a new one when it leaves."""
+        return self.refilled_w / self.left_w
+
+    def _left_one(self, refilled: bool) -> None:
+        self.refilled_w = DISCOUNT * self.refilled_w + refilled
+        self.left_w = DISCOUNT * self.left_w + 1
+
+    def joined(self) -> None:
+        """A row joined: it takes the place of one that left, if one is open."""
+        if self.open:
+            self.open -= 1
+            self._left_one(True)
+
+    def left(self, remaining: int) -> None:
+        """A row left, `remaining` rows stay; when none stays, every open place was never taken."""
+        self.open += 1
+        if not remaining:
+            for _ in range(self.open):
+                self._left_one(False)
+            self.open = 0
 
     def record(self, rows: int, width: int, seconds: float) -> None:
         """A round's time; the first round of each (rows, width) is not kept (on a GPU it builds kernels)."""
@@ -130,6 +164,8 @@ class BatchPlanner:
             return
         self.times.setdefault((rows, width), []).append(seconds)
         del self.times[(rows, width)][:-TIMINGS]
+        pts = [(b * t, median(v)) for (b, t), v in self.times.items()]
+        self.fit = _line(pts) if len({x for x, _ in pts}) >= 2 else None
 
     def record_draft(self, members: int, passes: int, seconds: float) -> None:
         """A draft phase's time over `members` rows (not called for one that ran a shape for the first time)."""
@@ -138,10 +174,9 @@ class BatchPlanner:
 
     def cost(self, rows: int, width: int) -> Optional[float]:
         """Predicted seconds of a target pass, or None while the fit has too few points."""
-        pts = [(b * t, median(v)) for (b, t), v in self.times.items()]
-        if len({x for x, _ in pts}) < 2:
+        if self.fit is None:
             return None
-        c0, c1 = _line(pts)
+        c0, c1 = self.fit
         return c0 + c1 * rows * width
 
     def draft_cost(self, members: int) -> Optional[float]:
@@ -174,15 +209,29 @@ class BatchPlanner:
         per_pass = self.draft_cost(members)
         if k_model and per_pass is None:  # the draft model drafts once to be timed
             return Plan(max(longest, k_model), True)
-        best, best_rate = Plan(0), sum(r.expected(0) for r in rows) / self.cost(len(rows), 1)
+        plain, p = self.cost(len(rows), 1), self.refill
+        left = [r.budget - r.stats.generation_tokens for r in rows]
+        drained = self._drain([n - 1 for n in left])
+        best, best_value = Plan(0), 1.0
         for model in (False, True) if k_model else (False,):
             for k in range(1, (max(longest, k_model) if model else longest) + 1):
-                gain = sum(r.expected(min(k, n), s) if n else (r.expected(k, "model") if model and w else 1.0)
-                           for r, n, s, w in zip(rows, lengths, sources, wants))
+                gains = [min(m, r.expected(min(k, n), s) if n else (r.expected(k, "model") if model and w else 1.0))
+                         for r, m, n, s, w in zip(rows, left, lengths, sources, wants)]
                 seconds = self.cost(len(rows), k + 1) + (k * per_pass if model else 0.0)
-                if gain / seconds > best_rate:
-                    best, best_rate = Plan(k, model), gain / seconds
+                refilled = (sum(gains) - len(rows)) * plain / len(rows)
+                draining = drained - self._drain([n - g for n, g in zip(left, gains)])
+                value = (plain + p * refilled + (1 - p) * draining) / seconds
+                if value > best_value:
+                    best, best_value = Plan(k, model), value
         return best
+
+    def _drain(self, left: List[float]) -> float:
+        """Seconds plain batched rounds take to produce `left` more tokens per row, each row leaving at its end."""
+        seconds, done = 0.0, 0.0
+        for j, n in enumerate(sorted(max(0.0, n) for n in left)):
+            seconds += (n - done) * self.cost(len(left) - j, 1)
+            done = n
+        return seconds
 
 
 class Batch:
@@ -199,6 +248,7 @@ class Batch:
         """Join a row whose `cache` holds its context minus the last token."""
         self.cache = batch_cache.join(self.cache, cache)
         self.rows.append(row)
+        self.planner.joined()
         for part in row.sources():
             part.reset(row.context, None)
         if row.model is not None and self.drafting is not None and row.model.model is not self.drafting.model:
@@ -213,6 +263,7 @@ class Batch:
         out = batch_cache.extract(self.cache, i, len(row.context) - 1)
         keep = [j for j in range(len(self.rows)) if j != i]
         self.rows.pop(i)
+        self.planner.left(len(self.rows))
         if keep:
             batch_cache.keep_rows(self.cache, keep)
         else:
