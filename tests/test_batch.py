@@ -172,17 +172,32 @@ def test_the_batch_planner_drafts_for_some_rows_only_where_the_places_of_rows_th
                 planner.record(b, t, 0.3 + 0.016 * b * t)
     rows, some, every = rows_with(0.88, 16), [3] * 10 + [0] * 6, [3] * 16
     sources = ["suffix"] * 10 + [""] * 6
+    for r, n in zip(rows, some):  # the rows' paces: ten copy their drafts, six offer none
+        for _ in range(20):
+            r.offers(n, "suffix")
+    alike = rows_with(0.88, 16)
+    for r in alike:
+        for _ in range(20):
+            r.offers(3, "suffix")
     assert planner.refill == 1.0  # until rows have left: a busy server's measure, the rows' tokens per second
     assert planner.choose(rows, some, sources).k >= 1
     for n in reversed(range(16)):  # a wave drains: its rows leave and no new one comes
         planner.left(n)
     assert planner.refill < 0.05
     assert planner.choose(rows, some, sources).k == 0  # the six rows without a draft bound the batch's rounds
-    assert planner.choose(rows, every, ["suffix"] * 16).k >= 1  # every row drafts: the batch needs fewer rounds
+    assert planner.choose(alike, every, ["suffix"] * 16).k >= 1  # every row drafts: the batch needs fewer rounds
     for _ in range(16):  # a busy server: a new request takes each place
         planner.left(15)
         planner.joined()
     assert planner.refill > 0.95 and planner.choose(rows, some, sources).k >= 1
+    launch_bound = BatchPlanner(8)  # a GPU: a wider pass costs about nothing, so the drafted rows' speed decides
+    for b in (1, 4, 16):
+        for t in (1, 2, 3):
+            for _ in range(2):
+                launch_bound.record(b, t, 0.010)
+    for n in reversed(range(16)):
+        launch_bound.left(n)
+    assert launch_bound.choose(rows, some, sources).k == 3
 
     b = Batch(target, 4)  # the batch tells its planner who joins and leaves
     first, second, third = (row(target, PROMPT, None, 4) for _ in range(3))
@@ -207,7 +222,8 @@ def test_sliding_window_caches_do_not_batch_and_a_row_knows_its_lookups_and_its_
     suffix, model = SuffixDrafter(), ModelDrafter(tiny(0, 1.5), V)
     r = Row([0], HybridDrafter([suffix], model), None, 10, "length", frozenset(), 4)
     assert r.sources() == [suffix] and r.model is model
-    assert Row([0], SelfDrafter(target, [1], V), None, 10, "length", frozenset(), 4).model is None  # target's cache
+    view = SelfDrafter(target, [1], V)
+    assert Row([0], view, None, 10, "length", frozenset(), 4).model is view  # drafts in the batch's target cache
 
 
 def test_the_first_request_of_a_batch_asks_whether_a_batch_of_all_generating_requests_pays(target):

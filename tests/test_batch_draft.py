@@ -1,7 +1,7 @@
-"""A draft model drafting for all rows of a batch in one pass per position: every row still equals its solo greedy
-run, a self-drafting row accepts everything, a row leaves with its draft cache exact, sampled drafts keep the target's
-law (and a rule that forgets to subtract their distribution fails), and the planner runs the model only where it
-pays."""
+"""A draft model, or a view of the target (self, quant-self), drafting for all rows of a batch in one pass per
+position: every row still equals its solo greedy run, a row whose draft model is the target accepts everything, a
+row leaves with its draft cache exact, sampled drafts keep the target's law (and a rule that forgets to subtract
+their distribution fails), and the planner runs the model only where it pays."""
 
 import pytest
 from conftest import (N_TOKENS, PROMPT, REPEATING, SAMPLES, V, chi_square_pvalue_ok, exact_joint, plain_greedy,
@@ -10,8 +10,11 @@ from test_batch import row, rows_with, run, sample_first_row
 
 from mlx_spec.gen import verify
 from mlx_spec.gen.batch import Batch, BatchPlanner
+from mlx_spec.gen.batch_draft import SelfDraft
 from mlx_spec.gen.drafters.hybrid import HybridDrafter
 from mlx_spec.gen.drafters.model import ModelDrafter
+from mlx_spec.gen.drafters.quant_self import QuantSelfDrafter
+from mlx_spec.gen.drafters.self_draft import SelfDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.engine import speculative_generate_step
 from mlx_spec.gen.sampling import make_probs_fn
@@ -84,25 +87,75 @@ def test_a_row_leaving_gets_its_draft_cache_back_and_continues_alone(target, dra
     assert outs[id(c)] == plain_greedy(target, PROMPT, 30)
 
 
-def sample_model_row(target, draft, kw):
-    """Row 0 drafting 2 sampled tokens with a draft model beside a greedy row drafting with it too: row 0's tokens."""
-    return sample_first_row(target, [(PROMPT, lambda: ModelDrafter(draft, V), make_probs_fn(**kw), N_TOKENS),
-                                     (REPEATING, lambda: ModelDrafter(draft, V), None, 6)])
+def test_rows_drafting_with_a_view_of_the_target_in_one_batched_pass_equal_their_solo_runs(target):
+    half, whole = SelfDrafter(target, [0], V), SelfDrafter(target, [0, 1], V)
+    drafters = [half, SuffixDrafter(), SelfDrafter(target, [0], V), whole, SelfDrafter(target, [0], V)]
+    maxes = [14, 9, 16, 12, 11]
+    b, outs, rows = Batch(target, 3, adaptive=False), {}, []
+    for p, d, m in list(zip(PROMPTS + [PROMPT], drafters, maxes))[:4]:
+        r, cache = row(target, p, d, m, k=3)
+        b.add(r, cache)
+        rows.append(r)
+    run(b, outs, rounds=2)
+    r, cache = row(target, PROMPT, drafters[4], maxes[4], k=3)  # joins two rounds in
+    b.add(r, cache)
+    rows.append(r)
+    run(b, outs)
+    for r, p, m in zip(rows, PROMPTS + [PROMPT], maxes):
+        assert outs[id(r)] == plain_greedy(target, p, m)
+    assert isinstance(b.drafting, SelfDraft) and b.drafting.blocks == [id(target.model.layers[0])]
+    viewed = (rows[0], rows[2], rows[4])  # drafted through layer 0 beside the others, some drafts rejected: rewound
+    assert all(r.stats.accepted > 0 and set(r.rates) == {"self"} for r in viewed)
+    assert sum(r.stats.proposed for r in viewed) > sum(r.stats.accepted for r in viewed)
+    assert rows[3].stats.proposed == 0  # another view of the target than the batch's: no drafts of its own
 
 
-def test_sampled_model_drafts_in_a_batch_keep_the_targets_law(spread, draft):
+def test_a_batch_of_quant_self_rows_drafts_with_one_shared_copy_and_each_row_equals_its_solo_run(tiny_models):
+    from mlx_spec.named import load_model
+
+    model = load_model(str(tiny_models["qwen2"]))[0]
+    v = model.args.vocab_size
+    drafters = [QuantSelfDrafter(model, "int4", v) for _ in range(3)]
+    assert len({id(d.model.model.layers[0]) for d in drafters}) == 1  # one copy for every session
+    prompts, maxes = [[5, 9, 5, 9, 5, 9, 5], [7, 3, 1], [11, 12, 13, 11, 12]], [12, 9, 15]
+    b, outs, rows = Batch(model, 4, adaptive=False), {}, []
+    for p, d, m in zip(prompts, drafters, maxes):
+        r, cache = row(model, p, d, m, k=4)
+        b.add(r, cache)
+        rows.append(r)
+    run(b, outs)
+    for r, p, m in zip(rows, prompts, maxes):
+        assert outs[id(r)] == plain_greedy(model, p, m)
+        assert r.stats.proposed > 0 and r.stats.accepted > 0
+
+
+MAKERS = {"model": lambda target, draft: ModelDrafter(draft, V),
+          "quant-self": lambda target, draft: QuantSelfDrafter(target, "mxfp4", V)}  # 32 wide: mxfp4's group
+
+
+def sample_model_row(target, draft, kw, kind):
+    """Row 0 drafting 2 sampled tokens with a draft model or a view of the target (`kind`) beside a greedy row
+    drafting with it too: row 0's tokens."""
+    make = MAKERS[kind]
+    return sample_first_row(target, [(PROMPT, lambda: make(target, draft), make_probs_fn(**kw), N_TOKENS),
+                                     (REPEATING, lambda: make(target, draft), None, 6)])
+
+
+@pytest.mark.parametrize("kind", MAKERS)
+def test_sampled_model_drafts_in_a_batch_keep_the_targets_law(spread, draft, kind):
     kw, target = dict(temp=1.0), spread
-    fn, seen = sample_model_row(target, draft, kw)
+    fn, seen = sample_model_row(target, draft, kw, kind)
     counts = sample_pairs(fn, SAMPLES)
     assert min(seen) == max(seen) == 2
     ok, stat, crit = chi_square_pvalue_ok(counts, exact_joint(target, make_probs_fn(**kw)), SAMPLES)
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 
-def test_a_rule_that_resamples_from_the_target_on_rejection_fails_the_same_test(spread, draft, monkeypatch):
+@pytest.mark.parametrize("kind", MAKERS)
+def test_a_rule_that_resamples_from_the_target_on_rejection_fails_the_same_test(spread, draft, kind, monkeypatch):
     monkeypatch.setattr(verify, "_residual", lambda q, p: q)  # forgets to subtract the draft's law
     kw, target = dict(temp=1.0), spread
-    fn, _ = sample_model_row(target, draft, kw)
+    fn, _ = sample_model_row(target, draft, kw, kind)
     counts = sample_pairs(fn, SAMPLES)
     ok, stat, crit = chi_square_pvalue_ok(counts, exact_joint(target, make_probs_fn(**kw)), SAMPLES)
     assert not ok, f"resampling from the target passed: chi2 {stat:.1f} < {crit:.1f}"

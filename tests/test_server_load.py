@@ -10,8 +10,8 @@ import openai
 import pytest
 from conftest import health, wait_for
 
-from mlx_spec.gen.batch import BatchPlanner
-from mlx_spec.gen.batch_draft import BatchDraft
+from mlx_spec.gen.batch import Batch, BatchPlanner
+from mlx_spec.gen.batch_draft import BatchDraft, SelfDraft
 from mlx_spec_apps.server.app import build_app
 from mlx_spec_apps.server.main import Running
 from mlx_spec_apps.server.pair import Pair
@@ -137,7 +137,8 @@ def test_four_batched_requests_of_other_lengths_drafters_and_finishes_each_equal
                                                                                                 monkeypatch):
     passes = []  # draft-model drafts for the batch: (rows, k)
     real = BatchDraft.draft
-    monkeypatch.setattr(BatchDraft, "draft", lambda self, k: passes.append((len(self.rows), k)) or real(self, k))
+    monkeypatch.setattr(BatchDraft, "draft", lambda self, joint, rows, k: passes.append((len(self.rows), k))
+                        or real(self, joint, rows, k))
     target, draft = str(tiny_models["qwen2"]), str(tiny_models["qwen2_draft"])
     pair = Pair.load(target, draft, num_draft=3)
     pair = Pair(pair.model_spec, draft, Slow(pair.target, 0.01), pair.tokenizer, pair.loaded, num_draft=3)
@@ -222,3 +223,27 @@ def test_requests_on_a_hybrid_recurrent_model_batch_and_each_equal_their_solo_ru
         h = wait_for(srv, lambda h: h["active"] == 0)
         assert sum(q["batched"] for q in h["requests"][-3:]) >= 2 and h["failed"] == 0
         assert [results[i] for i in range(3)] == alone
+
+
+@pytest.mark.parametrize("draft", ["self:0-1", "quant-self:int4"])
+def test_requests_drafting_with_a_view_of_the_target_draft_together_and_each_equal_their_solo_run(
+        tiny_models, always_batch, monkeypatch, draft):
+    passes = []  # the view's drafts for the batch: rows that drafted
+    real_draft, real_round = SelfDraft.draft, Batch.round
+    monkeypatch.setattr(SelfDraft, "draft", lambda self, joint, rows, k: passes.append(
+        len(d := real_draft(self, joint, rows, k))) or d)
+    monkeypatch.setattr(Batch, "round", lambda self: time.sleep(0.01) or real_round(self))  # rounds to watch
+    pair = Pair.load(str(tiny_models["qwen2"]), draft, num_draft=3)
+    pair.adaptive = False  # every round drafts what its rows offer
+    with Running(build_app(pair, max_concurrency=4, max_tokens=30)) as srv:
+        alone = [ask(srv.url, p, stream=False, max_tokens=30) for p in PROMPTS[:4]]
+        results = {}
+        threads = [threading.Thread(target=lambda i=i: results.update({i: ask(srv.url, PROMPTS[i], i == 1, 30)}))
+                   for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        h = wait_for(srv, lambda h: h["active"] == 0)
+        assert [results[i] for i in range(4)] == alone and h["failed"] == 0
+        assert sum(q["batched"] for q in h["requests"][-4:]) >= 2 and max(passes) >= 2  # drafted for rows together

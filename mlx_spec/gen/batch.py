@@ -2,19 +2,18 @@
 
 Each row is one generation with its own context, drafter, sampling rule and stats. A round asks every row's table
 lookups (n-gram, suffix, a hybrid's) for a draft, lets the planner choose one draft length k for the batch and whether
-the rows' draft model drafts for the rows that have no lookup draft (`BatchPlanner`: all of them in one draft-model
-pass per position, `batch_draft.py`), and feeds every row its last token plus up to k draft tokens, right-padded to a
-common width, through the joint cache (`batch_cache.py`). Each row then accepts its own prefix (greedy or
-speculative sampling) and is rewound on its own, so the next round starts level again. Rows on plain KV caches
-batch, and so do rows of recurrent and hybrid models (a gated delta net's or Mamba's state is rewound per row by
-replaying the layer's mixer on what the row kept, `recurrent.RewindableRows`); sliding-window caches do not.
+the rows' draft model or view of the target (self, quant-self) drafts for the rows that have no lookup draft
+(`BatchPlanner`: all of them in one pass per position, `batch_draft.py`), and feeds every row its last token plus up
+to k draft tokens, right-padded to a common width, through the joint cache (`batch_cache.py`). Each row then accepts
+its own prefix (greedy or speculative sampling) and is rewound on its own, so the next round starts level again.
+Rows on plain KV caches batch, and so do rows of recurrent and hybrid models (a gated delta net's or Mamba's state is
+rewound per row by replaying the layer's mixer on what the row kept, `recurrent.RewindableRows`); sliding-window
+caches do not. A view of the target drafts in a batch only over attention layers.
 
 Rows join after a solo prefill (their cache merged in) and leave with their cache extracted back, trimmed to the
-context minus its last token: the engine's contract, so a conversation continues from a session either way. A layer
-subset of the target (self, quant-self) drafts only in `engine.speculative_generate_step`: in a batch such a row
-drafts with its lookups, or not at all.
-"""
+context minus its last token: the engine's contract, so a conversation continues from a session either way."""
 
+import math
 import time
 from dataclasses import dataclass, field
 from statistics import median
@@ -23,7 +22,7 @@ from typing import Dict, List, Optional, Tuple
 import mlx.core as mx
 
 from . import batch_cache
-from .batch_draft import BatchDraft
+from .batch_draft import BatchDraft, SelfDraft
 from .drafters.base import Drafter
 from .drafters.model import ModelDrafter
 from .engine import context_limit
@@ -57,14 +56,15 @@ class Row:
     k_max: int
     stats: Stats = field(default_factory=Stats)
     rates: Dict[str, SourceStats] = field(default_factory=dict)  # each source's acceptance for this row
-    model: Optional[ModelDrafter] = field(init=False, default=None)  # its drafter's draft model (not self), if any
+    model: Optional[ModelDrafter] = field(init=False, default=None)  # its drafter's draft model or self view, if any
+    pace: float = 1.0  # tokens a round would yield it with all it offers to draft (older rounds discounted)
     done: bool = False
     started: float = field(default_factory=time.perf_counter)  # prompt time runs from here to the first token
     first_at: Optional[float] = None
 
     def __post_init__(self):
         parts = self.drafter.parts if self.drafter is not None else ()
-        self.model = next((p for p in parts if isinstance(p, ModelDrafter) and not p.in_target_cache), None)
+        self.model = next((p for p in parts if isinstance(p, ModelDrafter)), None)
 
     def sources(self) -> List[Drafter]:
         """The row's table lookups (the sources a batched round asks first: free, no layer subset of the target)."""
@@ -78,6 +78,10 @@ class Row:
     def judge(self, source: str, proposed: int, accepted: int) -> None:
         """Count `accepted` of `proposed` draft tokens from `source` (older rounds discounted)."""
         self.rates.setdefault(source, SourceStats()).observe(proposed, accepted)
+
+    def offers(self, n: int, source: str) -> None:
+        """This round it offers n draft tokens from `source` (0: none): its pace follows."""
+        self.pace = DISCOUNT * self.pace + (1 - DISCOUNT) * (self.expected(n, source) if n else 1.0)
 
     def expected(self, n: int, source: str = "") -> float:
         """Tokens a round yields for this row with n draft tokens from `source`: 1 + a + ... + a^n (geometric)."""
@@ -98,6 +102,18 @@ def _line(points: List[Tuple[float, float]]) -> Optional[Tuple[float, float]]:
     return max(1e-6, my - c1 * mx_), c1
 
 
+def _rising(points: List[Tuple[float, float, int]]) -> List[Tuple[float, float]]:
+    """The non-decreasing least-squares fit of (x, y, weight) points (pool adjacent violators), as sorted (x, y)."""
+    blocks: List[list] = []  # [mean y, weight, xs]
+    for x, y, w in sorted(points):
+        blocks.append([y, w, [x]])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            y2, w2, x2 = blocks.pop()
+            y1, w1, x1 = blocks.pop()
+            blocks.append([(y1 * w1 + y2 * w2) / (w1 + w2), w1 + w2, x1 + x2])
+    return [(x, y) for y, _, xs in blocks for x in xs]
+
+
 @dataclass
 class Plan:
     """A round's drafting: k draft tokens at most per row, and whether the draft model drafts them."""
@@ -110,18 +126,22 @@ class BatchPlanner:
     """Chooses each round's draft length, and whether the draft model runs, from measured times and each row's
     acceptance of each source.
 
-    A target pass over B rows and T positions per row costs, on any device, about c0 + c1 * B * T (a fixed part:
-    weight reads and kernel launches; a part per position); a draft-model pass over m rows about d0 + d1 * m. Both
-    are fitted by least squares to the medians of the times seen per shape. A plan is worth the seconds of plain
-    batched decoding its expected tokens save, per second it takes; plain batched decoding (k = 0) is worth 1, and
-    the plan worth most wins. What a row's extra tokens save depends on what happens when it ends:
-    - its place is taken by a new request (a busy server): each saves a plain round's share per row, so the
-      measure is the rows' expected tokens per second;
-    - nobody takes it (the batch drains): they save only the row's positions in the rounds it no longer runs,
-      unless they shorten the rounds the batch still needs, set by its row with the most left to produce. Drafting
-      for some rows while others bound the batch then wins nothing, and a wider pass costs its positions.
+    A target pass's cost is its measured times by positions (rows x width), interpolated, kept rising (a pass over
+    more positions never costs less) and extended past the measured ones by their least-squares slope; a draft-model
+    pass over m rows costs d0 + d1 * m, fitted the same way. The plan with the most expected tokens per second wins
+    (the rows' own speed), among those that do not lower the batch's throughput: a plan's value is the seconds of
+    plain batched decoding its expected extra tokens save, per second it takes (plain batched decoding, k = 0, is
+    worth 1; a plan within MARGIN of it is as good). What a row's extra token saves depends on what happens when
+    the row ends:
+    - a new request takes its place (a busy server): a plain round's share per row, so the value is the rows'
+      tokens per second against plain's;
+    - nobody does (the batch drains): its part of a plain round (what the pass costs per row past one), plus, as
+      far as the row is the one that will end last, a round of the batch alone; which row ends last is a softmax
+      of the rounds each needs at its pace (what it offers to draft). Drafting for some rows while others bound
+      the batch then saves little: it runs where a wider pass costs about nothing, not where it costs its
+      positions.
     The chance of the first, `refill`, is learned from the rows that left: taken by a row that joined before the
-    batch emptied, or not. Until the target fit has two points the planner runs plain rounds, then the widest
+    batch emptied, or not. Until two position counts are timed the planner runs plain rounds, then the widest
     draft; a draft model drafts until one of its rounds has been timed.
     """
 
@@ -130,7 +150,8 @@ class BatchPlanner:
         self.times: Dict[Tuple[int, int], List[float]] = {}
         self.draft_times: Dict[int, List[float]] = {}  # members -> seconds per draft pass
         self.seen: set = set()
-        self.fit: Optional[Tuple[float, float]] = None  # (c0, c1) of the target's times, refitted after a record
+        self.curve: Optional[List[Tuple[float, float]]] = None  # (positions, seconds) measured, rising
+        self.slope = 0.0  # seconds per position past the measured ones
         self.refilled_w = self.left_w = PRIOR_TRIALS  # discounted rows that left, and those whose place was taken
         self.open = 0  # rows that left and whose place no row has taken yet
 
@@ -164,8 +185,13 @@ class BatchPlanner:
             return
         self.times.setdefault((rows, width), []).append(seconds)
         del self.times[(rows, width)][:-TIMINGS]
-        pts = [(b * t, median(v)) for (b, t), v in self.times.items()]
-        self.fit = _line(pts) if len({x for x, _ in pts}) >= 2 else None
+        by_positions: Dict[int, List[float]] = {}
+        for (b, t), v in self.times.items():
+            by_positions.setdefault(b * t, []).extend(v)
+        if len(by_positions) >= 2:
+            pts = [(x, median(v), len(v)) for x, v in by_positions.items()]
+            self.slope = _line([(x, y) for x, y, _ in pts])[1]
+            self.curve = _rising(pts)
 
     def record_draft(self, members: int, passes: int, seconds: float) -> None:
         """A draft phase's time over `members` rows (not called for one that ran a shape for the first time)."""
@@ -173,11 +199,18 @@ class BatchPlanner:
         del self.draft_times[members][:-TIMINGS]
 
     def cost(self, rows: int, width: int) -> Optional[float]:
-        """Predicted seconds of a target pass, or None while the fit has too few points."""
-        if self.fit is None:
+        """Predicted seconds of a target pass over rows x width positions: the measured times interpolated (past
+        them, the least-squares slope), or None while fewer than two position counts were timed."""
+        if self.curve is None:
             return None
-        c0, c1 = self.fit
-        return c0 + c1 * rows * width
+        x, (x0, y0), (xn, yn) = rows * width, self.curve[0], self.curve[-1]
+        if x <= x0:
+            return max(1e-6, y0 - self.slope * (x0 - x))
+        if x >= xn:
+            return yn + self.slope * (x - xn)
+        i = next(j for j, (xj, _) in enumerate(self.curve) if xj >= x)
+        (xa, ya), (xb, yb) = self.curve[i - 1], self.curve[i]
+        return ya + (yb - ya) * (x - xa) / (xb - xa)
 
     def draft_cost(self, members: int) -> Optional[float]:
         """Predicted seconds of one draft-model pass over `members` rows, or None before one was timed."""
@@ -190,9 +223,9 @@ class BatchPlanner:
         batched, alone = self.cost(rows, 1), self.cost(1, 1)
         return batched is None or batched < (1 - MARGIN) * rows * alone
 
-    def choose(self, rows: List[Row], lengths: List[int], sources: List[str]) -> Plan:
+    def choose(self, rows: List[Row], lengths: List[int], sources: List[str], draft_rows: int = 0) -> Plan:
         """This round's plan, given each row's table-lookup draft (its length and source; 0 for none). Rows with a
-        `model` and no lookup draft draft with the model when the plan says so."""
+        `model` and no lookup draft draft with it when the plan says so, in passes over `draft_rows` rows."""
         longest = max(lengths, default=0)
         wants = [r.model is not None and n == 0 for r, n in zip(rows, lengths)]
         k_model = max([r.k_max for r, w in zip(rows, wants) if w], default=0)
@@ -205,33 +238,34 @@ class BatchPlanner:
         widths = {t for (_, t) in self.times}
         if self.cost(len(rows), 1) is None:  # measure plain and the widest draft first
             return Plan(0) if 1 not in widths else Plan(max(longest, k_model), k_model > 0)
-        members = sum(r.model is not None for r in rows)
-        per_pass = self.draft_cost(members)
+        per_pass = self.draft_cost(draft_rows)
         if k_model and per_pass is None:  # the draft model drafts once to be timed
             return Plan(max(longest, k_model), True)
-        plain, p = self.cost(len(rows), 1), self.refill
+        plain, alone, p = self.cost(len(rows), 1), self.cost(1, 1), self.refill
+        share = (plain - alone) / (len(rows) - 1) if len(rows) > 1 else 0.0  # a row's part of a plain round
         left = [r.budget - r.stats.generation_tokens for r in rows]
-        drained = self._drain([n - 1 for n in left])
-        best, best_value = Plan(0), 1.0
+        last = self._last(rows, left)
+        best, best_rate = Plan(0), len(rows) / plain
         for model in (False, True) if k_model else (False,):
             for k in range(1, (max(longest, k_model) if model else longest) + 1):
-                gains = [min(m, r.expected(min(k, n), s) if n else (r.expected(k, "model") if model and w else 1.0))
+                gains = [min(m, r.expected(min(k, n), s) if n else r.expected(k, r.model.name) if model and w else 1.0)
                          for r, m, n, s, w in zip(rows, left, lengths, sources, wants)]
                 seconds = self.cost(len(rows), k + 1) + (k * per_pass if model else 0.0)
                 refilled = (sum(gains) - len(rows)) * plain / len(rows)
-                draining = drained - self._drain([n - g for n, g in zip(left, gains)])
+                draining = sum((g - 1) * (share + c * alone) for g, c in zip(gains, last))
                 value = (plain + p * refilled + (1 - p) * draining) / seconds
-                if value > best_value:
-                    best, best_value = Plan(k, model), value
+                if value >= 1 - MARGIN and sum(gains) / seconds > best_rate:
+                    best, best_rate = Plan(k, model), sum(gains) / seconds
         return best
 
-    def _drain(self, left: List[float]) -> float:
-        """Seconds plain batched rounds take to produce `left` more tokens per row, each row leaving at its end."""
-        seconds, done = 0.0, 0.0
-        for j, n in enumerate(sorted(max(0.0, n) for n in left)):
-            seconds += (n - done) * self.cost(len(left) - j, 1)
-            done = n
-        return seconds
+    @staticmethod
+    def _last(rows: List[Row], left: List[int]) -> List[float]:
+        """Each row's chance of ending last: a softmax of the rounds it still needs at its pace, over the counting
+        noise of the most (their square root)."""
+        rounds = [n / r.pace for r, n in zip(rows, left)]
+        top = max(rounds)
+        w = [math.exp((x - top) / max(1.0, math.sqrt(top))) for x in rounds]
+        return [x / sum(w) for x in w]
 
 
 class Batch:
@@ -242,7 +276,8 @@ class Batch:
         self.rows: List[Row] = []
         self.cache: Optional[list] = None  # the joint target cache (`batch_cache`)
         self.planner = BatchPlanner(k_max, adaptive)
-        self.drafting: Optional[BatchDraft] = None  # the rows drafting with a draft model, once one has
+        self.drafting = None  # the rows' draft model (`BatchDraft`) or view of the target (`SelfDraft`), from the
+        # first row with one on
 
     def add(self, row: Row, cache: list) -> None:
         """Join a row whose `cache` holds its context minus the last token."""
@@ -251,8 +286,10 @@ class Batch:
         self.planner.joined()
         for part in row.sources():
             part.reset(row.context, None)
-        if row.model is not None and self.drafting is not None and row.model.model is not self.drafting.model:
-            row.model = None  # one draft model per batch
+        if row.model is not None and not any(r.model is not None for r in self.rows[:-1]):  # the first decides
+            self.drafting = SelfDraft(row.model) if row.model.in_target_cache else BatchDraft(row.model.model)
+        if row.model is not None and not self.drafting.takes(row.model, self.cache):
+            row.model = None  # one draft model or view per batch: another row's drafts with its lookups
 
     def remove(self, row: Row) -> list:
         """Take a row out; its cache comes back holding exactly its context minus the last token (its draft
@@ -276,12 +313,18 @@ class Batch:
         rooms = [r.budget - r.stats.generation_tokens - 1 for r in rows]  # draft tokens each row may still use
         drafts = [self._lookup(r, room) for r, room in zip(rows, rooms)]
         lengths = [min(len(d), r.k_max, room) if d else 0 for r, d, room in zip(rows, drafts, rooms)]
-        plan = self.planner.choose(rows, lengths, [d.source if d else "" for d in drafts])
+        for r, d, n, room in zip(rows, drafts, lengths, rooms):
+            if d is not None or r.model is None:
+                r.offers(n, d.source if d else "")
+            else:
+                r.offers(min(r.k_max, room), r.model.name)
+        draft_rows = len(rows) if isinstance(self.drafting, SelfDraft) else sum(r.model is not None for r in rows)
+        plan = self.planner.choose(rows, lengths, [d.source if d else "" for d in drafts], draft_rows)
         k = plan.k
         if self.limit is not None:  # no row's padding may reach past the context (absolute position tables)
             k = max(0, min([k] + [self.limit - len(r.context) for r in rows]))
         if plan.model and k:
-            for i, d in self._model_drafts(k).items():
+            for i, d in self._model_drafts(k, draft_rows).items():
                 if drafts[i] is None and rooms[i] > 0:
                     drafts[i], lengths[i] = d, min(k, rooms[i])
         tokens = [list(d.tokens[: min(k, n)]) if d else [] for d, n in zip(drafts, lengths)]
@@ -325,22 +368,20 @@ class Batch:
                 return d
         return None
 
-    def _model_drafts(self, k: int) -> Dict[int, object]:
-        """k draft-model tokens for every row with a draft model (rows join its batch first), timed for the
-        planner: {row index: its draft}."""
-        if self.drafting is None:
-            self.drafting = BatchDraft(next(r.model.model for r in self.rows if r.model is not None))
-        for r in self.rows:
-            if r.model is not None and r not in self.drafting and not self.drafting.join(r, r.model):
-                r.model = None  # its draft model's cache cannot batch: it drafts with its lookups
-        if not self.drafting.rows:
+    def _model_drafts(self, k: int, draft_rows: int) -> Dict[int, object]:
+        """k draft tokens for every row with the batch's draft model (rows join its joint cache first) or view of
+        the target, timed for the planner (passes over `draft_rows` rows): {row index: its draft}."""
+        if isinstance(self.drafting, BatchDraft):
+            for r in self.rows:
+                if r.model is not None and r not in self.drafting and not self.drafting.join(r, r.model):
+                    r.model = None  # its draft model's cache cannot batch: it drafts with its lookups
+        if not any(r.model is not None for r in self.rows):
             return {}
         start = time.perf_counter()
-        drafts = self.drafting.draft(k)
-        if not self.drafting.cold:
-            self.planner.record_draft(len(drafts), k, time.perf_counter() - start)
-        index = {id(r): i for i, r in enumerate(self.rows)}
-        return {index[id(r)]: d for r, d in zip(self.drafting.rows, drafts)}
+        drafts = self.drafting.draft(self.cache, self.rows, k)
+        if drafts and not self.drafting.cold:
+            self.planner.record_draft(draft_rows, k, time.perf_counter() - start)
+        return drafts
 
     @staticmethod
     def _targets(r: Row, logits: mx.array, t: List[int], d):

@@ -12,7 +12,8 @@ tuned away; the planner switches it off where it does not pay.
 """
 
 import copy
-from typing import Optional
+import weakref
+from typing import Dict, Optional, Tuple
 
 import mlx.nn as nn
 
@@ -54,12 +55,27 @@ def quantized_copy(model, fmt: str = DEFAULT_FORMAT):
     return view
 
 
+_COPIES: Dict[Tuple[int, str], Tuple[weakref.ref, object]] = {}  # (id(target), format) -> (target, its copy)
+
+
+def shared_copy(model, fmt: str):
+    """`quantized_copy(model, fmt)`, made once per live target and format: every session's quant-self drafter
+    drafts with the same weights (one copy's memory, and a batch's rows draft together)."""
+    key = (id(model), fmt)
+    hit = _COPIES.get(key)
+    if hit is None or hit[0]() is not model:
+        hit = (weakref.ref(model, lambda _ref, key=key: _COPIES.pop(key, None)), quantized_copy(model, fmt))
+        _COPIES[key] = hit
+    return hit[1]
+
+
 class QuantSelfDrafter(SelfDrafter):
-    """Drafts with a quantized copy of every layer of the target, in the target's own cache."""
+    """Drafts with a quantized copy of every layer of the target (one per target and format), in the target's own
+    cache."""
 
     name = "quant-self"
 
     def __init__(self, model, fmt: str, vocab_size: int, real_vocab: Optional[int] = None, head_ids=None):
         self.format = fmt
-        quantized = quantized_copy(model, fmt)
+        quantized = shared_copy(model, fmt)
         super().__init__(quantized, range(len(model.model.layers)), vocab_size, real_vocab, head_ids)
