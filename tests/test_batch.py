@@ -164,6 +164,20 @@ def test_the_batch_planner_drafts_where_a_pass_costs_its_launches_and_not_where_
     assert fresh.choose(rows_with(0.5, 2), [0, 0], SUFFIX).k == 0  # nothing offered: plain
 
 
+def test_the_batch_planner_prices_a_pass_by_the_times_measured_for_its_positions_kept_rising():
+    p = BatchPlanner(8)
+    measured = {(1, 1): 0.29, (2, 1): 0.32, (8, 1): 0.57, (16, 1): 0.58, (16, 2): 0.84, (16, 3): 1.27}  # this CPU
+    for (b, t), seconds in measured.items():
+        for _ in range(4):  # the first of each shape is not kept
+            p.record(b, t, seconds)
+    assert all(p.cost(b, t) == pytest.approx(s) for (b, t), s in measured.items())
+    assert p.cost(2, 2) == pytest.approx(0.32 + (0.57 - 0.32) * 2 / 6)  # 4 positions: between 2 and 8
+    assert p.cost(16, 4) > 1.27 and p.cost(4, 4) == pytest.approx(0.58)  # past the measured: their slope
+    p.record(14, 1, 5.0)
+    p.record(14, 1, 1.5)  # one stalled round at 14 positions: pooled with 16's three, so the cost still rises
+    assert p.cost(8, 1) <= p.cost(14, 1) == pytest.approx(p.cost(16, 1)) == pytest.approx((1.5 + 3 * 0.58) / 4)
+
+
 def test_the_batch_planner_drafts_for_some_rows_only_where_the_places_of_rows_that_end_are_taken(target):
     planner = BatchPlanner(8)  # a CPU: a fixed part and a part per position
     for b in (1, 4, 16):
@@ -179,12 +193,11 @@ def test_the_batch_planner_drafts_for_some_rows_only_where_the_places_of_rows_th
     for r in alike:
         for _ in range(20):
             r.offers(3, "suffix")
-    assert planner.refill == 1.0  # until rows have left: a busy server's measure, the rows' tokens per second
-    assert planner.choose(rows, some, sources).k >= 1
+    assert planner.refill == 0.0  # until rows are seen replaced: priced as a batch that drains
+    assert planner.choose(rows, some, sources).k == 0  # the six rows without a draft bound the batch's rounds
     for n in reversed(range(16)):  # a wave drains: its rows leave and no new one comes
         planner.left(n)
-    assert planner.refill < 0.05
-    assert planner.choose(rows, some, sources).k == 0  # the six rows without a draft bound the batch's rounds
+    assert planner.refill == 0.0 and planner.choose(rows, some, sources).k == 0
     assert planner.choose(alike, every, ["suffix"] * 16).k >= 1  # every row drafts: the batch needs fewer rounds
     for _ in range(16):  # a busy server: a new request takes each place
         planner.left(15)
@@ -206,10 +219,10 @@ def test_the_batch_planner_drafts_for_some_rows_only_where_the_places_of_rows_th
     b.remove(first[0])
     assert b.planner.open == 1
     b.add(*third)  # takes the place first left
-    assert b.planner.open == 0 and b.planner.refill == 1.0
+    assert b.planner.open == 0 and b.planner.refill == pytest.approx(1 / 2.6)
     b.remove(second[0])
     b.remove(third[0])  # the batch empties: both places stay empty
-    assert b.planner.open == 0 and b.planner.refill < 0.7
+    assert b.planner.open == 0 and b.planner.refill < 0.2
 
 
 def test_sliding_window_caches_do_not_batch_and_a_row_knows_its_lookups_and_its_draft_model(target, tiny_models):

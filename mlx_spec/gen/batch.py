@@ -57,7 +57,8 @@ class Row:
     stats: Stats = field(default_factory=Stats)
     rates: Dict[str, SourceStats] = field(default_factory=dict)  # each source's acceptance for this row
     model: Optional[ModelDrafter] = field(init=False, default=None)  # its drafter's draft model or self view, if any
-    pace: float = 1.0  # tokens a round would yield it with all it offers to draft (older rounds discounted)
+    pace: float = 1.0  # tokens a round would yield it with all it offers to draft, the mean over its rounds
+    paced: int = 0  # rounds in that mean
     done: bool = False
     started: float = field(default_factory=time.perf_counter)  # prompt time runs from here to the first token
     first_at: Optional[float] = None
@@ -81,12 +82,13 @@ class Row:
 
     def offers(self, n: int, source: str) -> None:
         """This round it offers n draft tokens from `source` (0: none): its pace follows."""
-        self.pace = DISCOUNT * self.pace + (1 - DISCOUNT) * (self.expected(n, source) if n else 1.0)
+        self.paced += 1
+        self.pace += ((self.expected(n, source) if n else 1.0) - self.pace) / self.paced
 
     def expected(self, n: int, source: str = "") -> float:
         """Tokens a round yields for this row with n draft tokens from `source`: 1 + a + ... + a^n (geometric)."""
         a = self.rate(source)
-        return sum(a ** i for i in range(n + 1))
+        return n + 1.0 if a >= 1 else (1 - a ** (n + 1)) / (1 - a)
 
 
 def _line(points: List[Tuple[float, float]]) -> Optional[Tuple[float, float]]:
@@ -130,9 +132,8 @@ class BatchPlanner:
     more positions never costs less) and extended past the measured ones by their least-squares slope; a draft-model
     pass over m rows costs d0 + d1 * m, fitted the same way. The plan with the most expected tokens per second wins
     (the rows' own speed), among those that do not lower the batch's throughput: a plan's value is the seconds of
-    plain batched decoding its expected extra tokens save, per second it takes (plain batched decoding, k = 0, is
-    worth 1; a plan within MARGIN of it is as good). What a row's extra token saves depends on what happens when
-    the row ends:
+    plain batched decoding its expected extra tokens save, per second it takes, at least 1 (plain batched
+    decoding's, k = 0). What a row's extra token saves depends on what happens when the row ends:
     - a new request takes its place (a busy server): a plain round's share per row, so the value is the rows'
       tokens per second against plain's;
     - nobody does (the batch drains): its part of a plain round (what the pass costs per row past one), plus, as
@@ -152,7 +153,8 @@ class BatchPlanner:
         self.seen: set = set()
         self.curve: Optional[List[Tuple[float, float]]] = None  # (positions, seconds) measured, rising
         self.slope = 0.0  # seconds per position past the measured ones
-        self.refilled_w = self.left_w = PRIOR_TRIALS  # discounted rows that left, and those whose place was taken
+        self.refilled_w, self.left_w = 0.0, PRIOR_TRIALS  # discounted rows whose place was taken, of those that
+        # left: none until seen, so a batch is priced as draining (drafting pays less there) until rows are replaced
         self.open = 0  # rows that left and whose place no row has taken yet
 
     @property
@@ -254,7 +256,7 @@ class BatchPlanner:
                 refilled = (sum(gains) - len(rows)) * plain / len(rows)
                 draining = sum((g - 1) * (share + c * alone) for g, c in zip(gains, last))
                 value = (plain + p * refilled + (1 - p) * draining) / seconds
-                if value >= 1 - MARGIN and sum(gains) / seconds > best_rate:
+                if value >= 1 and sum(gains) / seconds > best_rate:
                     best, best_rate = Plan(k, model), sum(gains) / seconds
         return best
 

@@ -17,8 +17,7 @@ PRIOR_ACCEPT = 0.6  # acceptance assumed before any measurement: optimistic, so 
 PRIOR_TRIALS = 2.0  # ... worth this many judged draft tokens: two rounds of evidence outweigh it
 DISCOUNT = 0.8  # per round, the weight of older acceptance counts: the estimate follows the last ~5 rounds
 FIRST_PRIOR = 1.0  # weight of the per-token acceptance in the first-token one (the geometric model of Leviathan et al.)
-MARGIN = 0.05  # the planners' resolution: drafting must promise 5 % more tokens/s than plain decoding, and a batch
-# plan that costs the batch's throughput less than 5 % costs nothing (below that, estimate noise decides)
+MARGIN = 0.05  # drafting must promise 5 % more tokens/s than plain decoding: below that, estimate noise decides
 PROBE_BUDGET = 0.02  # a passed-over costly source earns this share of each round's time towards its next probe
 PROBE_MIN = 8  # ... and probes at most once per this many rounds
 CATCH_UP_HORIZON = 32  # output tokens a draft model's catch-up is spread over: about two of its drafts
