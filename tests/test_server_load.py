@@ -204,6 +204,21 @@ def test_a_batched_client_that_disconnects_leaves_the_batch_and_the_others_finis
         assert h["batched"] == 0 and h["failed"] == 0 and h["sessions"]["total"] == 2  # its session was freed
 
 
+def alone_then_together(srv, n, gap=0.0):
+    """The first n prompts one at a time, then all at once (`gap` s apart; the second streamed), 30 tokens each:
+    (their replies alone, together, the health once idle)."""
+    alone = [ask(srv.url, p, stream=False, max_tokens=30) for p in PROMPTS[:n]]
+    results = {}
+    threads = [threading.Thread(target=lambda i=i: results.update({i: ask(srv.url, PROMPTS[i], i == 1, 30)}))
+               for i in range(n)]
+    for t in threads:
+        t.start()
+        time.sleep(gap)
+    for t in threads:
+        t.join(60)
+    return alone, [results.get(i) for i in range(n)], wait_for(srv, lambda h: h["active"] == 0)
+
+
 def test_requests_on_a_hybrid_recurrent_model_batch_and_each_equal_their_solo_run(tmp_path, always_batch):
     from conftest import make_model
 
@@ -211,18 +226,9 @@ def test_requests_on_a_hybrid_recurrent_model_batch_and_each_equal_their_solo_ru
     pair = Pair.load(folder, "suffix", num_draft=3)
     pair = Pair(pair.model_spec, "suffix", Slow(pair.target, 0.01), pair.tokenizer, num_draft=3)
     with Running(build_app(pair, max_concurrency=4, max_tokens=30)) as srv:
-        alone = [ask(srv.url, p, stream=False, max_tokens=30) for p in PROMPTS[:3]]
-        results = {}
-        threads = [threading.Thread(target=lambda i=i: results.update({i: ask(srv.url, PROMPTS[i], i == 1, 30)}))
-                   for i in range(3)]
-        for t in threads:
-            t.start()
-            time.sleep(0.05)
-        for t in threads:
-            t.join(60)
-        h = wait_for(srv, lambda h: h["active"] == 0)
+        alone, together, h = alone_then_together(srv, 3, gap=0.05)
         assert sum(q["batched"] for q in h["requests"][-3:]) >= 2 and h["failed"] == 0
-        assert [results[i] for i in range(3)] == alone
+        assert together == alone
 
 
 @pytest.mark.parametrize("draft", ["self:0-1", "quant-self:int4"])
@@ -236,14 +242,6 @@ def test_requests_drafting_with_a_view_of_the_target_draft_together_and_each_equ
     pair = Pair.load(str(tiny_models["qwen2"]), draft, num_draft=3)
     pair.adaptive = False  # every round drafts what its rows offer
     with Running(build_app(pair, max_concurrency=4, max_tokens=30)) as srv:
-        alone = [ask(srv.url, p, stream=False, max_tokens=30) for p in PROMPTS[:4]]
-        results = {}
-        threads = [threading.Thread(target=lambda i=i: results.update({i: ask(srv.url, PROMPTS[i], i == 1, 30)}))
-                   for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        h = wait_for(srv, lambda h: h["active"] == 0)
-        assert [results[i] for i in range(4)] == alone and h["failed"] == 0
+        alone, together, h = alone_then_together(srv, 4)
+        assert together == alone and h["failed"] == 0
         assert sum(q["batched"] for q in h["requests"][-4:]) >= 2 and max(passes) >= 2  # drafted for rows together

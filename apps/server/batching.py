@@ -1,6 +1,6 @@
 """The server's batched rounds: requests that start while others generate join one `gen.batch.Batch`, whose every
-round verifies all of them in one target forward pass (their draft model, if the server loaded one, drafting for all
-of them in one pass per position); each keeps its own session, sampling rule and stats.
+round verifies all of them in one target forward pass (their draft model or view of the target, if their drafter has
+one, drafting for all of them in one pass per position); each keeps its own session, sampling rule and stats.
 
 A request joins when it has no seed (a seeded request reseeds per turn, which one shared round cannot do), its
 session's target cache can batch (`batch_cache.batchable`), and the batch's measured round costs say a batched round
