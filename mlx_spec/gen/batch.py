@@ -278,8 +278,7 @@ class Batch:
         self.rows: List[Row] = []
         self.cache: Optional[list] = None  # the joint target cache (`batch_cache`)
         self.planner = BatchPlanner(k_max, adaptive)
-        self.drafting = None  # the rows' draft model (`BatchDraft`) or view of the target (`SelfDraft`), from the
-        # first row with one on
+        self.drafting = None  # the first drafting row's draft model (`BatchDraft`) or target view (`SelfDraft`)
 
     def add(self, row: Row, cache: list) -> None:
         """Join a row whose `cache` holds its context minus the last token."""
