@@ -26,9 +26,9 @@ from .batch_draft import BatchDraft, SelfDraft
 from .drafters.base import Drafter
 from .drafters.model import ModelDrafter
 from .engine import context_limit
+from .planner import SourceStats
 from .sampling import sample
 from .stats import Stats
-from .planner import SourceStats
 from .tunables import DISCOUNT, MARGIN, PRIOR_TRIALS, TIMINGS
 from .verify import accept_greedy, accept_sampling, sampling_targets
 
@@ -130,7 +130,7 @@ class BatchPlanner:
 
     A target pass's cost is its measured times by positions (rows x width), interpolated, kept rising (a pass over
     more positions never costs less) and extended past the measured ones by their least-squares slope; a draft-model
-    pass over m rows costs d0 + d1 * m, fitted the same way. The plan with the most expected tokens per second wins
+    pass over m rows costs d0 + d1 * m, a least-squares line through its measured times. The plan with the most expected tokens per second wins
     (the rows' own speed), among those that do not lower the batch's throughput: a plan's value is the seconds of
     plain batched decoding its expected extra tokens save, per second it takes, at least 1 (plain batched
     decoding's, k = 0). What a row's extra token saves depends on what happens when the row ends:
@@ -256,8 +256,9 @@ class BatchPlanner:
                 refilled = (sum(gains) - len(rows)) * plain / len(rows)
                 draining = sum((g - 1) * (share + c * alone) for g, c in zip(gains, last))
                 value = (plain + p * refilled + (1 - p) * draining) / seconds
-                if value >= 1 and sum(gains) / seconds > best_rate:
-                    best, best_rate = Plan(k, model), sum(gains) / seconds
+                rate = sum(gains) / seconds
+                if value >= 1 and rate > best_rate:
+                    best, best_rate = Plan(k, model), rate
         return best
 
     @staticmethod
@@ -267,7 +268,8 @@ class BatchPlanner:
         rounds = [n / r.pace for r, n in zip(rows, left)]
         top = max(rounds)
         w = [math.exp((x - top) / max(1.0, math.sqrt(top))) for x in rounds]
-        return [x / sum(w) for x in w]
+        total = sum(w)
+        return [x / total for x in w]
 
 
 class Batch:

@@ -110,10 +110,9 @@ class SelfDraft:
         self.blocks = [id(b) for b in part.model.model.layers]
         self.seen: set = set()
         self.cold = False
-        self.rows: list = []  # nobody lends a cache: nothing to give back when a row leaves
 
     def __contains__(self, row) -> bool:
-        return False
+        return False  # nobody lends a cache: nothing to give back when a row leaves
 
     def takes(self, part: ModelDrafter, joint: list) -> bool:
         """Whether a row drafting with `part` can draft here: a view with the same blocks (the same layers of the
