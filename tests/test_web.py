@@ -103,6 +103,8 @@ def test_a_streamed_reply_renders_as_markdown_with_highlighted_code_and_a_workin
     reply.locator("button.copy").first.click()
     page.wait_for_function("document.querySelector('.msg.assistant button.copy').textContent === 'Copied'")
     assert page.evaluate("navigator.clipboard.readText()") == CODE
+    # The label goes back after a moment (the next test reads the reply's text, label included).
+    page.wait_for_function("document.querySelector('.msg.assistant button.copy').textContent === 'Copy'")
     assert page.is_visible(".msg.assistant .finish") and "finish: stop" in reply.locator(".finish").inner_text()
     assert all(u.startswith(page.url) for u in page.requests), page.requests  # nothing from the network
     shoot(page, "light", tmp_path)
