@@ -8,6 +8,7 @@ from conftest import (N_TOKENS, PROMPT, REPEATING, SAMPLES, V, chi_square_pvalue
                       sample_pairs, tiny)
 
 from mlx_spec.gen import batch as B
+from mlx_spec.gen import batch_cache
 from mlx_spec.gen.batch import Batch, BatchPlanner, Row
 from mlx_spec.gen.cache import new_cache
 from mlx_spec.gen.planner import SourceStats
@@ -82,6 +83,33 @@ def test_a_row_leaving_mid_generation_continues_alone_from_its_extracted_cache(t
     assert outs[id(a)] + rest == plain_greedy(target, REPEATING, 30)
     run(b, outs)
     assert outs[id(c)] == plain_greedy(target, PROMPT, 30)
+
+
+def test_a_row_rewound_further_than_the_others_keeps_a_masked_gap_and_no_keys_move(target):
+    prompts = [REPEATING, PROMPT, [2, 2, 1, 0, 2]]
+    fed = [[0, 1, 2], [3, 0, 1], [2, 2, 3]]  # one pass of three positions per row, after each cache's context
+    drop = [1, 3, 2]  # each row keeps the first 2, 0 and 1 of them
+    joint = None
+    for p in prompts:
+        joint = batch_cache.join(joint, row(target, p, None, 1)[1])
+    target(mx.array(fed), cache=joint)
+    keys = [c.keys for c in joint]
+    batch_cache.rewind(joint, drop)
+    assert all(c.keys is k for c, k in zip(joint, keys))  # the rows dropped different counts; nothing was copied
+    kept = [p[:-1] + f[: 3 - d] for p, f, d in zip(prompts, fed, drop)]
+    nxt = mx.array([[1], [2], [0]])
+    logits = target(nxt, cache=joint)[:, -1]
+    for i, ctx in enumerate(kept):  # each row's next pass sees exactly its own kept context
+        solo = target(mx.array([ctx + [nxt[i, 0].item()]]))[0, -1]
+        assert mx.allclose(logits[i], solo, atol=1e-4)
+    batch_cache.keep_rows(joint, [0, 2])  # a row leaves: the rest are packed again, their gaps gone
+    assert all(c.gaps is None and c.size() == max(len(kept[0]), len(kept[2])) + 1 for c in joint)
+    for i, j in enumerate([0, 2]):
+        mine = batch_cache.extract(joint, i, len(kept[j]) + 1)
+        solo = new_cache(target)
+        target(mx.array([kept[j] + [nxt[j, 0].item()]]), cache=solo)
+        assert all(mx.allclose(a.keys[..., : a.offset, :], b.keys[..., : b.offset, :], atol=1e-5)
+                   for a, b in zip(mine, solo))
 
 
 def sample_first_row(target, rows, k=2):

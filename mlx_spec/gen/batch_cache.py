@@ -1,9 +1,11 @@
 """The joint caches of a batch (one object per layer, one row per generation): merging a generation's cache in,
 taking a row's cache out, and rewinding each row by its own count.
 
-Attention layers use mlx-lm's `BatchKVCache` (rows of different lengths sit left-padded in it, as in its
-`BatchGenerator`). A row is rewound on its own by rolling the positions it drops into its left padding
-(`prepare(right_padding=...)` then `finalize()`), so every row ends at the same column again.
+Attention layers use `RaggedKVCache`, mlx-lm's `BatchKVCache` (rows of different lengths sit left-padded in it, as
+in its `BatchGenerator`) whose rows may also have gaps: a row rewound further than the others keeps the positions it
+dropped as a gap its attention masks out, so every row ends at the same column again without moving its keys and
+values (`BatchKVCache`'s own way, `prepare(right_padding=...)` then `finalize()`, rolls every row's whole buffer).
+Gaps go when a row leaves (the rows kept are packed again).
 
 Recurrent layers (gated delta nets, Mamba) use `recurrent.RewindableRows`: the rows' states stacked, the batched
 passes recorded, and each row rewound by restoring its state before the pass its kept part ends in and replaying
@@ -12,10 +14,95 @@ its layer's mixer on that part. A hybrid's attention layers rewind as above.
 
 from typing import List, Optional, Sequence
 
+import mlx.core as mx
+from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from . import recurrent
 from .recurrent import RewindableCache, RewindableRows
+
+
+class RaggedKVCache(BatchKVCache):
+    """A `BatchKVCache` whose rows may have gaps: `gaps[i, j]` is True where row i's column j holds a position the
+    row dropped (`drop`); attention masks it out. `gaps` is None while no row has one, and spans at most `_idx`
+    columns (columns past it are free)."""
+
+    gaps: Optional[mx.array] = None
+
+    @classmethod
+    def of(cls, cache: BatchKVCache) -> "RaggedKVCache":
+        out = cls.__new__(cls)
+        out.__dict__.update(cache.__dict__)
+        out.gaps = getattr(cache, "gaps", None)
+        return out
+
+    def _gaps(self, width: int) -> mx.array:
+        """The gaps over the first `width` columns (False past what is recorded)."""
+        g = self.gaps if self.gaps is not None else mx.zeros((self.offset.shape[0], 0), dtype=mx.bool_)
+        g = g[:, :width]
+        return mx.pad(g, [(0, 0), (0, width - g.shape[1])]) if g.shape[1] < width else g
+
+    def drop(self, extra: List[int]) -> None:
+        """Row i gives up its last `extra[i]` positions: they become a gap at the end of its columns."""
+        e = mx.array(extra)
+        cols = mx.arange(self._idx)[None]
+        self.gaps = self._gaps(self._idx) | (cols >= self._idx - e[:, None])
+        self.offset = self.offset - e
+
+    def trim(self, n):
+        n = super().trim(n)
+        if self.gaps is not None:
+            self.gaps = self.gaps[:, : self._idx]
+        return n
+
+    def make_mask(self, N: int, return_array: bool = False, **kwargs):
+        mask = create_causal_mask(N, offset=self._idx, left_padding=self.left_padding, **kwargs)
+        if self.gaps is None:
+            return mask
+        return mask & ~self._gaps(self._idx + N)[:, None, None, :]
+
+    def _columns(self, i: int) -> List[int]:
+        """Row i's columns that hold its positions, in order."""
+        start = self.left_padding[i].item()
+        if self.gaps is None:
+            return list(range(start, self._idx))
+        gap = self._gaps(self._idx)[i].tolist()
+        return [j for j in range(start, self._idx) if not gap[j]]
+
+    def extract(self, idx):
+        if self.gaps is None:
+            return super().extract(idx)
+        cache = KVCache()
+        cols = mx.array(self._columns(idx))
+        cache.keys = mx.contiguous(mx.take(self.keys[idx : idx + 1], cols, axis=2))
+        cache.values = mx.contiguous(mx.take(self.values[idx : idx + 1], cols, axis=2))
+        cache.offset = cache.keys.shape[2]
+        return cache
+
+    def filter(self, batch_indices):
+        if self.gaps is None:
+            return super().filter(batch_indices)
+        # Pack the rows kept: each row's positions right-aligned at the last column, no gaps.
+        cols = [self._columns(i) for i in batch_indices]
+        width = max(len(c) for c in cols)
+        index = mx.array([[0] * (width - len(c)) + c for c in cols])[:, None, :, None]
+        rows = mx.array(batch_indices)
+        self.keys = mx.take_along_axis(self.keys[rows], index, axis=2)
+        self.values = mx.take_along_axis(self.values[rows], index, axis=2)
+        self.offset = self.offset[rows]
+        self.left_padding = mx.array([width - len(c) for c in cols])
+        self._idx, self.gaps = width, None
+
+    def extend(self, other):
+        a, b = self._idx, other._idx
+        mine, theirs = self._gaps(a), (other._gaps(b) if isinstance(other, RaggedKVCache) else None)
+        had = self.gaps is not None or (theirs is not None and other.gaps is not None)
+        super().extend(other)
+        if had:
+            if theirs is None:
+                theirs = mx.zeros((other.offset.shape[0], b), dtype=mx.bool_)
+            m = self._idx
+            self.gaps = mx.concatenate([mx.pad(mine, [(0, 0), (m - a, 0)]), mx.pad(theirs, [(0, 0), (m - b, 0)])])
 
 
 def batchable(cache: Sequence) -> bool:
@@ -27,7 +114,8 @@ def batchable(cache: Sequence) -> bool:
 
 def merge(cache: Sequence) -> List:
     """A batch of one row from a generation's cache (the cache itself is copied, never changed)."""
-    return [recurrent.joint(c) if isinstance(c, RewindableCache) else BatchKVCache.merge([c]) for c in cache]
+    return [recurrent.joint(c) if isinstance(c, RewindableCache) else RaggedKVCache.of(BatchKVCache.merge([c]))
+            for c in cache]
 
 
 def join(joint: Optional[List], cache: Sequence) -> List:
@@ -68,8 +156,8 @@ def start_round(joint: List) -> None:
 
 def rewind(joint: List, drop: List[int]) -> None:
     """Drop each row's last `drop[i]` positions (of the passes since the last rewind or `start_round`): a recurrent
-    layer replays each row's kept part; an attention layer trims the part common to all and rolls the rest into
-    the row's left padding."""
+    layer replays each row's kept part; an attention layer trims the part common to all and leaves the rest as a
+    gap in the row."""
     common = min(drop)
     extra = [n - common for n in drop]
     for c in joint:
@@ -79,5 +167,4 @@ def rewind(joint: List, drop: List[int]) -> None:
         if common:
             c.trim(common)
         if any(extra):
-            c.prepare(right_padding=extra)
-            c.finalize()
+            c.drop(extra)
