@@ -112,6 +112,29 @@ def test_a_row_rewound_further_than_the_others_keeps_a_masked_gap_and_no_keys_mo
                    for a, b in zip(mine, solo))
 
 
+def test_a_row_that_leaves_leaves_a_place_that_runs_along_until_a_new_row_takes_it(target, monkeypatch):
+    monkeypatch.setattr(BatchPlanner, "packs", lambda self, *a: False)  # the cache is never packed
+    b, outs = Batch(target, 4, adaptive=False), {}
+    plan = [(REPEATING, SuffixDrafter(), 24), (PROMPT, None, 3), ([2, 2, 1, 0, 2, 2, 1], NGramDrafter(), 20)]
+    rows = [row(target, p, d, m) for p, d, m in plan]
+    for r, cache in rows:
+        b.add(r, cache)
+    rows = [r for r, _ in rows]
+    while not rows[1].done:
+        run(b, outs, rounds=1)
+    assert b.slots == [rows[0], None, rows[2]]
+    run(b, outs, rounds=2)  # the empty place runs along
+    late = [([0, 1], SuffixDrafter(), 12), (REPEATING * 6, NGramDrafter(), 8)]  # the second is longer than the cache
+    for p, d, m in late:
+        r, cache = row(target, p, d, m)
+        b.add(r, cache)
+        rows.append(r)
+    assert b.slots == [rows[0], rows[3], rows[2], rows[4]]  # the short one took the place, the long one could not
+    run(b, outs)
+    for r, (p, _, m) in zip(rows, plan + late):
+        assert outs[id(r)] == plain_greedy(target, p, m)
+
+
 def sample_first_row(target, rows, k=2):
     """A sampler of row 0's tokens in a fresh batch of `rows`: (prompt, make its drafter, probs_fn, max tokens)
     each; the rows' prefilled caches are made once (joining a batch copies a cache, never changes it). Also returns
@@ -204,6 +227,22 @@ def test_the_batch_planner_prices_a_pass_by_the_times_measured_for_its_positions
     p.record(14, 1, 5.0)
     p.record(14, 1, 1.5)  # one stalled round at 14 positions: pooled with 16's three, so the cost still rises
     assert p.cost(8, 1) <= p.cost(14, 1) == pytest.approx(p.cost(16, 1)) == pytest.approx((1.5 + 3 * 0.58) / 4)
+
+
+def test_the_batch_planner_packs_the_cache_where_empty_places_cost_more_than_the_copy():
+    per_position, launch_bound = BatchPlanner(8), BatchPlanner(8)
+    for b in (1, 8, 16):
+        for _ in range(2):
+            per_position.record(b, 1, 0.1 + 0.01 * b)
+            launch_bound.record(b, 1, 0.01)
+    assert per_position.packs(16, 8, 8 * 300, rounds=10)  # until a copy was timed: pack, and time it
+    for p in (per_position, launch_bound):
+        p.record_copy(1000, 0.01)
+    assert per_position.packs(16, 8, 8 * 300, rounds=10)  # 8 empty places cost 0.8 s in 10 rounds; the copy 0.024 s
+    assert not per_position.packs(16, 15, 15 * 300, rounds=0.5)  # one empty place for half a round: not worth it
+    assert not launch_bound.packs(16, 8, 8 * 300, rounds=10)  # an empty place costs nothing
+    per_position.refilled_w = per_position.left_w  # new rows take the places of rows that leave
+    assert not per_position.packs(16, 8, 8 * 300, rounds=10)
 
 
 def test_the_batch_planner_drafts_for_some_rows_only_where_the_places_of_rows_that_end_are_taken(target):

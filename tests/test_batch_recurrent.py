@@ -9,7 +9,7 @@ from mlx.utils import tree_flatten
 from test_batch import run
 
 from mlx_spec.gen import batch_cache, recurrent
-from mlx_spec.gen.batch import Batch, Row
+from mlx_spec.gen.batch import Batch, BatchPlanner, Row
 from mlx_spec.gen.cache import new_cache
 from mlx_spec.gen.drafters.base import Draft, Drafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
@@ -88,16 +88,21 @@ def joining_and_leaving(model, prompts):
     return [(outs[id(r)], solo(model, p, n)) for r, (p, n, _) in zip(rows, plan)]
 
 
+@pytest.mark.parametrize("packing", [True, False])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_every_row_equals_its_solo_greedy_run_as_rows_join_and_leave(models, arch, monkeypatch):
+def test_every_row_equals_its_solo_greedy_run_as_rows_join_and_leave(models, arch, packing, monkeypatch):
     model, prompts = models[arch]
+    if not packing:  # the place of the row that leaves runs along in every pass
+        monkeypatch.setattr(BatchPlanner, "packs", lambda self, *a: False)
     drops, real = [], batch_cache.rewind
     monkeypatch.setattr(batch_cache, "rewind", lambda joint, drop: (drops.append(drop), real(joint, drop))[1])
     for got, want in joining_and_leaving(model, prompts):
         assert got == want
     assert sum(len(set(d)) > 2 for d in drops) >= 3  # rounds where rows dropped different counts
     assert any(0 in d and max(d) > 0 for d in drops)  # and where one row kept all while another dropped
-    assert {K + 1 - x for d in drops for x in d} == set(range(1, K + 2))  # rows kept every count from 1 to K+1
+    kept = {K + 1 - x for d in drops for x in d}
+    assert kept - {0} == set(range(1, K + 2))  # rows kept every count from 1 to K+1
+    assert (0 in kept) == (not packing)  # an empty place keeps nothing
 
 
 def test_skipping_the_recurrent_replay_breaks_it(models, monkeypatch):
@@ -124,9 +129,9 @@ def test_a_row_taken_out_continues_alone_to_its_solo_tokens(models, arch):
     rest = [s.token for s in speculative_generate_step(a.context, model, oracle(model, pa, n, 1),
                                                         prompt_cache=cache, max_tokens=n - len(made))]
     assert made + rest == solo(model, pa, n)
-    # Row c (now row 0), trimmed back 2 tokens into the last round (its recorded call replayed), continues alone;
-    # the batch keeps it unchanged.
-    back = batch_cache.extract(b.cache, 0, len(c.context) - 3)
+    # Row c, trimmed back 2 tokens into the last round (its recorded call replayed), continues alone; the batch
+    # keeps it unchanged.
+    back = batch_cache.extract(b.cache, b.slots.index(c), len(c.context) - 3)
     assert {x.offset for x in back} == {len(c.context) - 3}
     made = c.context[len(pc):]
     rest = [s.token for s in speculative_generate_step(c.context, model, SuffixDrafter(), prompt_cache=back,

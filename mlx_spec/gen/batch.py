@@ -156,6 +156,7 @@ class BatchPlanner:
         self.refilled_w, self.left_w = 0.0, PRIOR_TRIALS  # discounted rows whose place was taken, of those that
         # left: none until seen, so a batch is priced as draining (drafting pays less there) until rows are replaced
         self.open = 0  # rows that left and whose place no row has taken yet
+        self.copy_rates: List[float] = []  # seconds per row and column of packing the joint cache
 
     @property
     def refill(self) -> float:
@@ -200,6 +201,20 @@ class BatchPlanner:
         self.draft_times.setdefault(members, []).append(seconds / passes)
         del self.draft_times[members][:-TIMINGS]
 
+    def record_copy(self, positions: int, seconds: float) -> None:
+        """A packing of the joint cache: `positions` (rows x columns) copied in `seconds`."""
+        self.copy_rates.append(seconds / max(1, positions))
+        del self.copy_rates[:-TIMINGS]
+
+    def packs(self, slots: int, live: int, positions: int, rounds: float) -> bool:
+        """Whether to pack the joint cache now (copy its `live` rows' `positions` without the slots of rows that
+        left): the empty slots' part of every pass, over the `rounds` the batch still runs where no new row takes
+        their place, costs more than the copy. True until a copy and two position counts were timed."""
+        if not self.copy_rates or self.curve is None:
+            return True
+        waste = self.cost(slots, 1) - self.cost(live, 1)
+        return (1 - self.refill) * waste * rounds > median(self.copy_rates) * positions
+
     def cost(self, rows: int, width: int) -> Optional[float]:
         """Predicted seconds of a target pass over rows x width positions: the measured times interpolated (past
         them, the least-squares slope), or None while fewer than two position counts were timed."""
@@ -225,9 +240,11 @@ class BatchPlanner:
         batched, alone = self.cost(rows, 1), self.cost(1, 1)
         return batched is None or batched < (1 - MARGIN) * rows * alone
 
-    def choose(self, rows: List[Row], lengths: List[int], sources: List[str], draft_rows: int = 0) -> Plan:
+    def choose(self, rows: List[Row], lengths: List[int], sources: List[str], draft_rows: int = 0,
+               slots: Optional[int] = None) -> Plan:
         """This round's plan, given each row's table-lookup draft (its length and source; 0 for none). Rows with a
-        `model` and no lookup draft draft with it when the plan says so, in passes over `draft_rows` rows."""
+        `model` and no lookup draft draft with it when the plan says so, in passes over `draft_rows` rows. A pass
+        runs over `slots` rows of the cache (the rows, and the empty places of rows that left)."""
         longest = max(lengths, default=0)
         wants = [r.model is not None and n == 0 for r, n in zip(rows, lengths)]
         k_model = max([r.k_max for r, w in zip(rows, wants) if w], default=0)
@@ -238,13 +255,15 @@ class BatchPlanner:
         if max(longest, k_model) == 0:
             return Plan(0)
         widths = {t for (_, t) in self.times}
-        if self.cost(len(rows), 1) is None:  # measure plain and the widest draft first
+        if self.cost(1, 1) is None:  # measure plain and the widest draft first
             return Plan(0) if 1 not in widths else Plan(max(longest, k_model), k_model > 0)
         per_pass = self.draft_cost(draft_rows)
         if k_model and per_pass is None:  # the draft model drafts once to be timed
             return Plan(max(longest, k_model), True)
-        plain, alone, p = self.cost(len(rows), 1), self.cost(1, 1), self.refill
-        share = (plain - alone) / (len(rows) - 1) if len(rows) > 1 else 0.0  # a row's part of a plain round
+        b = slots or len(rows)
+        plain, alone, p = self.cost(b, 1), self.cost(1, 1), self.refill
+        live = self.cost(len(rows), 1)
+        share = (live - alone) / (len(rows) - 1) if len(rows) > 1 else 0.0  # a row's part of a plain round
         left = [r.budget - r.stats.generation_tokens for r in rows]
         last = self._last(rows, left)
         best, best_rate = Plan(0), len(rows) / plain
@@ -252,7 +271,7 @@ class BatchPlanner:
             for k in range(1, (max(longest, k_model) if model else longest) + 1):
                 gains = [min(m, r.expected(min(k, n), s) if n else r.expected(k, r.model.name) if model and w else 1.0)
                          for r, m, n, s, w in zip(rows, left, lengths, sources, wants)]
-                seconds = self.cost(len(rows), k + 1) + (k * per_pass if model else 0.0)
+                seconds = self.cost(b, k + 1) + (k * per_pass if model else 0.0)
                 refilled = (sum(gains) - len(rows)) * plain / len(rows)
                 draining = sum((g - 1) * (share + c * alone) for g, c in zip(gains, last))
                 value = (plain + p * refilled + (1 - p) * draining) / seconds
@@ -279,12 +298,19 @@ class Batch:
         self.model, self.limit = model, context_limit(model)
         self.rows: List[Row] = []
         self.cache: Optional[list] = None  # the joint target cache (`batch_cache`)
+        self.slots: List[Optional[Row]] = []  # the row in each row of the cache; None where one left (`_pack`)
         self.planner = BatchPlanner(k_max, adaptive)
         self.drafting = None  # the first drafting row's draft model (`BatchDraft`) or target view (`SelfDraft`)
 
     def add(self, row: Row, cache: list) -> None:
-        """Join a row whose `cache` holds its context minus the last token."""
-        self.cache = batch_cache.join(self.cache, cache)
+        """Join a row whose `cache` holds its context minus the last token: into the place of a row that left
+        where it fits, else as one more row."""
+        free = next((i for i, r in enumerate(self.slots) if r is None), None)
+        if free is not None and batch_cache.put(self.cache, free, cache):
+            self.slots[free] = row
+        else:
+            self.cache = batch_cache.join(self.cache, cache)
+            self.slots.append(row)
         self.rows.append(row)
         self.planner.joined()
         for part in row.sources():
@@ -299,19 +325,34 @@ class Batch:
         model's goes back to its drafter)."""
         if self.drafting is not None and row in self.drafting:
             self.drafting.leave(row)
-        i = self.rows.index(row)
+        i = self.slots.index(row)
         out = batch_cache.extract(self.cache, i, len(row.context) - 1)
-        keep = [j for j in range(len(self.rows)) if j != i]
-        self.rows.pop(i)
+        self.rows.remove(row)
+        self.slots[i] = None  # packed away or taken by a new row later (`_pack`, `add`)
         self.planner.left(len(self.rows))
-        if keep:
-            batch_cache.keep_rows(self.cache, keep)
-        else:
-            self.cache = None
+        if not self.rows:
+            self.cache, self.slots = None, []
         return out
+
+    def _pack(self) -> None:
+        """Drop the slots of rows that left from the joint cache, where the planner says the copy pays (always
+        before a view of the target drafts: it drafts for every row of the cache)."""
+        if len(self.slots) == len(self.rows):
+            return
+        rounds = max((r.budget - r.stats.generation_tokens) / r.pace for r in self.rows)
+        positions = len(self.rows) * batch_cache.columns(self.cache)
+        if not isinstance(self.drafting, SelfDraft) and not self.planner.packs(
+                len(self.slots), len(self.rows), positions, rounds):
+            return
+        start = time.perf_counter()
+        batch_cache.keep_rows(self.cache, [i for i, r in enumerate(self.slots) if r is not None])
+        mx.eval([c.state for c in self.cache])
+        self.planner.record_copy(positions, time.perf_counter() - start)
+        self.slots = [r for r in self.slots if r is not None]
 
     def round(self) -> Dict[int, List[Step]]:
         """One round for every row: {row index: the steps it produced}. Finished rows are marked `done`."""
+        self._pack()
         rows = self.rows
         rooms = [r.budget - r.stats.generation_tokens - 1 for r in rows]  # draft tokens each row may still use
         drafts = [self._lookup(r, room) for r, room in zip(rows, rooms)]
@@ -322,7 +363,7 @@ class Batch:
             else:
                 r.offers(min(r.k_max, room), r.model.name)
         draft_rows = len(rows) if isinstance(self.drafting, SelfDraft) else sum(r.model is not None for r in rows)
-        plan = self.planner.choose(rows, lengths, [d.source if d else "" for d in drafts], draft_rows)
+        plan = self.planner.choose(rows, lengths, [d.source if d else "" for d in drafts], draft_rows, len(self.slots))
         k = plan.k
         if self.limit is not None:  # no row's padding may reach past the context (absolute position tables)
             k = max(0, min([k] + [self.limit - len(r.context) for r in rows]))
@@ -332,13 +373,16 @@ class Batch:
                     drafts[i], lengths[i] = d, min(k, rooms[i])
         tokens = [list(d.tokens[: min(k, n)]) if d else [] for d, n in zip(drafts, lengths)]
         width = 1 + max(len(t) for t in tokens)
-        inputs = [[r.context[-1]] + t + [r.context[-1]] * (width - 1 - len(t)) for r, t in zip(rows, tokens)]
+        at = [self.slots.index(r) for r in rows]  # each row's row in the cache
+        inputs = [[0] * width] * len(self.slots)  # an empty slot runs along; it keeps none of it
+        for r, t, s in zip(rows, tokens, at):
+            inputs[s] = [r.context[-1]] + t + [r.context[-1]] * (width - 1 - len(t))
         batch_cache.start_round(self.cache)
         start = time.perf_counter()
-        logits = self.model(mx.array(inputs), cache=self.cache)  # (B, width, V)
-        built = [self._targets(r, logits[i, : len(t) + 1], t, drafts[i]) for i, (r, t) in enumerate(zip(rows, tokens))]
+        logits = self.model(mx.array(inputs), cache=self.cache)  # (slots, width, V)
+        built = [self._targets(r, logits[s, : len(t) + 1], t, d) for r, t, s, d in zip(rows, tokens, at, drafts)]
         mx.eval(built)
-        self.planner.record(len(rows), width, time.perf_counter() - start)
+        self.planner.record(len(self.slots), width, time.perf_counter() - start)
         keep, out = [], {}
         for i, (r, t, b) in enumerate(zip(rows, tokens, built)):
             n = len(t)
@@ -356,7 +400,10 @@ class Batch:
                 r.judge(drafts[i].source, 1, drafts[i].tokens[0] == nxt)
             keep.append(1 + a)
             out[i] = self._deliver(r, t[:a] + [nxt], a)
-        batch_cache.rewind(self.cache, [width - n for n in keep])
+        drop = [width] * len(self.slots)
+        for s, n in zip(at, keep):
+            drop[s] = width - n
+        batch_cache.rewind(self.cache, drop)
         if self.drafting is not None and self.drafting.fed:  # each member keeps the model's drafts the target took
             used = {id(r): keep[i] - 1 for i, r in enumerate(rows) if drafts[i] is not None
                     and drafts[i].source == ModelDrafter.name}

@@ -93,6 +93,17 @@ class RaggedKVCache(BatchKVCache):
         self.left_padding = mx.array([width - len(c) for c in cols])
         self._idx, self.gaps = width, None
 
+    def put(self, i: int, cache: KVCache) -> None:
+        """Row i becomes `cache`'s positions (at most `_idx` of them), right-aligned; what row i held is gone."""
+        n = cache.offset
+        self.keys[i : i + 1, :, self._idx - n : self._idx, :] = cache.keys[..., :n, :]
+        self.values[i : i + 1, :, self._idx - n : self._idx, :] = cache.values[..., :n, :]
+        rows = mx.arange(self.offset.shape[0]) == i
+        self.left_padding = mx.where(rows, self._idx - n, self.left_padding)
+        self.offset = mx.where(rows, n, self.offset)
+        if self.gaps is not None:
+            self.gaps = self.gaps & ~rows[:, None]
+
     def extend(self, other):
         a, b = self._idx, other._idx
         mine, theirs = self._gaps(a), (other._gaps(b) if isinstance(other, RaggedKVCache) else None)
@@ -141,6 +152,23 @@ def extract(joint: List, i: int, tokens: int) -> List:
         if c.trim(n) < n:  # a recurrent row trims only within the pass it was last rewound in
             raise ValueError(f"row {i} cannot be trimmed back {n} tokens")
     return out
+
+
+def put(joint: List, i: int, cache: Sequence) -> bool:
+    """Row i of `joint` becomes a generation's cache, in place, if it fits (attention layers only, no longer than
+    the joint cache's columns); False, nothing changed, if not."""
+    if not all(isinstance(c, RaggedKVCache) and c.keys is not None and type(o) is KVCache and o.keys is not None
+               and o.offset <= c.size()
+               for c, o in zip(joint, cache)):
+        return False
+    for c, o in zip(joint, cache):
+        c.put(i, o)
+    return True
+
+
+def columns(joint: List) -> int:
+    """The longest row's columns in the joint cache (1 where it has no attention layer)."""
+    return max([c.size() for c in joint if isinstance(c, BatchKVCache)], default=1)
 
 
 def keep_rows(joint: List, rows: List[int]) -> None:
