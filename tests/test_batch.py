@@ -207,11 +207,14 @@ def test_the_batch_planner_drafts_where_a_pass_costs_its_launches_and_not_where_
     assert launch_bound.pays(4) and not per_position.pays(4)  # there, a request keeps its own turns
     assert BatchPlanner().pays(4)  # until measured: batch, and measure
     fresh = BatchPlanner(8)
-    assert fresh.choose(rows_with(0.5, 2), [5, 0], SUFFIX).k == 0  # plain first, then the widest draft, then the fit
-    fresh.record(2, 1, 0.01)
+    assert fresh.choose(rows_with(0.5, 2), [5, 0], SUFFIX).k == 0  # plain first, then the widest draft within
+    fresh.record(2, 1, 0.01)  # twice the positions timed, then the fit within twice those
     assert fresh.choose(rows_with(0.5, 2), [5, 0], SUFFIX).k == 0  # the first round of a shape does not count
     fresh.record(2, 1, 0.01)
-    assert fresh.choose(rows_with(0.5, 2), [5, 0], SUFFIX).k == 5
+    assert fresh.choose(rows_with(0.5, 2), [5, 0], SUFFIX).k == 1  # 2 x 2 positions: twice 2 x 1
+    fresh.record(2, 2, 0.01)
+    fresh.record(2, 2, 0.01)
+    assert fresh.choose(rows_with(0.5, 2), [5, 0], SUFFIX).k == 3  # 2 x 4 positions: twice 2 x 2
     assert fresh.choose(rows_with(0.5, 2), [0, 0], SUFFIX).k == 0  # nothing offered: plain
 
 

@@ -254,13 +254,15 @@ class BatchPlanner:
             return Plan(max(longest, k_model), k_model > 0)
         if max(longest, k_model) == 0:
             return Plan(0)
-        widths = {t for (_, t) in self.times}
-        if self.cost(1, 1) is None:  # measure plain and the widest draft first
-            return Plan(0) if 1 not in widths else Plan(max(longest, k_model), k_model > 0)
+        b = slots or len(rows)
+        reach = 2 * max((r * t for r, t in self.times), default=0)  # a pass may span twice the positions timed
+        # so far, no more: past them its cost is a guess
+        widest = max(1, min(max(longest, k_model), reach // b - 1))
+        if self.cost(1, 1) is None:  # time plain, then the widest draft within reach
+            return Plan(0) if not reach else Plan(widest, k_model > 0)
         per_pass = self.draft_cost(draft_rows)
         if k_model and per_pass is None:  # the draft model drafts once to be timed
-            return Plan(max(longest, k_model), True)
-        b = slots or len(rows)
+            return Plan(widest, True)
         plain, alone, p = self.cost(b, 1), self.cost(1, 1), self.refill
         live = self.cost(len(rows), 1)
         share = (live - alone) / (len(rows) - 1) if len(rows) > 1 else 0.0  # a row's part of a plain round
@@ -268,7 +270,7 @@ class BatchPlanner:
         last = self._last(rows, left)
         best, best_rate = Plan(0), len(rows) / plain
         for model in (False, True) if k_model else (False,):
-            for k in range(1, (max(longest, k_model) if model else longest) + 1):
+            for k in range(1, min(max(longest, k_model) if model else longest, widest) + 1):
                 gains = [min(m, r.expected(min(k, n), s) if n else r.expected(k, r.model.name) if model and w else 1.0)
                          for r, m, n, s, w in zip(rows, left, lengths, sources, wants)]
                 seconds = self.cost(b, k + 1) + (k * per_pass if model else 0.0)

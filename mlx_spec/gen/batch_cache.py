@@ -151,6 +151,8 @@ def extract(joint: List, i: int, tokens: int) -> List:
         n = c.offset - tokens
         if c.trim(n) < n:  # a recurrent row trims only within the pass it was last rewound in
             raise ValueError(f"row {i} cannot be trimmed back {n} tokens")
+    mx.eval([c.state for c in out])  # copied now: a copy still pending would hold the joint cache's buffers, and
+    # the next pass, unable to write its positions into them in place, would copy them whole
     return out
 
 
