@@ -130,20 +130,21 @@ class BatchPlanner:
 
     A target pass's cost is its measured times by positions (rows x width), interpolated, kept rising (a pass over
     more positions never costs less) and extended past the measured ones by their least-squares slope; a draft-model
-    pass over m rows costs d0 + d1 * m, a least-squares line through its measured times. The plan with the most expected tokens per second wins
-    (the rows' own speed), among those that do not lower the batch's throughput: a plan's value is the seconds of
-    plain batched decoding its expected extra tokens save, per second it takes, at least 1 (plain batched
-    decoding's, k = 0). What a row's extra token saves depends on what happens when the row ends:
+    pass over m rows costs d0 + d1 * m, a least-squares line through its measured times. No pass spans more than
+    twice the positions timed so far (past them, its cost is a guess). The plan with the most expected tokens per
+    second wins (the rows' own speed), among those that do not lower the batch's throughput: a plan's value is the
+    seconds of plain batched decoding its expected extra tokens save, per second it takes, at least 1 (plain
+    batched decoding's, k = 0). What a row's extra token saves depends on what happens when the row ends:
     - a new request takes its place (a busy server): a plain round's share per row, so the value is the rows'
       tokens per second against plain's;
-    - nobody does (the batch drains): its part of a plain round (what the pass costs per row past one), plus, as
-      far as the row is the one that will end last, a round of the batch alone; which row ends last is a softmax
-      of the rounds each needs at its pace (what it offers to draft). Drafting for some rows while others bound
-      the batch then saves little: it runs where a wider pass costs about nothing, not where it costs its
-      positions.
+    - nobody does (the batch drains): as far as the row is the one that will end last, a round of the batch
+      alone; which row ends last is a softmax of the rounds each needs at its pace (what it offers to draft). A
+      row that ends earlier but not last saves nothing: its place runs along until the batch is packed (`packs`).
+      Drafting for some rows while others bound the batch then saves little: it runs where a wider pass costs
+      about nothing, not where it costs its positions.
     The chance of the first, `refill`, is learned from the rows that left: taken by a row that joined before the
     batch emptied, or not. Until two position counts are timed the planner runs plain rounds, then the widest
-    draft; a draft model drafts until one of its rounds has been timed.
+    draft within reach; a draft model drafts until one of its rounds has been timed.
     """
 
     def __init__(self, k_max: Optional[int] = None, adaptive: bool = True):
@@ -264,8 +265,6 @@ class BatchPlanner:
         if k_model and per_pass is None:  # the draft model drafts once to be timed
             return Plan(widest, True)
         plain, alone, p = self.cost(b, 1), self.cost(1, 1), self.refill
-        live = self.cost(len(rows), 1)
-        share = (live - alone) / (len(rows) - 1) if len(rows) > 1 else 0.0  # a row's part of a plain round
         left = [r.budget - r.stats.generation_tokens for r in rows]
         last = self._last(rows, left)
         best, best_rate = Plan(0), len(rows) / plain
@@ -275,7 +274,7 @@ class BatchPlanner:
                          for r, m, n, s, w in zip(rows, left, lengths, sources, wants)]
                 seconds = self.cost(b, k + 1) + (k * per_pass if model else 0.0)
                 refilled = (sum(gains) - len(rows)) * plain / len(rows)
-                draining = sum((g - 1) * (share + c * alone) for g, c in zip(gains, last))
+                draining = sum((g - 1) * c * alone for g, c in zip(gains, last))
                 value = (plain + p * refilled + (1 - p) * draining) / seconds
                 rate = sum(gains) / seconds
                 if value >= 1 and rate > best_rate:
