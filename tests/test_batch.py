@@ -232,6 +232,27 @@ def test_the_batch_planner_prices_a_pass_by_the_times_measured_for_its_positions
     assert p.cost(8, 1) <= p.cost(14, 1) == pytest.approx(p.cost(16, 1)) == pytest.approx((1.5 + 3 * 0.58) / 4)
 
 
+def test_the_batch_planner_scales_the_rows_estimates_by_what_its_drafting_rounds_delivered():
+    p = BatchPlanner(8)
+    for b in (1, 4, 16):
+        for t in (1, 2, 3, 4):
+            for _ in range(2):
+                p.record(b, t, 0.3 + 0.016 * b * t)
+    p.refilled_w = p.left_w  # a busy server: the rows' tokens per second decide
+    rows = rows_with(0.97, 16)
+    assert p.calibration == 1.0 and p.choose(rows, [3] * 16, ["suffix"] * 16).k == 3
+    promised = p.promised
+    assert promised == pytest.approx(16 * (rows[0].expected(3, "suffix") - 1))
+    p.delivered(promised)  # kept what was promised: nothing changes
+    assert p.calibration == pytest.approx(1.0) and p.choose(rows, [3] * 16, ["suffix"] * 16).k == 3
+    for _ in range(6):  # the rounds keep a tenth of it (the rows' estimates run ahead)
+        p.delivered(p.promised / 10)
+        p.choose(rows, [3] * 16, ["suffix"] * 16)
+    assert p.calibration < 0.5 and p.choose(rows, [3] * 16, ["suffix"] * 16).k == 0
+    p.delivered(0)  # a plain round promised nothing: no evidence either way
+    assert p.promised == 0.0
+
+
 def test_the_batch_planner_packs_the_cache_where_empty_places_cost_more_than_the_copy():
     per_position, launch_bound = BatchPlanner(8), BatchPlanner(8)
     for b in (1, 8, 16):
@@ -259,7 +280,7 @@ def test_the_batch_planner_drafts_for_some_rows_only_where_the_places_of_rows_th
     for r, n in zip(rows, some):  # the rows' paces: ten copy their drafts, six offer none
         for _ in range(20):
             r.offers(n, "suffix")
-    alike = rows_with(0.88, 16)
+    alike = rows_with(0.97, 16)  # rows that copy what they draft
     for r in alike:
         for _ in range(20):
             r.offers(3, "suffix")

@@ -134,7 +134,8 @@ class BatchPlanner:
     twice the positions timed so far (past them, its cost is a guess). The plan with the most expected tokens per
     second wins (the rows' own speed), among those that do not lower the batch's throughput: a plan's value is the
     seconds of plain batched decoding its expected extra tokens save, per second it takes, at least 1 (plain
-    batched decoding's, k = 0). What a row's extra token saves depends on what happens when the row ends:
+    batched decoding's, k = 0). Expected extra tokens are the rows' estimates (`Row.expected`) scaled by what the
+    batch's drafting rounds delivered of what they promised (`calibration`). What a row's extra token saves depends on what happens when the row ends:
     - a new request takes its place (a busy server): a plain round's share per row, so the value is the rows'
       tokens per second against plain's;
     - nobody does (the batch drains): as far as the row is the one that will end last, a round of the batch
@@ -142,8 +143,8 @@ class BatchPlanner:
       row that ends earlier but not last saves nothing: its place runs along until the batch is packed (`packs`).
       Drafting for some rows while others bound the batch then saves little: it runs where a wider pass costs
       about nothing, not where it costs its positions.
-    The chance of the first, `refill`, is learned from the rows that left: taken by a row that joined before the
-    batch emptied, or not. Until two position counts are timed the planner runs plain rounds, then the widest
+    The chance of the first, `refill`, is learned from the rows that left: a row's place counts as not taken from
+    when it leaves until a new row joins. Until two position counts are timed the planner runs plain rounds, then the widest
     draft within reach; a draft model drafts until one of its rounds has been timed.
     """
 
@@ -155,9 +156,13 @@ class BatchPlanner:
         self.curve: Optional[List[Tuple[float, float]]] = None  # (positions, seconds) measured, rising
         self.slope = 0.0  # seconds per position past the measured ones
         self.refilled_w, self.left_w = 0.0, PRIOR_TRIALS  # discounted rows whose place was taken, of those that
-        # left: none until seen, so a batch is priced as draining (drafting pays less there) until rows are replaced
+        # left: none until seen, so a batch is priced as draining (drafting pays less there) until rows are replaced;
+        # places open now count as not taken, so a batch that starts to drain is priced so at once
         self.open = 0  # rows that left and whose place no row has taken yet
         self.copy_rates: List[float] = []  # seconds per row and column of packing the joint cache
+        self.kept_w, self.promised_w = PRIOR_TRIALS, PRIOR_TRIALS  # discounted extra tokens the drafting rounds
+        # delivered and the rows' estimates promised for them
+        self.promised = 0.0  # what the last plan promised (0 for a plain round)
 
     @property
     def refill(self) -> float:
@@ -169,18 +174,16 @@ class BatchPlanner:
         self.left_w = DISCOUNT * self.left_w + 1
 
     def joined(self) -> None:
-        """A row joined: it takes the place of one that left, if one is open."""
+        """A row joined: it takes the place of one that left, if one is open (that row now counts as replaced)."""
         if self.open:
             self.open -= 1
-            self._left_one(True)
+            self.refilled_w = min(self.left_w, self.refilled_w + 1)
 
     def left(self, remaining: int) -> None:
-        """A row left, `remaining` rows stay; when none stays, every open place was never taken."""
-        self.open += 1
-        if not remaining:
-            for _ in range(self.open):
-                self._left_one(False)
-            self.open = 0
+        """A row left, `remaining` rows stay: it counts as not replaced until a row joins (when none stays, its
+        place never will be)."""
+        self._left_one(False)
+        self.open = self.open + 1 if remaining else 0
 
     def record(self, rows: int, width: int, seconds: float) -> None:
         """A round's time; the first round of each (rows, width) is not kept (on a GPU it builds kernels)."""
@@ -201,6 +204,17 @@ class BatchPlanner:
         """A draft phase's time over `members` rows (not called for one that ran a shape for the first time)."""
         self.draft_times.setdefault(members, []).append(seconds / passes)
         del self.draft_times[members][:-TIMINGS]
+
+    @property
+    def calibration(self) -> float:
+        """Extra tokens the drafting rounds delivered per extra token the rows' estimates promised."""
+        return self.kept_w / self.promised_w
+
+    def delivered(self, extra: float) -> None:
+        """The last round's rows kept `extra` tokens past one each (counted where its plan drafted)."""
+        if self.promised:
+            self.kept_w = DISCOUNT * self.kept_w + extra
+            self.promised_w = DISCOUNT * self.promised_w + self.promised
 
     def record_copy(self, positions: int, seconds: float) -> None:
         """A packing of the joint cache: `positions` (rows x columns) copied in `seconds`."""
@@ -246,6 +260,7 @@ class BatchPlanner:
         """This round's plan, given each row's table-lookup draft (its length and source; 0 for none). Rows with a
         `model` and no lookup draft draft with it when the plan says so, in passes over `draft_rows` rows. A pass
         runs over `slots` rows of the cache (the rows, and the empty places of rows that left)."""
+        self.promised = 0.0
         longest = max(lengths, default=0)
         wants = [r.model is not None and n == 0 for r, n in zip(rows, lengths)]
         k_model = max([r.k_max for r, w in zip(rows, wants) if w], default=0)
@@ -267,18 +282,19 @@ class BatchPlanner:
         plain, alone, p = self.cost(b, 1), self.cost(1, 1), self.refill
         left = [r.budget - r.stats.generation_tokens for r in rows]
         last = self._last(rows, left)
-        best, best_rate = Plan(0), len(rows) / plain
+        best, best_rate, cal = Plan(0), len(rows) / plain, self.calibration
         for model in (False, True) if k_model else (False,):
             for k in range(1, min(max(longest, k_model) if model else longest, widest) + 1):
-                gains = [min(m, r.expected(min(k, n), s) if n else r.expected(k, r.model.name) if model and w else 1.0)
-                         for r, m, n, s, w in zip(rows, left, lengths, sources, wants)]
+                promised = [min(m, r.expected(min(k, n), s) if n else r.expected(k, r.model.name) if model and w
+                                else 1.0) for r, m, n, s, w in zip(rows, left, lengths, sources, wants)]
+                gains = [1 + (g - 1) * cal for g in promised]
                 seconds = self.cost(b, k + 1) + (k * per_pass if model else 0.0)
                 refilled = (sum(gains) - len(rows)) * plain / len(rows)
                 draining = sum((g - 1) * c * alone for g, c in zip(gains, last))
                 value = (plain + p * refilled + (1 - p) * draining) / seconds
                 rate = sum(gains) / seconds
                 if value >= 1 and rate > best_rate:
-                    best, best_rate = Plan(k, model), rate
+                    best, best_rate, self.promised = Plan(k, model), rate, sum(promised) - len(rows)
         return best
 
     @staticmethod
@@ -401,6 +417,7 @@ class Batch:
                 r.judge(drafts[i].source, 1, drafts[i].tokens[0] == nxt)
             keep.append(1 + a)
             out[i] = self._deliver(r, t[:a] + [nxt], a)
+        self.planner.delivered(sum(keep) - len(rows))
         drop = [width] * len(self.slots)
         for s, n in zip(at, keep):
             drop[s] = width - n
