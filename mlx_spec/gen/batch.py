@@ -135,7 +135,8 @@ class BatchPlanner:
     second wins (the rows' own speed), among those that do not lower the batch's throughput: a plan's value is the
     seconds of plain batched decoding its expected extra tokens save, per second it takes, at least 1 (plain
     batched decoding's, k = 0). Expected extra tokens are the rows' estimates (`Row.expected`) scaled by what the
-    batch's drafting rounds delivered of what they promised (`calibration`). What a row's extra token saves depends on what happens when the row ends:
+    batch's drafting rounds delivered of what they promised (`calibration`). What a row's extra token saves
+    depends on what happens when the row ends:
     - a new request takes its place (a busy server): a plain round's share per row, so the value is the rows'
       tokens per second against plain's;
     - nobody does (the batch drains): as far as the row is the one that will end last, a round of the batch
@@ -144,8 +145,8 @@ class BatchPlanner:
       Drafting for some rows while others bound the batch then saves little: it runs where a wider pass costs
       about nothing, not where it costs its positions.
     The chance of the first, `refill`, is learned from the rows that left: a row's place counts as not taken from
-    when it leaves until a new row joins. Until two position counts are timed the planner runs plain rounds, then the widest
-    draft within reach; a draft model drafts until one of its rounds has been timed.
+    when it leaves until a new row joins. Until two position counts are timed the planner runs plain rounds, then
+    the widest draft within reach; a draft model drafts until one of its rounds has been timed.
     """
 
     def __init__(self, k_max: Optional[int] = None, adaptive: bool = True):
@@ -342,14 +343,18 @@ class Batch:
         model's goes back to its drafter)."""
         if self.drafting is not None and row in self.drafting:
             self.drafting.leave(row)
-        i = self.slots.index(row)
+        i = self._slot(row)
         out = batch_cache.extract(self.cache, i, len(row.context) - 1)
-        self.rows.remove(row)
+        self.rows = [r for r in self.rows if r is not row]
         self.slots[i] = None  # packed away or taken by a new row later (`_pack`, `add`)
         self.planner.left(len(self.rows))
         if not self.rows:
             self.cache, self.slots = None, []
         return out
+
+    def _slot(self, row: Row) -> int:
+        """The row's row in the joint cache."""
+        return next(i for i, r in enumerate(self.slots) if r is row)
 
     def _pack(self) -> None:
         """Drop the slots of rows that left from the joint cache, where the planner says the copy pays (always
@@ -390,7 +395,7 @@ class Batch:
                     drafts[i], lengths[i] = d, min(k, rooms[i])
         tokens = [list(d.tokens[: min(k, n)]) if d else [] for d, n in zip(drafts, lengths)]
         width = 1 + max(len(t) for t in tokens)
-        at = [self.slots.index(r) for r in rows]  # each row's row in the cache
+        at = [self._slot(r) for r in rows]
         inputs = [[0] * width] * len(self.slots)  # an empty slot runs along; it keeps none of it
         for r, t, s in zip(rows, tokens, at):
             inputs[s] = [r.context[-1]] + t + [r.context[-1]] * (width - 1 - len(t))
@@ -417,7 +422,8 @@ class Batch:
                 r.judge(drafts[i].source, 1, drafts[i].tokens[0] == nxt)
             keep.append(1 + a)
             out[i] = self._deliver(r, t[:a] + [nxt], a)
-        self.planner.delivered(sum(keep) - len(rows))
+        if width > 1:  # a plan that drafted (the context limit may have cut it to none)
+            self.planner.delivered(sum(keep) - len(rows))
         drop = [width] * len(self.slots)
         for s, n in zip(at, keep):
             drop[s] = width - n

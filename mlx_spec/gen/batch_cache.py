@@ -5,7 +5,8 @@ Attention layers use `RaggedKVCache`, mlx-lm's `BatchKVCache` (rows of different
 in its `BatchGenerator`) whose rows may also have gaps: a row rewound further than the others keeps the positions it
 dropped as a gap its attention masks out, so every row ends at the same column again without moving its keys and
 values (`BatchKVCache`'s own way, `prepare(right_padding=...)` then `finalize()`, rolls every row's whole buffer).
-Gaps go when a row leaves (the rows kept are packed again).
+A row that leaves leaves its place (a new row's cache can be written into it, `put`); gaps and places go when
+the batch packs the rows it keeps (`keep_rows`).
 
 Recurrent layers (gated delta nets, Mamba) use `recurrent.RewindableRows`: the rows' states stacked, the batched
 passes recorded, and each row rewound by restoring its state before the pass its kept part ends in and replaying
@@ -31,6 +32,7 @@ class RaggedKVCache(BatchKVCache):
 
     @classmethod
     def of(cls, cache: BatchKVCache) -> "RaggedKVCache":
+        """The same cache (its arrays shared) as a `RaggedKVCache`."""
         out = cls.__new__(cls)
         out.__dict__.update(cache.__dict__)
         out.gaps = getattr(cache, "gaps", None)
@@ -106,12 +108,12 @@ class RaggedKVCache(BatchKVCache):
 
     def extend(self, other):
         a, b = self._idx, other._idx
-        mine, theirs = self._gaps(a), (other._gaps(b) if isinstance(other, RaggedKVCache) else None)
-        had = self.gaps is not None or (theirs is not None and other.gaps is not None)
+        theirs = other.gaps if isinstance(other, RaggedKVCache) else None
+        had = self.gaps is not None or theirs is not None
+        mine = self._gaps(a)
+        theirs = other._gaps(b) if theirs is not None else mx.zeros((other.offset.shape[0], b), dtype=mx.bool_)
         super().extend(other)
         if had:
-            if theirs is None:
-                theirs = mx.zeros((other.offset.shape[0], b), dtype=mx.bool_)
             m = self._idx
             self.gaps = mx.concatenate([mx.pad(mine, [(0, 0), (m - a, 0)]), mx.pad(theirs, [(0, 0), (m - b, 0)])])
 
