@@ -110,6 +110,26 @@ def test_rows_drafting_with_a_view_of_the_target_in_one_batched_pass_equal_their
     assert rows[3].stats.proposed == 0  # another view of the target than the batch's: no drafts of its own
 
 
+def test_a_row_taking_the_place_of_one_that_left_drafts_from_its_own_row_of_the_cache(target):
+    b, outs = Batch(target, 3, adaptive=False), {}
+    plan = [(REPEATING, 12), (PROMPT, 2), ([2, 2, 1, 0, 2, 2, 1], 12), ([0, 1], 10)]
+    rows = []
+    for p, m in plan[:3]:  # every row drafts with all of the target's layers: each draft token is the target's
+        r, cache = row(target, p, SelfDrafter(target, [0, 1], V), m, k=3)
+        b.add(r, cache)
+        rows.append(r)
+    while not rows[1].done:
+        run(b, outs, rounds=1)
+    r, cache = row(target, plan[3][0], SelfDrafter(target, [0, 1], V), plan[3][1], k=3)
+    b.add(r, cache)  # into the place the second row left, between two rounds: no packing before the view drafts
+    rows.append(r)
+    assert b.slots == [rows[0], rows[3], rows[2]]
+    run(b, outs)
+    for r, (p, m) in zip(rows, plan):
+        assert outs[id(r)] == plain_greedy(target, p, m)
+        assert r.stats.proposed > 0 and r.stats.accepted == r.stats.proposed  # drafted from its own context
+
+
 def test_a_batch_of_quant_self_rows_drafts_with_one_shared_copy_and_each_row_equals_its_solo_run(tiny_models):
     from mlx_spec.named import load_model
 

@@ -314,11 +314,15 @@ class Batch:
 
     def __init__(self, model, k_max: Optional[int] = None, adaptive: bool = True):
         self.model, self.limit = model, context_limit(model)
-        self.rows: List[Row] = []
         self.cache: Optional[list] = None  # the joint target cache (`batch_cache`)
         self.slots: List[Optional[Row]] = []  # the row in each row of the cache; None where one left (`_pack`)
         self.planner = BatchPlanner(k_max, adaptive)
         self.drafting = None  # the first drafting row's draft model (`BatchDraft`) or target view (`SelfDraft`)
+
+    @property
+    def rows(self) -> List[Row]:
+        """The rows, in the order of the cache's rows."""
+        return [r for r in self.slots if r is not None]
 
     def add(self, row: Row, cache: list) -> None:
         """Join a row whose `cache` holds its context minus the last token: into the place of a row that left
@@ -329,11 +333,11 @@ class Batch:
         else:
             self.cache = batch_cache.join(self.cache, cache)
             self.slots.append(row)
-        self.rows.append(row)
         self.planner.joined()
         for part in row.sources():
             part.reset(row.context, None)
-        if row.model is not None and not any(r.model is not None for r in self.rows[:-1]):  # the first decides
+        others = [r for r in self.rows if r is not row]
+        if row.model is not None and not any(r.model is not None for r in others):  # the first decides
             self.drafting = SelfDraft(row.model) if row.model.in_target_cache else BatchDraft(row.model.model)
         if row.model is not None and not self.drafting.takes(row.model, self.cache):
             row.model = None  # one draft model or view per batch: another row's drafts with its lookups
@@ -343,34 +347,31 @@ class Batch:
         model's goes back to its drafter)."""
         if self.drafting is not None and row in self.drafting:
             self.drafting.leave(row)
-        i = self._slot(row)
+        i = next(j for j, r in enumerate(self.slots) if r is row)
         out = batch_cache.extract(self.cache, i, len(row.context) - 1)
-        self.rows = [r for r in self.rows if r is not row]
         self.slots[i] = None  # packed away or taken by a new row later (`_pack`, `add`)
-        self.planner.left(len(self.rows))
-        if not self.rows:
+        staying = len(self.rows)
+        self.planner.left(staying)
+        if not staying:
             self.cache, self.slots = None, []
         return out
-
-    def _slot(self, row: Row) -> int:
-        """The row's row in the joint cache."""
-        return next(i for i, r in enumerate(self.slots) if r is row)
 
     def _pack(self) -> None:
         """Drop the slots of rows that left from the joint cache, where the planner says the copy pays (always
         before a view of the target drafts: it drafts for every row of the cache)."""
-        if len(self.slots) == len(self.rows):
+        rows = self.rows
+        if len(self.slots) == len(rows):
             return
-        rounds = max((r.budget - r.stats.generation_tokens) / r.pace for r in self.rows)
-        positions = len(self.rows) * batch_cache.columns(self.cache)
+        rounds = max((r.budget - r.stats.generation_tokens) / r.pace for r in rows)
+        positions = len(rows) * batch_cache.columns(self.cache)
         if not isinstance(self.drafting, SelfDraft) and not self.planner.packs(
-                len(self.slots), len(self.rows), positions, rounds):
+                len(self.slots), len(rows), positions, rounds):
             return
         start = time.perf_counter()
         batch_cache.keep_rows(self.cache, [i for i, r in enumerate(self.slots) if r is not None])
         mx.eval([c.state for c in self.cache])
         self.planner.record_copy(positions, time.perf_counter() - start)
-        self.slots = [r for r in self.slots if r is not None]
+        self.slots = rows
 
     def round(self) -> Dict[int, List[Step]]:
         """One round for every row: {row index: the steps it produced}. Finished rows are marked `done`."""
@@ -395,7 +396,7 @@ class Batch:
                     drafts[i], lengths[i] = d, min(k, rooms[i])
         tokens = [list(d.tokens[: min(k, n)]) if d else [] for d, n in zip(drafts, lengths)]
         width = 1 + max(len(t) for t in tokens)
-        at = [self._slot(r) for r in rows]
+        at = [i for i, r in enumerate(self.slots) if r is not None]  # each row's row in the cache
         inputs = [[0] * width] * len(self.slots)  # an empty slot runs along; it keeps none of it
         for r, t, s in zip(rows, tokens, at):
             inputs[s] = [r.context[-1]] + t + [r.context[-1]] * (width - 1 - len(t))

@@ -35,7 +35,6 @@ class RaggedKVCache(BatchKVCache):
         """The same cache (its arrays shared) as a `RaggedKVCache`."""
         out = cls.__new__(cls)
         out.__dict__.update(cache.__dict__)
-        out.gaps = getattr(cache, "gaps", None)
         return out
 
     def _gaps(self, width: int) -> mx.array:
@@ -108,14 +107,14 @@ class RaggedKVCache(BatchKVCache):
 
     def extend(self, other):
         a, b = self._idx, other._idx
-        theirs = other.gaps if isinstance(other, RaggedKVCache) else None
-        had = self.gaps is not None or theirs is not None
-        mine = self._gaps(a)
-        theirs = other._gaps(b) if theirs is not None else mx.zeros((other.offset.shape[0], b), dtype=mx.bool_)
+        ragged = isinstance(other, RaggedKVCache) and other.gaps is not None
+        if self.gaps is None and not ragged:
+            return super().extend(other)
+        mine = self._gaps(a)  # taken before the rows are joined (`_gaps` sizes by the rows)
+        theirs = other._gaps(b) if ragged else mx.zeros((other.offset.shape[0], b), dtype=mx.bool_)
         super().extend(other)
-        if had:
-            m = self._idx
-            self.gaps = mx.concatenate([mx.pad(mine, [(0, 0), (m - a, 0)]), mx.pad(theirs, [(0, 0), (m - b, 0)])])
+        m = self._idx
+        self.gaps = mx.concatenate([mx.pad(mine, [(0, 0), (m - a, 0)]), mx.pad(theirs, [(0, 0), (m - b, 0)])])
 
 
 def batchable(cache: Sequence) -> bool:
