@@ -131,7 +131,7 @@ def test_bad_settings_print_one_line_and_change_nothing(chat):
     assert run(chat, "/nope").startswith("unknown command /nope")
     run(chat, "/temp 0.7")
     run(chat, "/k 3")
-    assert chat.settings.temp == 0.7 and chat.session.planner.k_max == 3
+    assert chat.settings.temp == 0.7 and chat.session.num_draft == 3
 
 
 def test_draft_off_on_and_switch_keep_the_conversation(chat):

@@ -6,6 +6,7 @@ import pytest
 from mlx_spec.gen.drafters.model import ModelDrafter
 from mlx_spec.gen.engine import Stats, speculative_generate_step
 from mlx_spec.gen.planner import PLAIN, Plan, Planner
+from mlx_spec.gen.sampling import Sampler
 from mlx_spec.gen.tunables import HINDSIGHT_MIN
 from mlx_spec.named import load_model
 
@@ -76,26 +77,27 @@ def test_nothing_is_judged_under_sampling_or_on_a_short_catch_up(pair):
     v = target.args.vocab_size
     d = ModelDrafter(draft, v)
     d.reset(prompt)
-    assert d.propose(prompt + out, 2, probs_fn=lambda logits: mx.softmax(logits)).hindsight is None
+    assert d.propose(prompt + out, 2, Sampler(temp=1.0)).hindsight is None
     d = ModelDrafter(draft, v)
     d.reset(prompt)
     assert d.propose(prompt + out[: HINDSIGHT_MIN - 1], 2).hindsight is None  # the prompt itself is never judged
 
 
 class PlainThenModel(Planner):
-    """Plain steps for the first `wait` rounds, then drafts of 2 from the model."""
+    """Plain steps for the first `wait` rounds, then drafts of 2 from the model; keeps the hindsight it is told."""
 
     def __init__(self, wait):
-        super().__init__(2)
+        super().__init__()
         self.wait, self.rounds, self.seen = wait, 0, []
 
-    def plan(self, offers, room, behind=None, free=()):
+    def plan(self, asks, places=None, pad=False):
         self.rounds += 1
-        return PLAIN if self.rounds <= self.wait else Plan("model", min(2, room), min(2, room) + 1)
+        k = min(2, asks[0].cap)
+        return PLAIN if self.rounds <= self.wait or not k else Plan(k, ("model",), k + 1)
 
-    def hindsight(self, source, matches):
-        self.seen.append((source, list(matches)))
-        super().hindsight(source, matches)
+    def record(self, plan, places, seconds, outcomes, warm=True, promised=0.0):
+        self.seen += [(o.source, list(o.hindsight[0])) for o in outcomes if o.hindsight is not None]
+        super().record(plan, places, seconds, outcomes, warm, promised)
 
 
 def test_the_engine_hands_the_hindsight_to_the_planner_and_stays_lossless(pair):

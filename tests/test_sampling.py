@@ -69,7 +69,7 @@ def test_a_padded_verify_pass_keeps_the_target_law(pair):
     from test_speculative import Padding
 
     target, draft = pair
-    ok, stat, crit = check(target, ModelDrafter(draft, V), dict(temp=1.0), planner=Padding(2, adaptive=False))
+    ok, stat, crit = check(target, ModelDrafter(draft, V), dict(temp=1.0), planner=Padding(adaptive=False))
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 

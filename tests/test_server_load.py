@@ -10,8 +10,8 @@ import openai
 import pytest
 from conftest import health, wait_for
 
-from mlx_spec.gen.batch import Batch, BatchPlanner
-from mlx_spec.gen.batch_draft import BatchDraft, SelfDraft
+from mlx_spec.gen.engine import Engine
+from mlx_spec.gen.planner import Planner
 from mlx_spec_apps.server.app import build_app
 from mlx_spec_apps.server.main import Running
 from mlx_spec_apps.server.pair import Pair
@@ -44,20 +44,25 @@ def slow_pair(pair, draft, pause=0.02):
     return Pair(pair.model_spec, draft, Slow(pair.target, pause), pair.tokenizer)
 
 
-def ask(url, prompt, stream, max_tokens=24):
-    """One client's request, greedy; its text."""
+def ask(url, prompt, stream, max_tokens=24, stats=False):
+    """One client's request, greedy; its text (stats: with the reply's speculative statistics)."""
     client = openai.OpenAI(base_url=url + "v1", api_key="unused", max_retries=0, timeout=60)
     msgs = [{"role": "user", "content": prompt}]
     r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=max_tokens, temperature=0, stream=stream)
     if stream:
-        return "".join(c.choices[0].delta.content or "" for c in r if c.choices)
-    return r.choices[0].message.content
+        chunks = list(r)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        extra = next((c.model_extra["mlx_spec"] for c in reversed(chunks) if "mlx_spec" in (c.model_extra or {})),
+                     None)
+    else:
+        text, extra = r.choices[0].message.content, r.model_extra["mlx_spec"]
+    return (text, extra) if stats else text
 
 
 @pytest.fixture
 def always_batch(monkeypatch):
     """Requests join the batch whatever round costs this machine measures (the tests are about batched outputs)."""
-    monkeypatch.setattr(BatchPlanner, "pays", lambda self, rows: True)
+    monkeypatch.setattr(Planner, "pays", lambda self, rows: True)
 
 
 def test_eight_concurrent_clients_each_get_their_lone_output(served_pair, always_batch):
@@ -135,10 +140,6 @@ def test_a_client_that_disconnects_stops_its_generation_within_one_round_and_fre
 def test_four_batched_requests_of_other_lengths_drafters_and_finishes_each_equal_their_solo_run(tiny_models,
                                                                                                 always_batch,
                                                                                                 monkeypatch):
-    passes = []  # draft-model drafts for the batch: (rows, k)
-    real = BatchDraft.draft
-    monkeypatch.setattr(BatchDraft, "draft", lambda self, joint, rows, k: passes.append((len(self.rows), k))
-                        or real(self, joint, rows, k))
     target, draft = str(tiny_models["qwen2"]), str(tiny_models["qwen2_draft"])
     pair = Pair.load(target, draft, num_draft=3)
     pair = Pair(pair.model_spec, draft, Slow(pair.target, 0.01), pair.tokenizer, pair.loaded, num_draft=3)
@@ -160,7 +161,7 @@ def test_four_batched_requests_of_other_lengths_drafters_and_finishes_each_equal
 
     with Running(build_app(pair, max_concurrency=8, max_tokens=40)) as srv:
         asks[3][1]["stop"] = [post(srv.url, *asks[3])[0][10:13]]  # a piece of its own reply: it ends there
-        alone = [post(srv.url, k, b) for k, b in asks[:5]]  # one at a time: the single-stream engine
+        alone = [post(srv.url, k, b) for k, b in asks[:5]]  # one at a time: each alone in its rounds
         assert not any(q["batched"] for q in health(srv)["requests"])
         results, threads = {}, []
         for i, (kind, body) in enumerate(asks):
@@ -171,12 +172,12 @@ def test_four_batched_requests_of_other_lengths_drafters_and_finishes_each_equal
         for t in threads:
             t.join(90)
         h = wait_for(srv, lambda h: h["active"] == 0)
-        assert all(q["batched"] for q in h["requests"][-6:]) and h["failed"] == 0  # the first moved in when the second came
+        assert all(q["batched"] for q in h["requests"][-6:]) and h["failed"] == 0  # each shared rounds with others
         for i in range(5):
             assert results[i][:2] == alone[i][:2], i  # text and finish reason
         assert {r[1] for r in alone} == {"length", "stop"}
         assert results[5][2]["generation_tokens"] > 0  # a sampling row beside them
-        assert max(rows for rows, _ in passes) >= 2  # the draft model drafted for several rows in one pass
+        assert results[0][2]["drafted_together"] >= 2  # the draft model drafted for several rows in one pass
 
 
 def test_a_batched_client_that_disconnects_leaves_the_batch_and_the_others_finish_as_alone(served_pair, always_batch):
@@ -193,7 +194,7 @@ def test_a_batched_client_that_disconnects_leaves_the_batch_and_the_others_finis
                 job_id = json.loads(next(lines)[5:])["id"]
                 for t in threads:
                     t.start()
-                wait_for(srv, lambda h: h["batched"] == 3)  # the streaming one moved in when the others came
+                wait_for(srv, lambda h: h["batched"] == 3)  # the others joined the streaming one's rounds
                 assert sum(1 for _, _ in zip(range(4), lines)) == 4
         h = wait_for(srv, lambda h: any(q["id"] == job_id and q["state"] == "cancelled" for q in h["requests"]))
         assert next(q for q in h["requests"] if q["id"] == job_id)["rounds_after_cancel"] <= 1
@@ -204,12 +205,12 @@ def test_a_batched_client_that_disconnects_leaves_the_batch_and_the_others_finis
         assert h["batched"] == 0 and h["failed"] == 0 and h["sessions"]["total"] == 2  # its session was freed
 
 
-def alone_then_together(srv, n, gap=0.0):
+def alone_then_together(srv, n, gap=0.0, stats=False):
     """The first n prompts one at a time, then all at once (`gap` s apart; the second streamed), 30 tokens each:
-    (their replies alone, together, the health once idle)."""
-    alone = [ask(srv.url, p, stream=False, max_tokens=30) for p in PROMPTS[:n]]
+    (their replies alone, together, the health once idle); stats: each reply with its statistics."""
+    alone = [ask(srv.url, p, stream=False, max_tokens=30, stats=stats) for p in PROMPTS[:n]]
     results = {}
-    threads = [threading.Thread(target=lambda i=i: results.update({i: ask(srv.url, PROMPTS[i], i == 1, 30)}))
+    threads = [threading.Thread(target=lambda i=i: results.update({i: ask(srv.url, PROMPTS[i], i == 1, 30, stats)}))
                for i in range(n)]
     for t in threads:
         t.start()
@@ -234,14 +235,12 @@ def test_requests_on_a_hybrid_recurrent_model_batch_and_each_equal_their_solo_ru
 @pytest.mark.parametrize("draft", ["self:0-1", "quant-self:int4"])
 def test_requests_drafting_with_a_view_of_the_target_draft_together_and_each_equal_their_solo_run(
         tiny_models, always_batch, monkeypatch, draft):
-    passes = []  # the view's drafts for the batch: rows that drafted
-    real_draft, real_round = SelfDraft.draft, Batch.round
-    monkeypatch.setattr(SelfDraft, "draft", lambda self, joint, rows, k: passes.append(
-        len(d := real_draft(self, joint, rows, k))) or d)
-    monkeypatch.setattr(Batch, "round", lambda self: time.sleep(0.01) or real_round(self))  # rounds to watch
+    real_round = Engine.round
+    monkeypatch.setattr(Engine, "round", lambda self: time.sleep(0.01) or real_round(self))  # rounds to watch
     pair = Pair.load(str(tiny_models["qwen2"]), draft, num_draft=3)
     pair.adaptive = False  # every round drafts what its rows offer
     with Running(build_app(pair, max_concurrency=4, max_tokens=30)) as srv:
-        alone, together, h = alone_then_together(srv, 4)
-        assert together == alone and h["failed"] == 0
-        assert sum(q["batched"] for q in h["requests"][-4:]) >= 2 and max(passes) >= 2  # drafted for rows together
+        alone, together, h = alone_then_together(srv, 4, stats=True)
+        assert [t[0] for t in together] == [a[0] for a in alone] and h["failed"] == 0
+        assert sum(q["batched"] for q in h["requests"][-4:]) >= 2
+        assert max(t[1]["drafted_together"] for t in together) >= 2  # the view drafted for rows together

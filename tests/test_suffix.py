@@ -51,25 +51,25 @@ def test_the_most_frequent_continuation_is_drafted():
     a, x = [1, 2, 3], [9]
     text = a + [5, 6] + x + a + [5, 6] + x + a + [8] + x + a
     d = SuffixDrafter()
-    draft = d.propose(text, 8).tokens
+    draft = d.propose(text, 8).tokens.tolist()
     assert draft[:2] == [5, 6]  # after 1 2 3: "5 6" twice, "8" once
 
 
 def test_a_long_match_drafts_long_and_a_short_one_short():
     body = list(range(100, 140))
     d = SuffixDrafter()
-    long = d.propose([1, 2] + body + [3] + body[:20], 24).tokens
+    long = d.propose([1, 2] + body + [3] + body[:20], 24).tokens.tolist()
     assert long == (body[20:] + [3] + body)[:24]  # the copy goes on past the span, as it did before: k caps it
-    short = SuffixDrafter().propose([5, 6, 50, 51, 52, 9, 9, 50, 51], 24).tokens
+    short = SuffixDrafter().propose([5, 6, 50, 51, 52, 9, 9, 50, 51], 24).tokens.tolist()
     assert short == [52, 9, 9, 50][: int(ALPHA * 2)]  # a 2-token match drafts at most alpha * 2 tokens
-    assert SuffixDrafter().propose([1, 2, 3, 4], 24).tokens == []  # nothing seen before
+    assert SuffixDrafter().propose([1, 2, 3, 4], 24).tokens.tolist() == []  # nothing seen before
 
 
 def test_a_rewritten_context_is_indexed_again():
     d = SuffixDrafter()
     d.reset([1, 2, 3, 1, 2], None)
-    assert d.propose([1, 2, 3, 1, 2], 4).tokens[:1] == [3]
-    assert d.propose([4, 5, 6, 4, 5], 4).tokens[:1] == [6]  # not an extension: rebuilt
+    assert d.propose([1, 2, 3, 1, 2], 4).tokens.tolist()[:1] == [3]
+    assert d.propose([4, 5, 6, 4, 5], 4).tokens.tolist()[:1] == [6]  # not an extension: rebuilt
     assert d.index.tokens == [4, 5, 6, 4, 5]
 
 

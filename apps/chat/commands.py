@@ -25,7 +25,7 @@ def _number(arg: str, kind, what: str):
 
 def draft(chat: Chat, arg: str, echo: Echo) -> None:
     if arg == "":
-        echo(f"drafter: {chat.draft_name}, K {chat.session.planner.k_max}" if chat.drafting else "drafter: off")
+        echo(f"drafter: {chat.draft_name}, K {chat.session.num_draft}" if chat.drafting else "drafter: off")
     elif arg == "off":
         chat.draft_off()
         echo("drafter off: plain decoding (/draft on brings it back)")
@@ -35,7 +35,7 @@ def draft(chat: Chat, arg: str, echo: Echo) -> None:
         echo(f"drafter on: {chat.draft_name}")
     else:
         chat.set_draft(arg)
-        echo(f"drafter: {chat.draft_name}" + (f", K {chat.session.planner.k_max}" if chat.drafting else "")
+        echo(f"drafter: {chat.draft_name}" + (f", K {chat.session.num_draft}" if chat.drafting else "")
              + " (the conversation is kept)")
 
 

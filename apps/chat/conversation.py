@@ -155,7 +155,7 @@ class Chat:
     def compare(self) -> Iterator[Event]:
         """Events of the last reply regenerated with plain decoding, as many tokens as it had; the drafter stays."""
         last = self.last
-        keep = self.session.drafter, self.session.planner.k_max
+        keep = self.session.drafter, self.session.num_draft
         self.session.set_drafter(None)
         events = self._events(last.prompt_ids, len(last.tokens))
         try:

@@ -62,7 +62,7 @@ def run(*, model: str, draft, system: Optional[str] = None, num_draft: Optional[
     settings = Settings(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, num_draft=num_draft)
     chat = Chat(session, model, str(draft) if drafter is not None else "none", settings, loader, system=system)
     read = line_reader()
-    k = f", K {session.planner.k_max}" if chat.drafting else ""
+    k = f", K {session.num_draft}" if chat.drafting else ""
     _echo(f"chat with {short_name(model)} on {describe()}, drafter {chat.draft_name}{k}. "
           "/help lists commands; Ctrl-C stops a reply, Ctrl-D exits.")
     while True:

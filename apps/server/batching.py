@@ -1,23 +1,23 @@
-"""The server's batched rounds: requests that start while others generate join one `gen.batch.Batch`, whose every
-round verifies all of them in one target forward pass (their draft model or view of the target, if their drafter has
-one, drafting for all of them in one pass per position); each keeps its own session, sampling rule and stats.
+"""The server's rows: every request is a row of an engine (`gen.engine.Engine`), whose every round verifies all its
+rows in one target forward pass (their draft model or view of the target, if their drafter has one, drafting for all
+of them in one pass per position); each keeps its own session, sampling rule (a seed included) and stats.
 
-A request joins when it has no seed (a seeded request reseeds per turn, which one shared round cannot do), its
-session's target cache can batch (`batch_cache.batchable`), and the batch's measured round costs say a batched round
-is cheaper than as many single ones (`BatchPlanner.pays`: where a pass costs its positions, requests keep their own
-turns). Its prompt goes in a chunk per round, beside the running rows; it stays in the batch to its end and leaves
-with its caches back in its session, so the conversation's next turn reuses them. A request that starts alone runs
-the single-stream engine: at one client the server is the engine; when a second one comes, the first moves into the
-batch between two of its tokens (its engine closed, its caches exact, its text and counters carried over).
+Requests share one engine. A request whose cache cannot sit beside others (a sliding window) gets an engine of its
+own, and so does every request where the measured round costs say a pass over several rows costs as much as one
+over each (`Planner.pays`: the rows then take turns, an engine each) or the server runs with `--no-batch`. A request
+stays in its engine from its first token to its last. Its prompt goes in a chunk per round, beside the running rows;
+it leaves with its caches back in its session, so the conversation's next turn reuses them.
 """
 
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Tuple
 
-from mlx_spec.gen.batch import Batch, Row
-from mlx_spec.gen.batch_cache import batchable
-from mlx_spec.gen.engine import context_limit
-from mlx_spec.gen.sampling import make_probs_fn
+from mlx_spec.errors import GenerationError
+
+from mlx_spec.gen.engine import Engine, context_limit
+from mlx_spec.gen.joint import batchable
+from mlx_spec.gen.rows import Row
+from mlx_spec.gen.sampling import Sampler
 from mlx_spec.gen.stats import Stats
 from mlx_spec.gen.stream import Event
 from mlx_spec.gen.tunables import PREFILL_STEP
@@ -25,31 +25,29 @@ from mlx_spec.gen.tunables import PREFILL_STEP
 
 @dataclass
 class Member:
-    """A request in the batch: its row and its own streaming detokenizer."""
+    """A request in an engine: its row, its engine and its own streaming detokenizer."""
 
     row: Row
+    engine: Engine
     detok: object
-    pending: str = ""  # text owed from before it joined, sent with its next token
 
 
 @dataclass
 class Joining:
-    """A request on its way into the batch: its prefill, and what it brings from the engine if it was generating."""
+    """A request on its way into an engine: its prefill under way, a chunk per round."""
 
     prefill: Iterator[Tuple[bool, int]]
-    context: List[int]
-    produced: List[int]
-    stats: Optional[Stats]
-    sent: str
-    probs_fn: object
+    engine: Engine
+    sampler: Sampler
 
 
 class Batcher:
-    """The batch and which request each of its rows serves."""
+    """The engines and which request each of their rows serves."""
 
-    def __init__(self, pair, chunk: int = PREFILL_STEP):
-        self.pair, self.chunk = pair, chunk
-        self.batch = Batch(pair.target, adaptive=pair.adaptive)
+    def __init__(self, pair, batch: bool = True, chunk: int = PREFILL_STEP):
+        self.pair, self.batch, self.chunk = pair, batch, chunk
+        self.shared = Engine(pair.target)
+        self.shared.planner.adaptive = pair.adaptive
         self.members: Dict[object, Member] = {}  # job -> member
         self.joining: Dict[object, Joining] = {}  # job -> its prefill under way, in arrival order
 
@@ -59,53 +57,71 @@ class Batcher:
     def __contains__(self, job) -> bool:
         return job in self.members or job in self.joining
 
-    def can_join(self, job, rows: int) -> bool:
-        """A request without a seed, on a cache that can batch (plain KV or rewindable recurrent layers), where the
-        measured round costs say a batch of `rows` rows pays."""
-        return (job.params.seed is None and batchable(job.session.cache)
-                and self.batch.planner.pays(max(2, rows)))
+    def shared_rows(self) -> int:
+        """Requests in the shared engine or joining it."""
+        return sum(x.engine is self.shared for x in list(self.members.values()) + list(self.joining.values()))
 
-    def join(self, job, produced: Optional[List[int]] = None, stats: Optional[Stats] = None, sent: str = "") -> None:
-        """Queue the request to join: its prompt is prefilled on its session (reusing the cached prefix) a chunk
-        per round (`step_joins`), beside the running rows, then it becomes a row.
+    @property
+    def engines(self) -> List[Engine]:
+        """Every engine with a row or a row on its way, the shared one first."""
+        seen = {id(self.shared): self.shared}
+        for x in list(self.members.values()) + list(self.joining.values()):
+            seen.setdefault(id(x.engine), x.engine)
+        return list(seen.values())
 
-        A request that was generating alone (its engine generator closed, so its session's cache holds the
-        context minus the last token) joins with what it `produced`, its `stats` and the text it `sent`."""
-        p = job.params
-        probs_fn = make_probs_fn(p.temp, p.top_p, p.top_k)  # a bad option fails here, before the batch sees it
-        context = list(job.ids) + list(produced or [])
-        self.joining[job] = Joining(job.session.prefill(context, self.chunk), context, list(produced or []), stats,
-                                    sent, probs_fn)
+    def join(self, job) -> bool:
+        """Queue the request to join an engine: its prompt is prefilled on its session (reusing the cached prefix) a
+        chunk per round (`step_joins`), beside the running rows, then it becomes a row. A bad option fails here.
+        Returns whether it joins the shared engine."""
+        p, limit = job.params, context_limit(self.pair.target)
+        sampler = Sampler(p.temp, p.top_p, p.top_k, p.seed)
+        if not job.ids:
+            raise GenerationError("the prompt is empty")
+        if limit is not None and len(job.ids) >= limit:
+            raise GenerationError(f"the prompt has {len(job.ids)} tokens but the model's context is {limit}")
+        rows = len(self.shared.rows) + sum(j.engine is self.shared for j in self.joining.values()) + 1
+        together = self.batch and batchable(job.session.cache) and self.shared.planner.pays(rows)
+        engine = self.shared if together else Engine(self.pair.target, self.shared.planner)
+        engine.hold = True  # no step queued ahead: the row joins between two rounds
+        self.joining[job] = Joining(job.session.prefill(job.ids, self.chunk), engine, sampler)
+        return together
 
-    def step_joins(self) -> None:
-        """One prefill chunk of the first request waiting to join; a request whose prompt is in becomes a row."""
+    def step_joins(self) -> List[Tuple[object, Exception]]:
+        """One prefill chunk of the first request waiting to join; a request whose prompt is in becomes a row
+        (once its engine queued nothing ahead). Returns the requests whose prefill failed, with the error (they
+        are gone; the others go on)."""
+        failed = []
         for job, j in list(self.joining.items()):
-            done, cached = next(j.prefill)
-            if done:
-                del self.joining[job]
-                self._add(job, j, cached)
-                continue  # nothing was prefilled (a request moved in from the engine): the next one may go too
-            return
+            if j.engine.pending is not None:
+                continue
+            try:
+                done, cached = next(j.prefill)
+                if done:
+                    del self.joining[job]
+                    self._add(job, j, cached)
+            except Exception as e:
+                self.joining.pop(job, None)
+                failed.append((job, e))
+                continue
+            if not done:
+                break
+        for e in self.engines:
+            e.hold = any(j.engine is e for j in self.joining.values())
+        return failed
 
-    def _add(self, job, j: "Joining", cached: int) -> None:
-        p, session, stats = job.params, job.session, j.stats
-        if stats is None:
-            stats = Stats()
-            stats.prompt_tokens, stats.prompt_cached = len(job.ids), cached
+    def _add(self, job, j: Joining, cached: int) -> None:
+        p, session = job.params, job.session
+        stats = Stats()
+        stats.prompt_tokens, stats.prompt_cached = len(job.ids), cached
         budget, at_limit, limit = p.max_tokens, "length", context_limit(self.pair.target)
         if limit is not None and limit - len(job.ids) < budget:
             budget, at_limit = limit - len(job.ids), "context"
-        row = Row(j.context, session.drafter, j.probs_fn, budget, at_limit,
-                  frozenset(self.pair.tokenizer.eos_token_ids), session.planner.k_max, stats=stats)
+        row = Row(list(job.ids), session.drafter, j.sampler, budget, at_limit,
+                  frozenset(self.pair.tokenizer.eos_token_ids), session.num_draft, stats, session.accept)
+        j.engine.add(row, session.cache)
         detok = self.pair.tokenizer.detokenizer
-        for t in j.produced:
-            if t not in row.eos:
-                detok.add_token(t)
-        pending = detok.last_segment[len(j.sent):]  # text held back mid-character when it left the engine
-        if j.produced:
-            row.first_at = row.started - stats.generation_time
-        self.batch.add(row, session.cache)
-        self.members[job] = Member(row, detok, pending)
+        detok.reset()
+        self.members[job] = Member(row, j.engine, detok)
 
     def leave(self, job) -> None:
         """Take the request's row out; its session gets the row's cache (context minus the last token). One still
@@ -114,36 +130,34 @@ class Batcher:
             self.joining.pop(job).prefill.close()
             return
         member = self.members.pop(job)
-        cache = self.batch.remove(member.row)
+        cache = member.engine.remove(member.row)
         job.session.restore(cache, member.row.context[:-1])
 
-    def round(self) -> List[Tuple[object, Event]]:
-        """A prefill chunk of a joining request, then one batched round: every member's new tokens, as the
-        single-stream engine's events."""
-        self.step_joins()
-        if not self.batch.rows:
-            return []
+    def round(self, engine: Engine) -> List[Tuple[object, Event]]:
+        """One round of an engine: every member's new tokens, as events."""
         jobs = {id(m.row): job for job, m in self.members.items()}
         out = []
-        for i, steps in self.batch.round().items():
-            row = self.batch.rows[i]
-            job = jobs[id(row)]
-            member = self.members[job]
-            for s in steps:
-                if s.token not in row.eos:
-                    member.detok.add_token(s.token)
-                if s.finish_reason:
-                    member.detok.finalize()
-                text, member.pending = member.pending + member.detok.last_segment, ""
-                out.append((job, Event(s.token, text, s.from_draft, row.stats, s.finish_reason)))
+        rows = engine.rows
+        if rows:
+            for i, steps in engine.round().items():
+                job = jobs[id(rows[i])]
+                member = self.members[job]
+                for s in steps:
+                    if s.token not in member.row.eos:
+                        member.detok.add_token(s.token)
+                    if s.finish_reason:
+                        member.detok.finalize()
+                    out.append((job, Event(s.token, member.detok.last_segment, s.from_draft, member.row.stats,
+                                           s.finish_reason)))
         return out
 
-    def clear(self) -> List[object]:
-        """Forget every row (after a failed round): the jobs that were in it or joining it."""
-        jobs = list(self.members) + list(self.joining)
-        for j in self.joining.values():
-            j.prefill.close()
-        self.members.clear()
-        self.joining.clear()
-        self.batch = Batch(self.pair.target, adaptive=self.pair.adaptive)
+    def clear(self, engine: Engine) -> List[object]:
+        """Forget an engine after a failed round: the jobs that were in it or joining it."""
+        jobs = [job for job, x in list(self.members.items()) + list(self.joining.items()) if x.engine is engine]
+        for job in jobs:
+            x = self.members.pop(job, None) or self.joining.pop(job)
+            if isinstance(x, Joining):
+                x.prefill.close()
+        if engine is self.shared:
+            self.shared = Engine(self.pair.target, self.shared.planner)
         return jobs

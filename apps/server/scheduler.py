@@ -1,16 +1,12 @@
-"""The one thread that runs the models: admits jobs FIFO, advances the active ones in turn, one event each.
+"""The one thread that runs the models: admits jobs FIFO and runs their engines' rounds.
 
-MLX must not compute from several threads at once, so every forward pass happens here. Each active job
-has its own `Session`; one turn asks its generator for one event, which runs a speculative round when
-the last one's tokens are used up and otherwise hands out an already verified token for free. Turns
-go round-robin, so a short request is never stuck behind a long one and every request keeps
-speculating. A request that starts while others generate joins the batch instead (`batching.py`):
-one batched round per turn advances all its rows in one forward pass. A cancelled job is closed at
-its next turn, so it stops within one round, and its session (with its caches) is freed.
+MLX must not compute from several threads at once, so every forward pass happens here. Each active job has its own
+`Session` and is a row of an engine (`batching.py`): requests share one, whose every round advances all of them in one
+forward pass, and a request that cannot sit beside others has its own, the engines taking turns. A cancelled job is
+closed before the next round, so it stops within one round, and its session (with its caches) is freed.
 """
 
 import logging
-import random
 import threading
 import time
 from collections import deque
@@ -30,7 +26,6 @@ from .stops import Mark, Piece, StopText
 
 QUEUE_PER_SLOT = 4  # waiting requests allowed per concurrent slot before new ones get a 429
 RECENT = 64  # finished requests whose counters /health keeps
-SEED_MIX = 1_000_003  # seeded requests reseed at every turn from (seed, turn): reproducible whatever runs beside them
 
 log = logging.getLogger("mlx_spec.server")
 
@@ -78,12 +73,9 @@ class Job:
     rounds: int = 0
     tokens: int = 0
     prompt_cached: int = 0
-    turns: int = 0
     flags: List[bool] = field(default_factory=list)
     pos: int = 0  # the last token's position in its round's draft (0: the target's own)
     session: object = None
-    events: object = None
-    batched: bool = False  # its rounds run in the batch
     produced: List[int] = field(default_factory=list)  # its tokens so far
     stats: object = None  # the engine's counters of its reply so far
     stops: Optional[StopText] = None
@@ -94,7 +86,7 @@ class Job:
         """This request's counters, for /health."""
         d = {"id": self.id, "state": self.state, "prompt_tokens": len(self.ids), "prompt_cached": self.prompt_cached,
              "tokens": self.tokens, "rounds": self.rounds, "max_tokens": self.params.max_tokens,
-             "batched": self.batched}
+             "batched": bool(self.stats and self.stats.widest > 1)}
         if self.rounds_at_cancel is not None:
             d["rounds_after_cancel"] = self.rounds - self.rounds_at_cancel
         return d
@@ -107,7 +99,7 @@ class Scheduler:
         if max_concurrency < 1:
             raise MlxSpecError(f"--max-concurrency must be >= 1, got {max_concurrency}")
         self.pair, self.max_concurrency = pair, max_concurrency
-        self.batcher = Batcher(pair) if batch else None
+        self.batcher = Batcher(pair, batch)
         self.max_queue = QUEUE_PER_SLOT * max_concurrency if max_queue is None else max_queue
         self.pool = SessionPool(pair.new_session, max_concurrency + IDLE_EXTRA)
         self.counts = dict(completed=0, cancelled=0, failed=0, rejected=0, rounds=0, tokens=0)
@@ -150,7 +142,7 @@ class Scheduler:
             return {"status": "ok" if self._thread and self._thread.is_alive() else "stopped",
                     "active": len(self._active), "queued": len(self._waiting),
                     "max_concurrency": self.max_concurrency, "max_queue": self.max_queue,
-                    "batched": len(self.batcher) if self.batcher is not None else None,
+                    "batched": self.batcher.shared_rows(),
                     **self.counts, "sessions": {"total": self.pool.total, "idle": len(self.pool.idle)},
                     "requests": [j.summary() for j in jobs]}
 
@@ -194,74 +186,50 @@ class Scheduler:
                 except Exception as e:  # a bug in the bookkeeping: fail this request, keep the thread alive
                     log.exception("request %s failed", job.id)
                     self._finish(job, "failed", Failed(ApiError(500, f"{type(e).__name__}: {e}", type="server_error")))
-            if self.batcher is not None and len(self.batcher):
-                self._batched_round()
+            if len(self.batcher):
+                self._rounds()
         gone = Failed(ApiError(503, "the server is shutting down", type="server_error"))
         for job in list(self._active) + list(self._waiting):
             self._finish(job, "cancelled", gone)
 
     def _advance(self, job: Job) -> None:
-        """One event of one job: its next token, from a new round if the last one is used up (a batched job: only
-        a cancel, its tokens come from the batched round)."""
+        """A job's turn: a new job takes a session and queues to join an engine; a cancelled one is closed (a
+        job's tokens come from its engine's rounds)."""
         if job.cancel_requested:
             return self._finish(job, "cancelled", None)
-        if job.batched:
+        if job.session is not None:
             return
         p = job.params
         try:
-            if job.events is None:
-                job.session = self.pool.acquire(job.ids)
-                self.pair.use(job.session, p.draft)
-                job.stops = StopText(p.stop)
-                rows = len(self._active)  # the batch it would make with every request generating now
-                if self.batcher is not None and rows > 1 and self.batcher.can_join(job, rows):
-                    for other in self._active:  # those generating alone move into the batch first
-                        if (other.events is not None and not other.cancel_requested
-                                and self.batcher.can_join(other, rows)):
-                            self._move_to_batch(other)
-                    self.batcher.join(job)  # others are generating: it joins their batched rounds
-                    job.batched = True
-                    return
-                job.events = job.session.generate(job.ids, max_tokens=p.max_tokens, temp=p.temp, top_p=p.top_p,
-                                                  top_k=p.top_k)
-            if p.seed is not None:
-                mx.random.seed((p.seed * SEED_MIX + job.turns) % (1 << 64))
-            job.turns += 1
-            ev = next(job.events, None)
+            job.session = self.pool.acquire(job.ids)
+            self.pair.use(job.session, p.draft)
+            job.stops = StopText(p.stop)
+            self.batcher.join(job)
         except MlxSpecError as e:
             return self._finish(job, "failed", Failed(ApiError(400, str(e))))
-        except Exception as e:  # a bug, not the client's: keep serving the others
-            log.exception("generation %s failed", job.id)
-            return self._finish(job, "failed", Failed(ApiError(500, f"generation failed: {type(e).__name__}: {e}",
-                                                               type="server_error")))
-        finally:
-            if p.seed is not None:  # others draw fresh randomness, not a stream this seed made predictable
-                mx.random.seed(random.getrandbits(64))
-        if ev is None:  # the engine stopped without a finish reason (it always gives one; defensive)
-            return self._finish(job, "completed", Done("stop", {}))
-        self._handle(job, ev)
 
-    def _move_to_batch(self, job: Job) -> None:
-        """A job generating alone joins the batch between two of its tokens: its engine generator closes (the
-        session's cache then holds its context minus the last token) and its row carries its tokens and stats."""
-        job.events.close()
-        job.events = None
-        self.batcher.join(job, job.produced, job.stats, job.stops.text)
-        job.batched = True
+    def _rounds(self) -> None:
+        """A prefill chunk of a joining job, then one round of every engine, then each job's events in order."""
+        for job, e in self.batcher.step_joins():
+            self._fail(job, e)
+        for engine in self.batcher.engines:
+            try:
+                events = self.batcher.round(engine)
+            except Exception as e:  # a bug: fail this engine's requests, keep serving the others
+                log.exception("a round failed")
+                for job in self.batcher.clear(engine):
+                    self._fail(job, e)
+                continue
+            for job, ev in events:
+                if job.state == "active":  # a stop string may have ended it at an earlier token of this round
+                    self._handle(job, ev)
 
-    def _batched_round(self) -> None:
-        """One round of every batched job, then each one's events in order."""
-        try:
-            events = self.batcher.round()
-        except Exception as e:  # a bug: fail the batched requests, keep serving the others
-            log.exception("a batched round failed")
-            error = Failed(ApiError(500, f"generation failed: {type(e).__name__}: {e}", type="server_error"))
-            for job in self.batcher.clear():
-                self._finish(job, "failed", error)
-            return
-        for job, ev in events:
-            if job.state == "active":  # a stop string may have ended it at an earlier token of this round
-                self._handle(job, ev)
+    def _fail(self, job: Job, e: Exception) -> None:
+        if isinstance(e, MlxSpecError):
+            return self._finish(job, "failed", Failed(ApiError(400, str(e))))
+        log.error("request %s failed: %s: %s", job.id, type(e).__name__, e)
+        self._finish(job, "failed", Failed(ApiError(500, f"generation failed: {type(e).__name__}: {e}",
+                                                    type="server_error")))
 
     def _handle(self, job: Job, ev) -> None:
         """A job's next token: counters, stop strings, the delta to send, and its end."""
@@ -287,15 +255,13 @@ class Scheduler:
 
     def _finish(self, job: Job, state: str, item) -> None:
         """Close the job's generator here, on the model thread, and give its session back (or free it)."""
-        if job.events is not None:
-            job.events.close()  # the session's caches are consistent after a close at any point
-        if job.batched and job in self.batcher:
+        if job in self.batcher:
             self.batcher.leave(job)  # its cache goes back to its session
         if job.session is not None:
             # A finished reply keeps its caches for the conversation's next turn; a client that went away
             # (or a failure) frees them: nobody is coming back for that state.
             (self.pool.release if state == "completed" else self.pool.drop)(job.session)
-        job.events = job.session = None
+        job.session = None
         with self._cv:
             if job in self._active:
                 self._active.remove(job)

@@ -143,7 +143,7 @@ class TableRun:
         loaded: Dict[str, tuple] = {}  # draft folder -> (model, tokenizer): one copy serves every row using it
         for row in rows:
             if row["draft"] == "none":
-                drafters[row["key"]] = (None, None, Planner(1))
+                drafters[row["key"]] = (None, None, (Planner(), {}))
                 continue
             if row["draft"] == MLX_LM:
                 drafters[row["key"]] = (MlxLmSpec(), None, None)
@@ -166,8 +166,8 @@ class TableRun:
                     continue
                 drafter = make_drafter(spec, model, tok, loaded=loaded, log=self.log)
                 row["draft_quant"] = quantization(draft_model(drafter, model))
-                # One planner a row, kept across its prompts as a session keeps one across turns.
-                drafters[row["key"]] = (drafter, k, Planner(k or default_num_draft(drafter), adaptive=s.adaptive))
+                # One planner and acceptance a row, kept across its prompts as a session keeps them across turns.
+                drafters[row["key"]] = (drafter, k, (Planner(s.adaptive), {}))
             except (MlxSpecError, OSError, ValueError) as e:
                 self._unavailable(row, e)
         for row in rows:
@@ -212,7 +212,7 @@ class TableRun:
             return t
         return time_stream(lambda: ours_stream(ids, model, drafter, stats=stats, max_tokens=max_tokens,
                                                eos_token_ids=eos, temp=temp, top_p=s.top_p, top_k=top_k,
-                                               planner=planner), max_tokens, eos)
+                                               planner=planner[0], accept=planner[1], num_draft=k), max_tokens, eos)
 
     def _measure(self, model, drafter, k, planner, row: dict, p, rep: int, eos) -> dict:
         import mlx.core as mx

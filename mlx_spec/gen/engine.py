@@ -1,7 +1,9 @@
-"""The speculative generation loop: plan, propose, verify in one target pass, rewind, record, yield."""
+"""The speculative engine: rows generating together, each round planned, proposed, verified in one target pass,
+accepted, rewound, recorded and delivered row by row. A request alone is an engine of one row."""
 
 import time
-from typing import Iterator, List, NamedTuple, Optional, Sequence
+from collections import Counter
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
@@ -10,23 +12,15 @@ from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 from ..errors import GenerationError
 from . import recurrent, shapes
 from .cache import cache_tokens, new_cache, rewind
-from .drafters.base import Draft, Drafter
-from .planner import PLAIN, Plan, Planner
+from .drafters.base import Draft, Drafting, Member
+from .joint import Rows
+from .planner import PLAIN, Ask, Outcome, Plan, Planner
 from .registry import default_num_draft
-from .sampling import make_probs_fn, sample
+from .rows import FINISH_REASONS, Row, Step  # noqa: F401  (Step, FINISH_REASONS: the engine's output)
+from .sampling import Sampler, sample
 from .stats import Stats
 from .tunables import DEFAULT_MAX_TOKENS, PREFILL_STEP
-from .verify import accept_greedy, accept_sampling, greedy_targets, sampling_targets
-
-FINISH_REASONS = ("stop", "length", "context")  # EOS; max_tokens; the model's context is full
-
-
-class Step(NamedTuple):
-    """One generated token, as the target alone would have produced it."""
-
-    token: int
-    from_draft: bool  # this token was a draft token the target accepted
-    finish_reason: Optional[str]  # on the last token: one of FINISH_REASONS
+from .verify import accept_greedy, accept_sampling, sampling_targets
 
 
 def context_limit(model) -> Optional[int]:
@@ -36,30 +30,14 @@ def context_limit(model) -> Optional[int]:
 
 
 def shadow_judgement(draft: Sequence[int], produced: Sequence[int]):
-    """(proposed, accepted) of a draft that was not verified, judged against the tokens the round produced.
-
-    A draft token is "accepted" where it equals the produced token: under greedy decoding that is the
-    verifier's own rule, and under sampling a fixed token is accepted with the target's probability of
-    it, which is also the chance that the sampled token equals it. Draft tokens beyond the produced
-    ones were never judged, so they count as not proposed.
-    """
+    """(judged, matched) of a draft that was not verified, against the tokens the round produced: a token matches
+    where it equals the produced one (the verifier's own rule under greedy decoding; under sampling a fixed token is
+    accepted with the target's probability of it, the chance the sampled token equals it). Draft tokens beyond the
+    produced ones were never judged."""
     m = 0
     while m < len(draft) and m < len(produced) and draft[m] == produced[m]:
         m += 1
     return (len(draft) if m < len(produced) else m), m
-
-
-class _Peak:
-    """The peak allocation above the start, without resetting the process-wide peak (the caller's)."""
-
-    def __init__(self):
-        self.base, self.peak0, self.seen = mx.get_active_memory(), mx.get_peak_memory(), 0
-
-    def gb(self) -> float:
-        self.seen = max(self.seen, mx.get_active_memory())
-        peak = mx.get_peak_memory()
-        top = peak if peak > self.peak0 else self.seen  # a new process-wide peak happened during the run
-        return max(0, top - self.base) / 1e9
 
 
 def prefill_cache(model, cache, tokens: List[int], room: Optional[int]) -> None:
@@ -77,108 +55,286 @@ def prefill_cache(model, cache, tokens: List[int], room: Optional[int]) -> None:
         mx.eval([c.state for c in cache])
 
 
-class _Loop:
-    """The state of one generation: the target, its cache, the drafter's parts and the planner."""
+class _Pending(NamedTuple):
+    """A plain step queued on every place's last token: its lazy tokens (places,) and logits (places, V)."""
 
-    def __init__(self, model, cache, drafter: Optional[Drafter], planner: Planner, probs_fn, stats: Stats):
-        self.model, self.cache, self.planner, self.probs_fn, self.stats = model, cache, planner, probs_fn, stats
-        parts = list(drafter.parts) if drafter is not None else []
-        self.parts = {p.name: p for p in parts}
-        self.free = [p.name for p in parts if p.free]  # in the drafter's order: the first with a draft offers it
-        # The most each source drafts: the planner's k_max; in a hybrid, its own kind's default K below that.
-        self.caps = {p.name: planner.k_max if len(parts) == 1 else min(default_num_draft(p), planner.k_max)
-                     for p in parts}
-        self.costly = [p.name for p in parts if not p.free]
-        self.last_read, self.away = time.perf_counter(), 0.0  # the round clock: see `read`
+    tokens: mx.array
+    logits: mx.array
 
-    def read(self, *arrays) -> float:
-        """The round's one host synchronisation; returns the round's seconds: the time since the last read, less
-        the time the generator was suspended at a yield (the caller's), so a round holds all of the engine's own
-        work and its wait for the device."""
-        t = time.perf_counter()
-        mx.eval(*arrays)
+
+class Engine:
+    """The rows generating together over one target: their cache (`joint.Rows`), one planner, one drafting per
+    costly source, and a plain step queued ahead where the rounds are plain."""
+
+    def __init__(self, model, planner: Optional[Planner] = None):
+        self.model, self.limit = model, context_limit(model)
+        self.planner = planner if planner is not None else Planner()
+        self.cache = Rows()
+        self.drafting: Dict[str, Drafting] = {}
+        self.pending: Optional[_Pending] = None
+        self.hold = False  # a row waits to join: no step is queued ahead (a joining row has none)
+        self.last_read, self.away, self.out = time.perf_counter(), 0.0, None
+
+    @property
+    def rows(self) -> List[Row]:
+        """The rows, in the order of their places in the cache."""
+        return [r for r in self.cache.owners if r is not None]
+
+    def add(self, row: Row, cache: list) -> None:
+        """A row joins whose `cache` holds its context minus the last token (a lone row's cache is used as it is)."""
+        if self.pending is not None:
+            raise GenerationError("a row joins only between rounds that queued nothing ahead (set `hold`)")
+        self.cache.add(row, cache)
+        self.planner.joined()
+        for part in row.parts:
+            part.reset(row.context, cache)
+        row.caps = {p.name: min(row.k_max, default_num_draft(p) if len(row.parts) > 1 else row.k_max)
+                    for p in row.parts}
+
+    def remove(self, row: Row) -> list:
+        """Take a row out: its cache, holding exactly its context minus the last token (drafts, queued steps gone);
+        its drafters get back what drafting together held for them."""
+        for part in row.parts:
+            if part.name in self.drafting:
+                self.drafting[part.name].leave(part)
+        out = self.cache.remove(row, len(row.context) - 1)
+        self.planner.left(len(self.rows))
+        if not self.cache.owners:
+            self.pending = None
+        return out
+
+    # --- one round: plan, propose, verify, accept, rewind, record, deliver ---
+
+    def round(self) -> Dict[int, List[Step]]:
+        """One round of every row: {the row's index in `rows`: the steps it produced}; a finished row is `done`."""
         now = time.perf_counter()
-        self.stats.syncs += 1
-        self.stats.wait_time += now - t
+        self.away += now - self.out if self.out is not None else 0.0
+        self._pack()
+        rows = self.rows
+        offers = [self._lookup(r) for r in rows]
+        asks = [self._ask(r, o) for r, o in zip(rows, offers)]
+        plan, drain = self._plan(rows, asks)
+        drafts = self._propose(plan, rows, offers)
+        lengths = [min(len(d), plan.k, r.room) if d is not None and d.source == plan.source(i) else 0
+                   for i, (r, d) in enumerate(zip(rows, drafts))]
+        plan = plan if any(lengths) else PLAIN
+        built, fed, cold = self._verify(plan, rows, drafts, lengths)
+        queue = not plan.k and not drain and not self.hold and all(r.room > 0 for r in rows)
+        queued = self._launch(built, rows) if queue else None
+        seconds = self._read(rows, built, drafts, lengths)
+        kept = self._accept(rows, built, drafts, lengths)
+        self._rewind(rows, kept, fed)
+        self.pending = queued
+        self._record(plan, rows, asks, offers, drafts, lengths, kept, seconds, warm=not cold and not drain)
+        out = {i: r.deliver(d[:a] + [t], a) for i, (r, (d, a, t)) in enumerate(zip(rows, kept))}
+        self.out = time.perf_counter()
+        return out
+
+    def _lookup(self, row: Row) -> Optional[Draft]:
+        """The row's first table-lookup draft (a suffix match before an n-gram's), or None."""
+        for part in row.parts if row.room > 0 else ():
+            if part.free:
+                d = part.propose(row.context, min(row.caps[part.name], row.room), row.sampler)
+                if len(d):
+                    return d
+        return None
+
+    def _ask(self, row: Row, offer: Optional[Draft]) -> Ask:
+        costly = next((p for p in row.parts if not p.free), None)
+        if costly is not None and not self._takes(costly):
+            costly = None
+        ask = Ask(row.accept, (offer.source, len(offer)) if offer is not None else ("", 0),
+                  costly.name if costly is not None else "", min(row.caps[costly.name], row.room) if costly else 0,
+                  costly.behind(row.context) if costly is not None else 0, row.room + 1, row.pace)
+        row.offered(max(ask.stats(offer.source).expected(len(offer)) if offer is not None else 1.0,
+                        ask.stats(ask.costly).expected(ask.cap) if ask.cap else 1.0))
+        return ask
+
+    def _takes(self, part) -> bool:
+        if part.name not in self.drafting:
+            self.drafting[part.name] = part.drafting()
+        return self.drafting[part.name].takes(part)
+
+    def _plan(self, rows: List[Row], asks: List[Ask]):
+        """(the round's Plan, whether it drains a queued step instead: the plan drafts through the target's cache)."""
+        layers = self.cache.layers
+        if not (self.cache.joint or can_trim_prompt_cache(layers)):  # a sliding window past its size
+            for r in rows:
+                r.stats.fallback = r.stats.fallback or "target cache not trimmable: plain decoding from here"
+            return PLAIN, False
+        plan = self.planner.plan(asks, len(self.cache.owners), self.cache.paddable())
+        if plan.k and self.limit is not None:  # no position, dummies included, past the model's context
+            fit = min(self.limit - len(r.context) for r in rows) + (self.pending is None)
+            plan = Plan(min(plan.k, fit - 1), plan.sources, min(plan.size, fit), plan.probe) if fit > 1 else PLAIN
+        in_target = plan.k and any(p.in_target_cache and p.name in plan.sources for r in rows for p in r.parts)
+        if in_target and self.pending is not None:
+            return PLAIN, True
+        return plan, False
+
+    def _propose(self, plan: Plan, rows: List[Row], offers: List[Optional[Draft]]) -> List[Optional[Draft]]:
+        """Each row's draft: its lookup's, or from the costly source the plan names, all its rows in one drafting."""
+        drafts = list(offers)
+        wanted: Dict[str, List[int]] = {}
+        for i, (r, d) in enumerate(zip(rows, offers)):
+            s = plan.source(i)
+            if s and (d is None or d.source != s):
+                wanted.setdefault(s, []).append(i)
+        chunk = PREFILL_STEP if len(rows) > 1 else None
+        for s, idx in wanted.items():
+            members = [Member(next(p for p in rows[i].parts if p.name == s), rows[i].context, rows[i].sampler,
+                              self.cache.index(rows[i])) for i in idx]
+            for i, d in zip(idx, self.drafting[s].propose(members, plan.k, self.cache, chunk)):
+                drafts[i] = d
+        return drafts
+
+    def _verify(self, plan: Plan, rows: List[Row], drafts, lengths: List[int]):
+        """One target pass over every place: [its last token] + its draft, padded to the plan's size (after a queued
+        step: the draft alone, that step's logits its first row; a plain round: the queued step itself). Returns
+        (per row what acceptance needs, lazy; positions fed; whether a shape ran for the first time)."""
+        at = {id(r): i for i, r in enumerate(rows)}
+        places, pending = self.cache.owners, self.pending
+        if not plan.k and pending is not None:
+            return [self._targets(r, None, None, 0, pending.tokens[self.cache.index(r)]) for r in rows], 0, False
+        width = plan.size - (pending is not None) if plan.k else 1
+        inputs = []
+        for r in places:
+            i = at[id(r)] if r is not None else None
+            fill = r.context[-1] if r is not None else 0
+            parts = [] if pending is not None else [mx.array([fill], dtype=mx.uint32)]
+            if i is not None and lengths[i]:
+                parts.append(drafts[i].tokens[: lengths[i]].astype(mx.uint32))
+            n = sum(p.size for p in parts)
+            inputs.append(mx.concatenate(parts + [mx.full((width - n,), fill, dtype=mx.uint32)]))
+        self.cache.start_round()
+        logits = self.model(mx.stack(inputs), cache=self.cache.layers)  # (places, width, V)
+        if pending is not None:
+            logits = mx.concatenate([pending.logits[:, None], logits], axis=1)
+        cold = shapes.first_time(self.model, (len(places), width)) or any(d is not None and d.cold for d in drafts)
+        built = [self._targets(r, logits[self.cache.index(r), : n + 1], drafts[i], n)
+                 for i, (r, n) in enumerate(zip(rows, lengths))]
+        return built, width, cold
+
+    @staticmethod
+    def _targets(row: Row, logits: Optional[mx.array], draft: Optional[Draft], n: int, given=None):
+        """What acceptance needs of a row's logits (n + 1, V): its own tokens (greedy, seeded), or speculative
+        sampling's draws (accept (n,), candidates (n + 1,)); `given`: the token a queued plain step drew."""
+        if given is not None:
+            return given[None] if row.sampler.exact else (mx.zeros((0,), dtype=mx.bool_), given[None])
+        if row.sampler.exact:
+            return row.sampler.pick(logits, len(row.context))
+        if not n:
+            return mx.zeros((0,), dtype=mx.bool_), sample(row.probs_fn(logits))
+        tokens = draft.tokens[:n].astype(mx.uint32) if n else mx.zeros((0,), dtype=mx.uint32)
+        p = draft.probs[:n] if n and draft.probs is not None else None
+        return sampling_targets(row.probs_fn(logits), tokens, p)
+
+    def _launch(self, built: List, rows: List[Row]) -> _Pending:
+        """Queue the next plain step of every place on the round's lazy tokens, before the host reads them."""
+        mine = {id(r): b if r.sampler.exact else b[1] for r, b in zip(rows, built)}
+        tokens = mx.stack([mine[id(r)][0] if r is not None else mx.array(0, dtype=mx.uint32)
+                           for r in self.cache.owners]).astype(mx.uint32)
+        logits = self.model(tokens[:, None], cache=self.cache.layers)[:, -1]  # (places, V)
+        nxt = []
+        for r, row_logits in zip(self.cache.owners, logits):
+            nxt.append(r.sampler.draw(row_logits[None], len(r.context) + 1, r.probs_fn)[0] if r is not None
+                       else mx.array(0, dtype=mx.uint32))
+        pending = _Pending(mx.stack(nxt).astype(mx.uint32), logits)
+        mx.async_eval(pending.tokens)
+        return pending
+
+    def _read(self, rows: List[Row], built, drafts, lengths) -> float:
+        """The round's one host synchronisation; returns the round's seconds: since the last read, less the time
+        spent outside the engine (the caller's)."""
+        t = time.perf_counter()
+        seen = [d.hindsight[0] for d in drafts if d is not None and d.hindsight is not None]
+        mx.eval(*[a for b in built for a in (b if isinstance(b, tuple) else (b,))],
+                *[d.tokens for d, n in zip(drafts, lengths) if n], *seen)
+        now = time.perf_counter()
+        for r in rows:
+            r.stats.syncs += 1
+            r.stats.wait_time += now - t
         seconds, self.last_read, self.away = now - self.last_read - self.away, now, 0.0
         return seconds
 
-    def plan(self, context: List[int], room: int):
-        """(the next round's Plan, the free draft offered this round or None)."""
-        offer = None
-        for name in self.free:  # a suffix match before an n-gram's
-            draft = self.parts[name].propose(context, min(self.caps[name], room))
-            if len(draft):
-                offer = draft
-                break
-        offers = {offer.source: len(offer)} if offer is not None else {}
-        offers.update({name: self.caps[name] for name in self.costly})
-        behind = {name: self.parts[name].behind(context) for name in self.costly}
-        return self.planner.plan(offers, room, behind, self.free), offer
+    @staticmethod
+    def _accept(rows: List[Row], built, drafts, lengths) -> List[tuple]:
+        """Per row: (its draft tokens, how many the target accepted, the token it adds)."""
+        out = []
+        for r, b, d, n in zip(rows, built, drafts, lengths):
+            drafted = d.tokens.tolist()[:n] if n else []
+            a, nxt = accept_greedy(drafted, b.tolist()) if r.sampler.exact else \
+                accept_sampling(b[0].tolist(), b[1].tolist())
+            out.append((drafted, a, nxt))
+        return out
 
-    def launch(self, token):
-        """Queue a plain step fed `token` (an int or a lazy scalar): its lazy (next token, logits (V,))."""
-        x = mx.array([token]) if isinstance(token, int) else token.reshape(1)
-        logits = self.model(x[None], cache=self.cache)[0, -1]
-        y = mx.argmax(logits) if self.probs_fn is None else sample(self.probs_fn(logits))
-        mx.async_eval(y)
-        return y, logits
+    def _rewind(self, rows: List[Row], kept: List[tuple], fed: int) -> None:
+        """Each place drops what it was fed beyond its kept tokens (a queued step is its first position)."""
+        own = 0 if self.pending is not None else 1
+        keep = {id(r): own + a for r, (_, a, _) in zip(rows, kept)}
+        drop = [fed - keep[id(r)] if r is not None else 0 for r in self.cache.owners]
+        if any(drop):
+            self.cache.rewind(drop)
 
-    def verify(self, context: List[int], draft: Draft, size: int, pending=None):
-        """One target pass over [last token] + draft (+ dummy positions up to `size`, trimmed at once), read
-        with the draft in one synchronisation: (draft tokens, accepted, next token, hindsight matches or None,
-        the round's seconds). pending: a plain step queued on the last token already (token, logits): its
-        logits are the first row and the pass feeds the draft alone."""
-        n = len(draft)
-        tokens = draft.tokens if isinstance(draft.tokens, mx.array) else mx.array(draft.tokens, dtype=mx.uint32)
-        head = [] if pending is not None else [mx.array([context[-1]], dtype=mx.uint32)]
-        fed = mx.concatenate([*head, tokens.astype(mx.uint32), mx.full((size - n - 1,), context[-1], dtype=mx.uint32)])
-        logits = self.model(fed[None], cache=self.cache)[0]
-        if pending is not None:
-            logits = mx.concatenate([pending[1][None], logits])
-        logits = logits[: n + 1]  # (n+1, V): row i scores the token after draft[:i]
-        if size > n + 1:
-            trim_prompt_cache(self.cache, size - n - 1)
-        seen = draft.hindsight[0] if draft.hindsight is not None else mx.zeros((0,))
-        if self.probs_fn is None:
-            targets = greedy_targets(logits)
-            seconds = self.read(targets, tokens, seen)
-            drafted = tokens.tolist()
-            a, nxt = accept_greedy(drafted, targets.tolist())
-        else:
-            accept, candidates = sampling_targets(self.probs_fn(logits), tokens, draft.probs)
-            seconds = self.read(accept, candidates, tokens, seen)
-            drafted = tokens.tolist()
-            a, nxt = accept_sampling(accept.tolist(), candidates.tolist())
-        matches = None
-        if draft.hindsight is not None and self.probs_fn is None:
-            matches = [p == t for p, t in zip(seen.tolist(), draft.hindsight[1])]
-        if n > a:
-            trim_prompt_cache(self.cache, n - a)
-        return drafted, a, nxt, matches, seconds
+    def _record(self, plan: Plan, rows, asks, offers, drafts, lengths, kept, seconds: float, warm: bool) -> None:
+        """One observation of the round, which the planner, each row's stats and trace, and the drafters learn."""
+        outcomes, together = [], Counter(plan.source(i) for i, n in enumerate(lengths) if n)
+        for i, (r, ask, offer, d, n, (drafted, a, nxt)) in enumerate(zip(rows, asks, offers, drafts, lengths, kept)):
+            source = plan.source(i) if n else ""
+            part = next((p for p in r.parts if p.name == source), None)
+            o = Outcome(r.accept, source, n, a, d.behind if n else 0, part is not None and not part.free)
+            if offer is not None and offer.source != source:
+                o.judged = (offer.source, *shadow_judgement(offer.tokens.tolist(), drafted[:a] + [nxt]))
+                next(p for p in r.parts if p.name == offer.source).learn(*o.judged[1:])
+            if n and d.hindsight is not None and r.sampler.temp == 0:
+                o.hindsight = ([p == t for p, t in zip(d.hindsight[0].tolist(), d.hindsight[1])], r.k_max)
+            if part is not None:
+                part.learn(n, a)
+            r.stats.record(n, a)
+            r.stats.widest = max(r.stats.widest, len(rows))
+            if o.costly and n:
+                r.stats.drafted_together = max(r.stats.drafted_together, together[source])
+            if r.stats.trace is not None:
+                r.stats.trace.append({"source": source, "proposed": n, "accepted": a, "seconds": seconds,
+                                      "size": plan.size if plan.k else 1, "behind": o.behind,
+                                      **({"probe": True} if plan.probe else {}),
+                                      **({"hindsight": [sum(o.hindsight[0]), len(o.hindsight[0])]} if o.hindsight else {})})
+            outcomes.append(o)
+        promised = self.planner.promised(plan, asks) if plan.k else 0.0
+        self.planner.record(plan, len(self.cache.owners), seconds, outcomes, warm, promised)
 
-    def judge(self, offer: Optional[Draft], used: str, produced: List[int]) -> None:
-        """The free source's draft that was offered but not used, judged against the tokens produced."""
-        if offer is not None and offer.source != used:
-            judged, matched = shadow_judgement(list(offer.tokens), produced)
-            self.planner.judge(offer.source, judged, matched)
-            self.parts[offer.source].learn(judged, matched)
+    def _pack(self) -> None:
+        """Drop the places of rows that left, where the planner finds the copy cheaper than running them along
+        (always before a view of the target drafts: it drafts over every place)."""
+        rows, places = self.rows, len(self.cache.owners)
+        if places == len(rows) or self.pending is not None:
+            return
+        rounds = max((r.room + 1) / r.pace for r in rows)
+        positions = len(rows) * self.cache.columns()
+        views = any(p.in_target_cache for r in rows for p in r.parts)
+        if not views and not self.planner.packs(places, len(rows), positions, rounds):
+            return
+        start = time.perf_counter()
+        self.cache.pack([len(r.context) - 1 for r in rows])
+        self.planner.record_copy(positions, time.perf_counter() - start)
 
-    def trace(self, plan: Plan, n: int, a: int, seconds: float, behind: int = 0, size: int = 1, matches=None):
-        if self.stats.trace is not None:
-            entry = {"source": plan.source, "proposed": n, "accepted": a, "seconds": seconds, "size": size,
-                     "behind": behind}
-            if plan.probe:
-                entry["probe"] = True
-            if matches is not None:
-                entry["hindsight"] = [sum(matches), len(matches)]
-            self.stats.trace.append(entry)
+
+class _Peak:
+    """The peak allocation above the start, without resetting the process-wide peak (the caller's)."""
+
+    def __init__(self):
+        self.base, self.peak0, self.seen = mx.get_active_memory(), mx.get_peak_memory(), 0
+
+    def gb(self) -> float:
+        self.seen = max(self.seen, mx.get_active_memory())
+        peak = mx.get_peak_memory()
+        top = peak if peak > self.peak0 else self.seen  # a new process-wide peak happened during the run
+        return max(0, top - self.base) / 1e9
 
 
 def speculative_generate_step(
     prompt: Sequence[int],
     model,
-    drafter: Optional[Drafter] = None,
+    drafter=None,
     *,
     prompt_cache: Optional[list] = None,
     planner: Optional[Planner] = None,
@@ -186,31 +342,33 @@ def speculative_generate_step(
     temp: float = 0.0,
     top_p: float = 0.0,
     top_k: int = 0,
+    seed: Optional[int] = None,
     num_draft: Optional[int] = None,
     adaptive: bool = True,
     eos_token_ids: Sequence[int] = (),
     stats: Optional[Stats] = None,
+    accept: Optional[dict] = None,
 ) -> Iterator[Step]:
-    """Yield `Step(token, from_draft, finish_reason)` exactly as the target alone would produce them.
+    """Yield `Step(token, from_draft, finish_reason)` exactly as the target alone would produce them: an engine of
+    one row, run to its end.
 
-    Greedy (temp 0): token-identical to plain greedy decoding (in float32; in half precision up to the rounding
-    of a pass over several positions against one, README). Sampling: the same distribution, by speculative
-    sampling. With no drafter it is plain decoding, each next step queued before the host reads the current one.
-    The last step carries the finish reason: "stop" (an EOS token, yielded), "length" (max_tokens) or "context"
-    (the model's context is full). This is the one place that decides when generation stops.
+    Greedy (temp 0): token-identical to plain greedy decoding (in float32; in half precision up to the rounding of a
+    pass over several positions against one, README). Sampling: the same distribution, by speculative sampling (with
+    a seed: the Gumbel-max rule, `Sampler`). The last step carries the finish reason: "stop" (an EOS token,
+    yielded), "length" (max_tokens) or "context" (the model's context is full).
 
-    prompt: the whole context. prompt_cache: the target's cache, owned by the caller (as in mlx-lm's
-    generate_step); it may already hold a prefix of `prompt`, and only the rest is prefilled. When the generator
-    finishes or is closed, even mid-round, the cache holds exactly the context minus its last token: prompt + the
-    tokens yielded so far, no rejected drafts. planner: decides each round (a caller may keep one across
-    generations); num_draft, when given, is the most tokens a round drafts (its k_max).
+    prompt: the whole context. prompt_cache: the target's cache, owned by the caller (as in mlx-lm's generate_step);
+    it may already hold a prefix of `prompt`, and only the rest is prefilled. When the generator finishes or is
+    closed, even mid-round, the cache holds exactly the context minus its last token: prompt + the tokens yielded so
+    far, no rejected drafts. planner: decides each round (a caller may keep one across generations); num_draft: the
+    most tokens a round drafts. accept: the row's acceptance by source, kept by a caller across generations.
     """
-    probs_fn = make_probs_fn(temp, top_p, top_k)
+    sampler = Sampler(temp, top_p, top_k, seed)
     if num_draft is not None and num_draft <= 0:
         raise GenerationError(f"--num-draft must be >= 1, got {num_draft}")
     if max_tokens < 0:
         raise GenerationError(f"--max-tokens must be >= 0, got {max_tokens}")
-    context = list(prompt)  # the prompt and the tokens yielded so far; context[-1] is fed to the target next
+    context = list(prompt)
     if not context:
         raise GenerationError("the prompt is empty")
     limit = context_limit(model)
@@ -219,106 +377,38 @@ def speculative_generate_step(
     budget, at_limit = max_tokens, "length"
     if limit is not None and limit - len(context) < max_tokens:
         budget, at_limit = limit - len(context), "context"
-    if planner is None:
-        planner = Planner(num_draft or default_num_draft(drafter), adaptive=adaptive)
-    elif num_draft is not None:
-        planner.k_max = num_draft
     cache = prompt_cache if prompt_cache is not None else new_cache(model)
-    recurrent.enable(model, cache)  # a caller's fresh mlx-lm cache: recurrent layers become rewindable
+    recurrent.enable(model, cache)
     cached = cache_tokens(cache) if prompt_cache is not None else 0
     if cached is None or cached > len(context) - 1:
         raise GenerationError(f"the prompt cache holds {cached} tokens; it must hold a prefix of the prompt "
                               f"({len(context)} tokens) and no more than all but its last token")
     stats = stats if stats is not None else Stats()
     stats.prompt_tokens, stats.prompt_cached = len(context), cached
-    eos, peak = set(eos_token_ids), _Peak()
-    start = time.perf_counter()  # prompt time includes the drafter's own prompt processing
+    if budget == 0:
+        return
+    engine = Engine(model, planner if planner is not None else Planner(adaptive=adaptive))
+    row = Row(context, drafter, sampler, budget, at_limit, frozenset(eos_token_ids),
+              num_draft or default_num_draft(drafter), stats, accept if accept is not None else {})
+    peak, yielded = _Peak(), len(context)
     with mx.stream(generation_stream):
         try:
             prefill_cache(model, cache, context[cached:-1], None if limit is None else limit - cached)
-            if drafter is not None:
-                for part in drafter.parts:
-                    part.reset(context, cache)
+            engine.add(row, cache)
         except BaseException:
             rewind(cache, cached)  # an interrupted prefill leaves the cache as it came
             raise
-    loop = _Loop(model, cache, drafter, planner, probs_fn, stats)
-    planner.pad = shapes.paddable(cache)
-    produced, first_at, pending = 0, None, None  # pending: a queued plain step (token, logits); the cache holds context
-
-    def deliver(tokens: List[int], drafted: int):
-        nonlocal produced, first_at
-        for j, tok in enumerate(tokens):
-            produced += 1
-            now = time.perf_counter()
-            if first_at is None:
-                first_at, stats.prompt_time = now, now - start
-            stats.generation_tokens, stats.generation_time = produced, now - first_at
-            finish = "stop" if tok in eos else (at_limit if produced >= budget else None)
-            stats.finish_reason = finish
-            context.append(tok)
-            away = time.perf_counter()
-            yield Step(tok, j < drafted, finish)
-            loop.away += time.perf_counter() - away
-            if finish:
-                return True
-        return False
-
     try:
-        with mx.stream(generation_stream):
-            while produced < budget:
-                room = budget - produced - 1
-                if pending is None:
-                    recurrent.commit(cache)  # the cache holds the context: earlier history is no longer needed
-                plan, offer = PLAIN, None
-                if loop.parts and room > 0:
-                    if can_trim_prompt_cache(cache):  # a sliding window stops being trimmable past its size
-                        plan, offer = loop.plan(context, room)
-                    elif stats.fallback is None:
-                        stats.fallback = "target cache not trimmable: plain decoding from here"
-                # A plain step, the next one queued on it before the host reads it; a queued step is also read first
-                # where the round's drafter drafts through the target's own cache (self, quant-self).
-                drain = pending is not None and plan.k > 0 and loop.parts[plan.source].in_target_cache
-                if plan.k == 0 or drain:
-                    cold = pending is None
-                    if pending is None:
-                        cold = shapes.first_time(model, 1) or cold
-                        pending = loop.launch(context[-1])
-                    nxt = loop.launch(pending[0]) if room > 0 and not drain else None
-                    seconds = loop.read(pending[0])
-                    tok = pending[0].item()
-                    stats.record(0, 0)
-                    planner.record(PLAIN, 0, 0, seconds, warm=not cold and not drain)
-                    loop.trace(PLAIN, 0, 0, seconds)
-                    loop.judge(offer, "", [tok])
-                    pending = nxt
-                    if (yield from deliver([tok], 0)):
-                        return
-                else:
-                    part = loop.parts[plan.source]
-                    draft = offer if offer is not None and offer.source == plan.source else \
-                        part.propose(context, plan.k, probs_fn)
-                    if isinstance(draft.tokens, list):
-                        draft.tokens = draft.tokens[: plan.k]
-                    n = len(draft)
-                    size = plan.size if n == plan.k else planner.size(n)
-                    if not planner.pad or (limit is not None and len(context) + size - 1 > limit):
-                        size = n + 1  # no dummy position past the model's context (absolute position tables)
-                    cold = shapes.first_time(model, size - (pending is not None)) or draft.cold
-                    drafted, a, nxt, matches, seconds = loop.verify(context, draft, size, pending)
-                    pending = None
-                    stats.record(n, a)
-                    planner.record(plan, n, a, seconds, draft.behind, warm=not cold, free=part.free)
-                    if matches is not None:
-                        planner.hindsight(plan.source, matches)
-                    loop.trace(plan, n, a, seconds, draft.behind, size, matches)
-                    part.learn(n, a)
-                    new = drafted[:a] + [nxt]
-                    loop.judge(offer, plan.source, new)
-                    if (yield from deliver(new, a)):
-                        return
-                stats.peak_memory_gb = peak.gb()
+        while not row.done:
+            with mx.stream(generation_stream):
+                steps = engine.round()[0]
+            stats.peak_memory_gb = peak.gb()
+            for step in steps:
+                yielded += 1
+                yield step
     finally:
-        rewind(cache, len(context) - 1)  # whatever was queued or drafted past what was yielded goes
-        stats.costs = dict(planner.costs)
+        del context[yielded:]  # closed mid-round: the tokens not yielded go too
+        with mx.stream(generation_stream):
+            engine.remove(row)  # whatever was queued or drafted past what was yielded goes
+        stats.costs = {s: c for (p, s), c in engine.planner.costs.items() if p == 1}
         stats.peak_memory_gb = peak.gb()

@@ -1,5 +1,7 @@
-"""Sampling distributions: the same temperature/top-p/top-k transform for plain decoding, drafts and verification."""
+"""Sampling: the same temperature/top-p/top-k transform for plain decoding, drafts and verification, and a row's rule."""
 
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Optional
 
 import mlx.core as mx
@@ -8,6 +10,7 @@ from mlx_lm.sample_utils import apply_top_k, apply_top_p
 from ..errors import GenerationError
 
 ProbsFn = Callable[[mx.array], mx.array]
+_MIX = 0x9E3779B97F4A7C15  # splitmix64's increment: (seed, position) -> a key of its own
 
 
 def validate(temp: float, top_p: float = 0.0, top_k: int = 0) -> None:
@@ -46,3 +49,53 @@ def make_probs_fn(temp: float = 0.0, top_p: float = 0.0, top_k: int = 0) -> Opti
 def sample(probs: mx.array) -> mx.array:
     """One token id per row of `probs` (..., V)."""
     return mx.random.categorical(mx.log(probs))
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """A row's sampling rule: greedy (temp 0), speculative sampling, or with a seed, the Gumbel-max rule.
+
+    With a seed, the token at position t is argmax(log q_t + g_t), g_t Gumbel noise drawn from a key of (seed, t)
+    alone: an exact sample of q_t, fixed by the seed and the position, so a seeded row produces the same tokens
+    whatever its rounds drafted and whatever ran beside it. A draft is then accepted where it equals that token, and
+    a draft model drafts with the same noise over its own distribution."""
+
+    temp: float = 0.0
+    top_p: float = 0.0
+    top_k: int = 0
+    seed: Optional[int] = None
+
+    def __post_init__(self):
+        validate(self.temp, self.top_p, self.top_k)
+
+    @cached_property
+    def probs_fn(self) -> Optional[ProbsFn]:
+        return make_probs_fn(self.temp, self.top_p, self.top_k)
+
+    @property
+    def exact(self) -> bool:
+        """Whether a draft token is accepted where it equals the row's own token (greedy, or seeded)."""
+        return self.temp == 0 or self.seed is not None
+
+    def pick(self, logits: mx.array, position: int, probs_fn=None) -> mx.array:
+        """The token at each row of logits (n, V), the first at `position` (lazy): greedy or seeded."""
+        if self.temp == 0:
+            return mx.argmax(logits, axis=-1)
+        q = (probs_fn or self.probs_fn)(logits)
+        noise = mx.stack([mx.random.gumbel(shape=q.shape[-1:], key=self._key(position + i)) for i in range(len(q))])
+        return mx.argmax(mx.log(q) + noise, axis=-1)
+
+    def draw(self, logits: mx.array, position: int, probs_fn=None) -> mx.array:
+        """One plain step's token from logits (1, V) at `position` (lazy)."""
+        if self.exact:
+            return self.pick(logits, position, probs_fn)
+        return sample((probs_fn or self.probs_fn)(logits))
+
+    def _key(self, position: int) -> mx.array:
+        z = (self.seed * _MIX + position + 1) & (2**64 - 1)
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
+        return mx.random.key((z ^ (z >> 31)) & (2**63 - 1))
+
+
+GREEDY = Sampler()

@@ -29,17 +29,19 @@ class Session:
         self.cache = new_cache(model)
         self.tokens: List[int] = []  # what the target cache holds, token by token
         self.drafter: Optional[Drafter] = None
-        self.planner = Planner(1)
+        self.planner = Planner(adaptive)
+        self.accept: dict = {}  # the conversation's acceptance of each draft source, kept across turns
+        self.num_draft = 1
         self.set_drafter(drafter, num_draft, adaptive)
 
     def set_drafter(self, drafter: Optional[Drafter], num_draft: Optional[int] = None,
                     adaptive: Optional[bool] = None) -> None:
         """Switch drafters (or None for plain decoding); the conversation and its cache stay.
 
-        The planner's target measurements stay too; a new drafter's sources start unmeasured.
+        The planner's measurements stay too; a new drafter's sources start unmeasured.
         """
         self.drafter = drafter
-        self.planner.k_max = num_draft or default_num_draft(drafter)
+        self.num_draft = num_draft or default_num_draft(drafter)
         if adaptive is not None:
             self.planner.adaptive = adaptive
 
@@ -92,8 +94,9 @@ class Session:
         self._reuse(ids)
         out: List[int] = []
         try:
+            kwargs.setdefault("num_draft", self.num_draft)
             for ev in stream_generate(self.model, self.tokenizer, ids, self.drafter, prompt_cache=self.cache,
-                                      planner=self.planner, **kwargs):
+                                      planner=self.planner, accept=self.accept, **kwargs):
                 out.append(ev.token)
                 yield ev
         finally:

@@ -22,6 +22,8 @@ class Stats:
     syncs: int = 0  # times the host waited to read the device: one per round
     wait_time: float = 0.0  # seconds the host spent waiting on those reads (the rest of a round is the host's)
     peak_memory_gb: float = 0.0  # highest MLX allocation during the run above what was in use at its start
+    widest: int = 0  # the most rows a round of this generation verified in one pass (1: it ran alone)
+    drafted_together: int = 0  # the most rows a draft model or view of the target drafted for in one of its passes
     fallback: Optional[str] = None  # why speculation stopped early, if it did
     finish_reason: Optional[str] = None
     costs: dict = field(default_factory=dict)  # the planner's measured seconds per round by verify size at the end

@@ -94,8 +94,8 @@ class SubsetHead:
         return self._array
 
     def hidden(self, tokens: mx.array, cache) -> mx.array:
-        """The hidden states (L, d) of feeding `tokens` (1, L)."""
-        return self.model.model(tokens, cache=cache)[0]
+        """The hidden states (B, L, d) of feeding `tokens` (B, L)."""
+        return self.model.model(tokens, cache=cache)
 
     def full(self, h: mx.array) -> mx.array:
         return _rows(self.layer, h, None)

@@ -1,16 +1,18 @@
-"""A separate small model drafts with its own KV cache (e.g. the 0.5B for the 1.5B), lazily: one read per round."""
+"""A separate small model drafts with its own KV cache (e.g. the 0.5B for the 1.5B), for every row of an engine in
+one pass per draft position, lazily: the engine reads the drafts with its verify pass."""
 
-from typing import Iterable, List, Optional, Tuple
+from typing import Iterable, List, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache
 
 from ...errors import GenerationError
-from .. import recurrent, shapes
+from .. import shapes
 from ..cache import new_cache, rewind
+from ..joint import Rows
 from ..sampling import sample
 from ..tunables import HINDSIGHT_MAX, HINDSIGHT_MIN, PREFILL_STEP
-from .base import Draft, Drafter
+from .base import Draft, Drafter, Drafting, Member
 from .head import SubsetHead
 
 
@@ -24,13 +26,10 @@ def common_prefix(a: List[int], b: List[int]) -> int:
 
 
 class ModelDrafter(Drafter):
-    """Greedy or sampled drafts from a small model, built lazily: the engine reads them with the verify pass.
-
-    The cache holds `_fed` and then the tokens drafted last round but the last (`_drafted`, read by the engine
-    with its verify pass). Each round it is trimmed back to the longest prefix it shares with the new context (rejected drafts
-    go) and the missing context tokens are fed in the pass that starts the draft. The prompt is fed when the
-    planner first drafts with the model, not at `reset`, so a draft model that does not pay costs nothing.
-    """
+    """Greedy or sampled drafts from a small model. Its cache holds `fed` (the tokens fed so far, plus the last
+    draft's tokens once read); at each draft it is rewound to what it shares with the context and the missing
+    context tokens are fed first. The prompt is fed when the planner first drafts with the model, not at `reset`,
+    so a draft model that does not pay costs nothing."""
 
     name = "model"
 
@@ -44,89 +43,44 @@ class ModelDrafter(Drafter):
         self.subset = head_ids is not None and self.head is not None
         self.vocab_size, self.real_vocab = vocab_size, real_vocab
         self.fed_total = 0  # every token fed through the model
-        self.cache = None
-        self._fed: List[int] = []
-        self._drafted: Optional[Tuple[mx.array, int]] = None  # last round's draft, of which its cache holds n
-        self._output_from: Optional[int] = None  # the context's first output token (the prompt's length)
+        self.cache: Optional[list] = None  # its own cache (None while an engine's drafting holds it)
+        self.fed: List[int] = []
+        self.drafted: Optional[tuple] = None  # the last draft (lazy tokens, how many of them the cache holds)
+        self.output_from: Optional[int] = None  # the context's first output token (the prompt's length)
 
-    def _new_cache(self):
+    def drafting(self) -> Drafting:
+        return ModelDrafting(self)
+
+    def new_cache(self) -> list:
         cache = new_cache(self.model)
         if not can_trim_prompt_cache(cache):
             raise GenerationError(f"{self.name} drafter: its KV cache cannot be trimmed, so drafts cannot be rewound")
-        return cache  # a sliding-window cache may stop being trimmable later: _sync rebuilds it then
-
-    def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
-        """Keep the prefix of `prompt` the cache already holds; the rest is fed when the planner first drafts."""
-        if self.cache is None:
-            self.cache, self._fed = self._new_cache(), []
-        self._output_from = len(prompt)
-        if self.subset:
-            self.head.add(prompt)
-        if len(prompt) > 1:
-            self._guarded(lambda: self._sync(prompt))
-
-    def behind(self, context: List[int]) -> int:
-        """Context tokens (all but the last, which drafting starts from) the cache does not hold yet.
-
-        Cheap: the cache holds a prefix of the context plus at most the drafts rejected last round, so only
-        its tail is compared (a rejected draft equal to the context token there is missed: an estimate).
-        """
-        self._settle()
-        i = min(len(self._fed), len(context) - 1)
-        while i > 0 and self._fed[i - 1] != context[i - 1]:
-            i -= 1
-        return max(0, len(context) - 1 - i)
-
-    def _guarded(self, fn):
-        """Run fn; if it is interrupted (Ctrl-C, a closed generator), rewind the cache to `_fed`."""
-        try:
-            return fn()
-        except BaseException:
-            self._drafted = None
-            if not rewind(self.cache, len(self._fed)):
-                self.cache, self._fed = self._new_cache(), []
-            raise
-
-    def _settle(self) -> None:
-        """The tokens drafted last round join `_fed` (the engine read them with its verify pass already)."""
-        if self._drafted is not None:
-            drafted, n = self._drafted
-            self._fed.extend(drafted.tolist()[:n])
-            self._drafted = None
-
-    def _sync(self, context: List[int]) -> List[int]:
-        """Rewind the cache to what it shares with `context`; return the tokens still to feed."""
-        self._settle()
-        keep = min(common_prefix(self._fed, context), len(context) - 1)
-        if len(self._fed) > keep:
-            if can_trim_prompt_cache(self.cache) and rewind(self.cache, keep):
-                del self._fed[keep:]
-            else:  # e.g. a sliding-window cache past its window: start over (slow, but correct)
-                self.cache, self._fed, keep = self._new_cache(), [], 0
-        recurrent.commit(self.cache)  # the held prefix is the context's: only this round's drafts get trimmed
-        return context[keep:]
-
-    def lend(self, context: List[int]) -> list:
-        """Hand the cache to a batch (`batch_draft.py`), first brought to hold `context[:-1]` (the missing tokens
-        fed now, in chunks): this drafter holds nothing until `take_back`."""
-        if self.cache is None:
-            self.cache = self._new_cache()
-
-        def catch_up():
-            todo = self._sync(context)[:-1]
-            for i in range(0, len(todo), PREFILL_STEP):
-                self.model(mx.array(todo[i : i + PREFILL_STEP])[None], cache=self.cache)
-            mx.eval([c.state for c in self.cache])
-            self._fed.extend(todo)
-            self.fed_total += len(todo)
-
-        self._guarded(catch_up)
-        cache, self.cache, self._fed = self.cache, None, []
         return cache
 
-    def take_back(self, cache: list, fed: List[int]) -> None:
-        """Take back a lent cache, which now holds `fed`."""
-        self.cache, self._fed, self._drafted = cache, list(fed), None
+    def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
+        """Keep the prefix of `prompt` the cache holds; the rest is fed when the planner first drafts."""
+        self.output_from = len(prompt)
+        if self.subset:
+            self.head.add(prompt)
+
+    def settle(self) -> None:
+        """The last draft's tokens the cache holds join `fed` (the engine read them with its verify pass)."""
+        if self.drafted is not None:
+            tokens, n = self.drafted
+            self.fed.extend(tokens.tolist()[:n])
+            self.drafted = None
+
+    def behind(self, context: List[int]) -> int:
+        """Context tokens (all but the last, which drafting starts from) the cache does not hold yet."""
+        self.settle()
+        return len(context) - 1 - min(common_prefix(self.fed, context), len(context) - 1)
+
+    def propose(self, context: List[int], k: int, sampler=None) -> Draft:
+        drafting = self.drafting()
+        try:
+            return drafting.propose([Member(self, context, sampler)], k)[0]
+        finally:
+            drafting.leave(self)
 
     def align(self, logits: mx.array) -> mx.array:
         """Pad or cut the draft's logits (..., V) to the target's width and mask padding ids."""
@@ -140,75 +94,172 @@ class ModelDrafter(Drafter):
             logits = mx.where(mx.arange(self.vocab_size) >= self.real_vocab, -mx.inf, logits)
         return logits
 
-    def _pass(self, tokens: mx.array) -> Tuple[mx.array, bool]:
-        """Feed tokens (1, L) and return the last position's state (hidden (d,) with a split head, else logits
-        (V,)); where the device builds per shape and the cache allows, the pass runs at a padded size."""
-        n = tokens.shape[1]
-        size = shapes.padded(n) if shapes.builds_per_shape() and shapes.paddable(self.cache) else n
-        if size > n:
-            tokens = mx.concatenate([tokens, mx.broadcast_to(tokens[:, -1:], (1, size - n))], axis=1)
-        out = self.head.hidden(tokens, self.cache) if self.head is not None else self.model(tokens, cache=self.cache)[0]
-        if size > n:
-            for c in self.cache:
-                c.trim(size - n)
-        return out[:n], shapes.first_time(self.model, size)
+    def full(self, h: mx.array) -> mx.array:
+        """The target-width logits of states h (..., d with a split head, else logits already)."""
+        return self.align(self.head.full(h) if self.head is not None else h)
 
-    def _greedy(self, h: mx.array) -> mx.array:
-        """The greedy draft token at each row of h (n, d) or of logits (n, V) without a split head (lazy)."""
-        if self.head is None:
-            return mx.argmax(self.align(h), axis=-1)
+    def greedy(self, h: mx.array) -> mx.array:
+        """The greedy draft token at each row of h (lazy): over the vocabulary subset where there is one."""
         if self.subset:
             return self.head.ids()[mx.argmax(self.head.subset(h), axis=-1)]
-        return mx.argmax(self.align(self.head.full(h)), axis=-1)
+        return mx.argmax(self.full(h), axis=-1)
 
-    def _pick(self, h: mx.array, probs_fn) -> Tuple[mx.array, Optional[mx.array]]:
-        """The draft token after state h (1, d or V) and, when sampling, the distribution it was drawn from."""
-        if probs_fn is None:
-            return self._greedy(h), None
-        logits = self.align(self.head.full(h) if self.head is not None else h)
-        probs = probs_fn(logits)
-        return sample(probs), probs[0]
 
-    def _judged(self, context: List[int], todo: List[int]) -> int:
-        """How many of `todo`'s tokens (the catch-up) to judge in hindsight: the target's output among them, but
-        not the first (the position before it was fed in an earlier pass), and only a catch-up of HINDSIGHT_MIN
-        or more."""
-        if self._output_from is None:
+class ModelDrafting(Drafting):
+    """The rows drafting with one draft model, their caches as one (`joint.Rows`: a lone row's own cache as it is).
+    A round feeds every place the context it lacks (right-padded, padding dropped), then k - 1 of its drafts, one
+    position per pass; a place whose row was not asked for a draft runs along and keeps none of it."""
+
+    def __init__(self, part: ModelDrafter):
+        self.model, self.part = part.model, part
+        self.rows = Rows()  # owners: the members' drafters
+
+    def takes(self, part) -> bool:
+        return getattr(part, "model", None) is self.model and not part.in_target_cache
+
+    def leave(self, part) -> None:
+        if any(o is part for o in self.rows.owners):
+            part.settle()
+            part.cache = self.rows.remove(part, len(part.fed))
+
+    def _join(self, part: ModelDrafter) -> None:
+        if not any(o is part for o in self.rows.owners):
+            part.settle()
+            cache, part.cache = part.cache if part.cache is not None else part.new_cache(), None
+            self.rows.add(part, cache)
+
+    def propose(self, members: Sequence[Member], k: int, target=None, chunk: Optional[int] = None) -> List[Draft]:
+        if k <= 0:
+            return [Draft([], source=self.part.name) for _ in members]
+        for m in members:
+            self._join(m.part)
+        try:
+            return self._draft(members, k, chunk)
+        except BaseException:  # interrupted mid-pass: every drafter gets its cache back as far as it can be rewound
+            for o in [o for o in self.rows.owners if o is not None]:
+                o.drafted = None
+                try:
+                    self.leave(o)
+                except ValueError:
+                    self.rows.owners[self.rows.index(o)] = None
+                    o.cache, o.fed = None, []
+            raise
+
+    def _draft(self, members: Sequence[Member], k: int, chunk: Optional[int]) -> List[Draft]:
+        for o in self.rows.owners:
+            if o is not None:
+                o.settle()
+        if self.rows.empty_places() * 2 > len(self.rows.owners):  # rows that left hold half the places: pack
+            self.rows.pack([len(o.fed) for o in self.rows.owners if o is not None])
+        part, places = self.part, self.rows.owners
+        asked = {id(m.part): m for m in members}
+        feeds, drop, ready, judge = [], [], [], []
+        for o in places:  # each asked place rewinds to what it shares with its context and is fed the rest
+            m = asked.get(id(o)) if o is not None else None
+            if m is None:
+                feeds.append([]), drop.append(0), ready.append(False), judge.append(0)
+                continue
+            o.settle()
+            keep = min(common_prefix(o.fed, m.context), len(m.context) - 1)
+            todo = m.context[keep:]
+            drop.append(len(o.fed) - keep)
+            del o.fed[keep:]
+            ready.append(chunk is None or len(todo) <= chunk)  # others wait: a long catch-up goes a chunk a round
+            feeds.append(todo if ready[-1] else todo[:chunk])
+            greedy = m.sampler is None or m.sampler.temp == 0
+            judge.append(self._judged(o, m.context, todo) if ready[-1] and greedy else 0)
+        if any(drop):
+            self.rows.rewind(drop)
+        self.rows.start_round()
+        need = [j + 1 if r else 0 for j, r in zip(judge, ready)]
+        outs, state, cold = self._feed(feeds, need)
+        seen = {i: (part.greedy(h[:-1]), feeds[i][-j:]) for i, (h, j) in enumerate(zip(outs, judge)) if j}
+        if part.subset:  # judged on the subset as it was: the output must not credit itself
+            for f in feeds:
+                part.head.add(f)
+        drafting = [asked.get(id(o)) if r else None for o, r in zip(places, ready)]
+        tokens, probs = draft_steps(part, state, drafting, k, self.rows.layers)
+        if k > 1 and not all(drafting):  # places that drafted for nobody keep none of it
+            self.rows.rewind([0 if m is not None else k - 1 for m in drafting])
+        out = {}
+        for i, (o, f, r) in enumerate(zip(places, feeds, ready)):
+            if id(o) not in asked:
+                continue
+            o.fed.extend(f)
+            o.fed_total += len(f) + (k - 1 if r else 0)
+            if not r:
+                out[id(o)] = Draft([], source=part.name, behind=len(f))
+                continue
+            mine = tokens[i]
+            o.drafted = (mine, k - 1)
+            out[id(o)] = Draft(mine, probs[i], part.name, len(f) - 1, seen.get(i), cold)
+        mx.async_eval([d.tokens for d in out.values() if len(d)])  # the device drafts while the host goes on
+        return [out[id(m.part)] for m in members]
+
+    def _judged(self, o: ModelDrafter, context: List[int], todo: List[int]) -> int:
+        """How many of a catch-up's tokens to judge in hindsight: the target's output among them, but not the first
+        (the position before it was fed in an earlier pass), and only a catch-up of HINDSIGHT_MIN or more."""
+        if o.output_from is None:
             return 0
-        n = min(len(todo) - 1, len(context) - self._output_from, HINDSIGHT_MAX)
+        n = min(len(todo) - 1, len(context) - o.output_from, HINDSIGHT_MAX)
         return n if n >= HINDSIGHT_MIN else 0
 
-    def propose(self, context: List[int], k: int, probs_fn=None) -> Draft:
-        if k <= 0 or not context:
-            return Draft([], source=self.name)
-        if self.cache is None:
-            self.cache = self._new_cache()
-        return self._guarded(lambda: self._draft(context, k, probs_fn))
+    def _feed(self, feeds: List[List[int]], need: List[int]):
+        """Feed each place its tokens in passes over all places (right-padded, the padding dropped); returns (per
+        place the states of its last need[i] positions, every place's last state (P, d or V), whether a shape ran
+        for the first time). States are hidden with a split head, else logits. A lone place's long feed runs in
+        chunks, only the last scored."""
+        width = max(1, max(len(f) for f in feeds))
+        tail = width if len(feeds) > 1 else (min(width, PREFILL_STEP) if self.part.head is not None else max(need))
+        cold = False
+        for start in range(0, width - tail, PREFILL_STEP):
+            cold = self._pass([f[start : min(start + PREFILL_STEP, width - tail)] for f in feeds])[1] or cold
+        last = [f[width - tail :] for f in feeds]
+        h, first = self._pass(last)
+        at = [max(1, len(f)) for f in last]  # each place's last fed column (a place fed nothing: a dummy's)
+        state = mx.stack([h[i, a - 1] for i, a in enumerate(at)])
+        return [h[i, a - n : a] if n else None for i, (a, n) in enumerate(zip(at, need))], state, cold or first
 
-    def _draft(self, context: List[int], k: int, probs_fn) -> Draft:
-        todo = self._sync(context)  # what the cache lacks, ending with the token to continue from
-        judge = self._judged(context, todo) if probs_fn is None else 0  # greedy: a match is an acceptance
-        # A long catch-up is fed in chunks whose outputs are never needed; the last pass scores the judged positions
-        # and the one drafting continues from.
-        tail = min(len(todo), PREFILL_STEP) if self.head is not None else judge + 1
-        for i in range(0, len(todo) - tail, PREFILL_STEP):
-            self.model(mx.array(todo[i : min(i + PREFILL_STEP, len(todo) - tail)])[None], cache=self.cache)
-        out, cold = self._pass(mx.array(todo[len(todo) - tail :])[None])
-        # Judged on the subset as it was before these tokens joined it: the output must not credit itself.
-        seen = (self._greedy(out[-1 - judge : -1]), todo[-judge:]) if judge else None
-        if self.subset:
-            self.head.add(todo)
-        tokens, rows = [], []
-        for i in range(k):
-            tok, row = self._pick(out[-1:], probs_fn)
-            tokens.append(tok)
-            rows.append(row)
-            if i + 1 < k:
-                out, first = self._pass(tok.reshape(1, 1))
-                cold = cold or first
-        drafted = mx.concatenate(tokens)  # (k,)
-        mx.async_eval(drafted)  # the device drafts while the host builds the verify pass
-        self._fed.extend(todo)
-        self._drafted = (drafted, k - 1)
-        self.fed_total += len(todo) + k - 1
-        return Draft(drafted, mx.stack(rows) if probs_fn is not None else None, self.name, len(todo) - 1, seen, cold)
+    def _pass(self, feeds: List[List[int]]):
+        """One pass over every place, right-padded, the padding dropped after: (its states (P, L, d or V), whether
+        its shape was new)."""
+        n = max(1, max(len(f) for f in feeds))
+        size = shapes.padded(n) if shapes.builds_per_shape() and self.rows.paddable() else n
+        x = mx.array([f + [f[-1] if f else 0] * (size - len(f)) for f in feeds], dtype=mx.uint32)  # (P, size)
+        h = forward(self.part, x, self.rows.layers)
+        self.rows.rewind([size - len(f) for f in feeds])
+        return h, shapes.first_time(self.model, (len(feeds), size))
+
+
+def forward(part: ModelDrafter, x: mx.array, cache: list) -> mx.array:
+    """States (B, L, d) of feeding x (B, L) with a split head, else logits (B, L, V)."""
+    return part.head.hidden(x, cache) if part.head is not None else part.model(x, cache=cache)
+
+
+def draft_steps(part: ModelDrafter, state: mx.array, members: List[Optional[Member]], k: int, cache: list):
+    """k draft tokens for every place from its state (P, d or V), each fed back through `cache` but the last:
+    greedy, seeded or sampled by its member's rule (a place with none: greedy). Returns (tokens (P, k), each place's
+    distributions (k, V) or None)."""
+    sampled = any(m is not None and m.sampler is not None and m.sampler.temp for m in members)
+    tokens, dists = [], []
+    for j in range(k):
+        step, probs = part.greedy(state), [None] * len(members)
+        if sampled:
+            picks = []
+            for i, m in enumerate(members):
+                s = m.sampler if m is not None else None
+                if s is None or not s.temp:
+                    picks.append(step[i])
+                elif s.seed is not None:
+                    picks.append(s.pick(part.full(state[i : i + 1]), len(m.context) + j)[0])
+                else:
+                    q = s.probs_fn(part.full(state[i : i + 1]))
+                    picks.append(sample(q)[0])
+                    probs[i] = q[0]
+            step = mx.stack(picks).astype(mx.uint32)
+        tokens.append(step)
+        dists.append(probs)
+        if j + 1 < k:
+            state = forward(part, step[:, None], cache)[:, -1]
+    per = [mx.stack([d[i] for d in dists]) if dists[0][i] is not None else None for i in range(len(members))]
+    return mx.stack(tokens, axis=1), per

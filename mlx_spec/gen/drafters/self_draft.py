@@ -2,13 +2,16 @@
 
 from typing import List, Optional, Sequence
 
+import mlx.core as mx
+
 from ...errors import ConvertError, GenerationError, UnsupportedError
 from ...make.layers import INDEX_DEPENDENT, parse_layers as _parse, with_blocks
 from .. import recurrent
 from ..cache import rewind
+from ..joint import RaggedKVCache, Rows
 from ..tunables import IMPORTANCE_TOKENS
-from .base import Draft
-from .model import ModelDrafter
+from .base import Draft, Drafting, Member
+from .model import ModelDrafter, draft_steps, forward
 
 
 def parse_layers(spec: str, n_layers: int) -> List[int]:
@@ -47,40 +50,68 @@ class SelfDrafter(ModelDrafter):
         self.layers = list(layers)
         self.target_cache = None
         super().__init__(layer_view(model, self.layers), vocab_size, real_vocab, head_ids)
+        self.blocks = [id(b) for b in self.model.model.layers]
 
-    def _new_cache(self):
-        raise GenerationError("self drafter used before reset(prompt, target_cache)")
+    def drafting(self) -> Drafting:
+        return SelfDrafting(self)
 
     def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
         """Share the target's per-layer caches; nothing to prefill (the target's prefill is ours)."""
         if target_cache is None:
             raise GenerationError("the self drafter needs the target's cache: reset(prompt, target_cache)")
         self.target_cache = target_cache
-        self.cache = [target_cache[i] for i in self.layers]
         if self.subset:
             self.head.add(prompt)
         # Recurrent layers of the target (or of a quantized copy) record their calls into the shared cache,
         # so that the draft passes can be trimmed like attention entries.
-        if not recurrent.enable(self.model, self.cache):
+        if not recurrent.enable(self.model, [target_cache[i] for i in self.layers]):
             raise GenerationError(f"{self.name} drafter: the target's recurrent cache cannot be rewound")
 
     def behind(self, context: List[int]) -> int:
         return 0  # the target's cache is ours: nothing to catch up
 
-    def propose(self, context: List[int], k: int, probs_fn=None) -> Draft:
+    def propose(self, context: List[int], k: int, sampler=None) -> Draft:
         if self.target_cache is None:
             raise GenerationError("self drafter used before reset(prompt, target_cache)")
-        if k <= 0 or not context:
-            return Draft([], source=self.name)
-        offset = self.target_cache[0].offset
-        self._fed, self._drafted = list(context[:offset]), None  # the target cache holds the context but its last
+        rows = Rows()
+        rows.add(self, self.target_cache)
+        return self.drafting().propose([Member(self, context, sampler, 0)], k, rows)[0]
+
+
+class SelfDrafting(Drafting):
+    """The rows drafting with one view of the target (a subset of its layers, a quantized copy of all of them) over
+    the engine's target cache: k passes of the view over every place, one position each from its last token (a
+    place it does not draft for runs along), its layers' entries for them trimmed after, so the verify pass writes
+    the target's own there. Beside other rows only attention layers take part."""
+
+    def __init__(self, part: SelfDrafter):
+        self.part = part
+
+    def takes(self, part) -> bool:
+        return getattr(part, "blocks", None) == self.part.blocks
+
+    def propose(self, members: Sequence[Member], k: int, target=None, chunk: Optional[int] = None) -> List[Draft]:
+        part = self.part
+        cache = [target.layers[i] for i in part.layers]
+        if k <= 0 or target.joint and not all(isinstance(c, RaggedKVCache) for c in cache):
+            return [Draft([], source=part.name) for _ in members]
+        at = {m.place: m for m in members}
+        last = mx.array([[at[i].context[-1] if i in at else 0] for i in range(len(target.owners))], dtype=mx.uint32)
+        held = cache[0].offset
         try:
-            return super().propose(context, k, probs_fn)
+            state = forward(part, last, cache)[:, -1]
+            tokens, probs = draft_steps(part, state, [at.get(i) for i in range(len(target.owners))], k, cache)
         finally:  # drop the draft's entries, even if interrupted: the verify pass writes these positions
-            rewind(self.cache, offset)
-            self._fed, self._drafted = [], None
-
-
+            if target.joint:
+                for c in cache:
+                    c.trim(k)
+            else:
+                rewind(cache, held)
+        part.fed_total += k * len(members)
+        if part.subset:
+            part.head.add([m.context[-1] for m in members])
+        mx.async_eval(tokens)
+        return [Draft(tokens[m.place], probs[m.place], part.name) for m in members]
 
 
 class ImportanceSelfDrafter(SelfDrafter):
@@ -106,6 +137,7 @@ class ImportanceSelfDrafter(SelfDrafter):
         if len(tail) >= 2:
             self.layers = most_important(block_similarity(self.target, [tail]), self.keep)
             self.model = layer_view(self.target, self.layers)
+            self.blocks = [id(b) for b in self.model.model.layers]
             if self.head is not None:
                 self.head.model = self.model
         super().reset(prompt, target_cache)

@@ -1,0 +1,245 @@
+"""The cache of the rows generating together: a lone row's own cache as it is, several rows' in one joint cache.
+
+A joint cache has one object per layer, one row per generation. Attention layers use `RaggedKVCache`, mlx-lm's
+`BatchKVCache` (rows of different lengths left-padded, as in its `BatchGenerator`) whose rows may also have gaps: a
+row rewound further than the others keeps the positions it dropped as a gap its attention masks out, so no keys
+move. Recurrent layers use `recurrent.RewindableRows`: each row rewound by replaying its layer's mixer on what it
+kept. A row that leaves leaves its place, which runs along until a new row's cache is written into it (`add`) or
+the rows are packed (`pack`).
+"""
+
+from typing import List, Optional, Sequence
+
+import mlx.core as mx
+from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models.cache import BatchKVCache, KVCache
+
+from . import recurrent
+from .cache import rewind
+from .recurrent import RewindableCache, RewindableRows
+
+
+class RaggedKVCache(BatchKVCache):
+    """A `BatchKVCache` whose rows may have gaps: `gaps[i, j]` is True where row i's column j holds a position the
+    row dropped (`drop`). The one place mlx-spec reads `BatchKVCache`'s internals (`_idx`: the columns in use)."""
+
+    gaps: Optional[mx.array] = None
+
+    @classmethod
+    def of(cls, cache: KVCache) -> "RaggedKVCache":
+        """A joint cache of one row holding a copy of `cache`'s positions."""
+        return cls.merge([cache]) if cache.keys is not None else cls([0])
+
+    @property
+    def columns(self) -> int:
+        return self._idx
+
+    def _gaps(self, width: int) -> mx.array:
+        """The gaps over the first `width` columns (False past what is recorded)."""
+        g = self.gaps if self.gaps is not None else mx.zeros((self.offset.shape[0], 0), dtype=mx.bool_)
+        g = g[:, :width]
+        return mx.pad(g, [(0, 0), (0, width - g.shape[1])]) if g.shape[1] < width else g
+
+    def drop(self, extra: List[int]) -> None:
+        """Row i gives up its last `extra[i]` positions: they become a gap at the end of its columns."""
+        e = mx.array(extra)
+        cols = mx.arange(self._idx)[None]
+        self.gaps = self._gaps(self._idx) | (cols >= self._idx - e[:, None])
+        self.offset = self.offset - e
+
+    def trim(self, n):
+        n = super().trim(n)
+        if self.gaps is not None:
+            self.gaps = self.gaps[:, : self._idx]
+        return n
+
+    def make_mask(self, N: int, return_array: bool = False, **kwargs):
+        mask = create_causal_mask(N, offset=self._idx, left_padding=self.left_padding, **kwargs)
+        if self.gaps is None:
+            return mask
+        return mask & ~self._gaps(self._idx + N)[:, None, None, :]
+
+    def _columns(self, i: int) -> List[int]:
+        """Row i's columns that hold its positions, in order."""
+        start = self.left_padding[i].item()
+        if self.gaps is None:
+            return list(range(start, self._idx))
+        gap = self._gaps(self._idx)[i].tolist()
+        return [j for j in range(start, self._idx) if not gap[j]]
+
+    def extract(self, idx):
+        if self.gaps is None:
+            return super().extract(idx)
+        cache = KVCache()
+        cols = mx.array(self._columns(idx))
+        cache.keys = mx.contiguous(mx.take(self.keys[idx : idx + 1], cols, axis=2))
+        cache.values = mx.contiguous(mx.take(self.values[idx : idx + 1], cols, axis=2))
+        cache.offset = cache.keys.shape[2]
+        return cache
+
+    def filter(self, batch_indices):
+        if self.gaps is None:
+            return super().filter(batch_indices)
+        # Pack the rows kept: each row's positions right-aligned at the last column, no gaps.
+        cols = [self._columns(i) for i in batch_indices]
+        width = max(len(c) for c in cols)
+        index = mx.array([[0] * (width - len(c)) + c for c in cols])[:, None, :, None]  # (B, 1, width, 1)
+        rows = mx.array(batch_indices)
+        self.keys = mx.take_along_axis(self.keys[rows], index, axis=2)
+        self.values = mx.take_along_axis(self.values[rows], index, axis=2)
+        self.offset = self.offset[rows]
+        self.left_padding = mx.array([width - len(c) for c in cols])
+        self._idx, self.gaps = width, None
+
+    def fits(self, cache: KVCache) -> bool:
+        return self.keys is not None and cache.keys is not None and cache.offset <= self._idx
+
+    def put(self, i: int, cache: KVCache) -> None:
+        """Row i becomes `cache`'s positions (at most `columns` of them), right-aligned; what row i held is gone."""
+        n = cache.offset
+        self.keys[i : i + 1, :, self._idx - n : self._idx, :] = cache.keys[..., :n, :]
+        self.values[i : i + 1, :, self._idx - n : self._idx, :] = cache.values[..., :n, :]
+        rows = mx.arange(self.offset.shape[0]) == i
+        self.left_padding = mx.where(rows, self._idx - n, self.left_padding)
+        self.offset = mx.where(rows, n, self.offset)
+        if self.gaps is not None:
+            self.gaps = self.gaps & ~rows[:, None]
+
+    def extend(self, other):
+        a, b = self._idx, other._idx
+        ragged = other.gaps is not None
+        if self.gaps is None and not ragged:
+            return super().extend(other)
+        mine = self._gaps(a)  # taken before the rows are joined (`_gaps` sizes by the rows)
+        theirs = other._gaps(b) if ragged else mx.zeros((other.offset.shape[0], b), dtype=mx.bool_)
+        super().extend(other)
+        m = self._idx
+        self.gaps = mx.concatenate([mx.pad(mine, [(0, 0), (m - a, 0)]), mx.pad(theirs, [(0, 0), (m - b, 0)])])
+
+
+def batchable(cache: Sequence) -> bool:
+    """Whether a generation's cache can join others: plain KV caches and rewindable recurrent ones (no sliding
+    window, no recurrent state of unknown length)."""
+    return all(type(c) is KVCache or (isinstance(c, RewindableCache) and not isinstance(c, RewindableRows))
+               for c in cache)
+
+
+def _merge(cache: Sequence) -> List:
+    """A joint cache of one row from a generation's cache (copied, never changed)."""
+    return [recurrent.joint(c) if isinstance(c, RewindableCache) else RaggedKVCache.of(c) for c in cache]
+
+
+def _extract(joint: List, i: int, tokens: int) -> List:
+    """Row i's cache as a generation's own, holding its first `tokens` tokens (copied now: a pending copy would hold
+    the joint buffers, and the next pass, unable to write into them in place, would copy them whole)."""
+    out = [c.extract(i) for c in joint]
+    for c in out:
+        n = c.offset - tokens
+        if c.trim(n) < n:  # a recurrent row trims only within the pass it was last rewound in
+            raise ValueError(f"row {i} cannot be trimmed back {n} tokens")
+    mx.eval([c.state for c in out])
+    return out
+
+
+class Rows:
+    """The cache the model runs the rows over (`layers`) and which row is in each of its places (`owners`; None
+    where a row left and its place runs along)."""
+
+    def __init__(self):
+        self.layers: Optional[List] = None
+        self.owners: List[Optional[object]] = []
+
+    @property
+    def joint(self) -> bool:
+        return len(self.owners) > 1
+
+    def index(self, owner) -> int:
+        return next(i for i, o in enumerate(self.owners) if o is owner)
+
+    def empty_places(self) -> int:
+        return sum(o is None for o in self.owners)
+
+    def paddable(self) -> bool:
+        """Whether dummy positions may pad a pass (attention caches only: they are dropped like any position)."""
+        return self.joint and all(type(c) is RaggedKVCache for c in self.layers) or \
+            not self.joint and all(type(c) is KVCache for c in self.layers)
+
+    def paddable(self) -> bool:
+        """Whether dummy positions may pad a pass (attention caches only: they are dropped like any position)."""
+        return self.joint and all(type(c) is RaggedKVCache for c in self.layers) or \
+            not self.joint and all(type(c) is KVCache for c in self.layers)
+
+    def columns(self) -> int:
+        """The longest row's columns (1 where no layer is attention)."""
+        return max([c.columns if isinstance(c, RaggedKVCache) else c.offset for c in self.layers
+                    if isinstance(c, (KVCache, BatchKVCache))], default=1)
+
+    def add(self, owner, cache: List) -> None:
+        """A row whose `cache` holds its context minus the last token: alone, its cache is used as it is; beside
+        others, copied into the place of a row that left where it fits, else into a new place."""
+        if not self.owners:
+            self.layers, self.owners = cache, [owner]
+            return
+        if not self.joint:
+            self.layers = _merge(self.layers)
+        free = next((i for i, o in enumerate(self.owners) if o is None), None)
+        if free is not None and all(isinstance(c, RaggedKVCache) and type(o) is KVCache and c.fits(o)
+                                    for c, o in zip(self.layers, cache)):
+            for c, o in zip(self.layers, cache):
+                c.put(free, o)
+            self.owners[free] = owner
+            return
+        for mine, new in zip(self.layers, _merge(cache)):
+            mine.extend(new)
+        self.owners.append(owner)
+
+    def remove(self, owner, tokens: int) -> List:
+        """Take a row out: its cache, holding its first `tokens` tokens (a lone row's own, trimmed)."""
+        i = self.index(owner)
+        if not self.joint:
+            out, self.layers, self.owners = self.layers, None, []
+            if not rewind(out, tokens):
+                raise ValueError(f"the row's cache cannot be trimmed back to {tokens} tokens")
+            return out
+        out = _extract(self.layers, i, tokens)
+        self.owners[i] = None  # runs along until a new row takes it or the rows are packed
+        if not any(o is not None for o in self.owners):
+            self.layers, self.owners = None, []
+        return out
+
+    def pack(self, tokens: Sequence[int]) -> None:
+        """Drop the places of rows that left; the row left alone gets a cache of its own (holding `tokens[0]`)."""
+        keep = [i for i, o in enumerate(self.owners) if o is not None]
+        if len(keep) == 1:
+            self.layers, self.owners = _extract(self.layers, keep[0], tokens[0]), [self.owners[keep[0]]]
+            return
+        for c in self.layers:
+            c.filter(keep)
+        mx.eval([c.state for c in self.layers])
+        self.owners = [self.owners[i] for i in keep]
+
+    def start_round(self) -> None:
+        """What the cache holds now is final: a round's rewind goes back no further than this."""
+        recurrent.commit(self.layers)
+
+    def rewind(self, drop: Sequence[int]) -> None:
+        """Drop each place's last `drop[i]` positions (of the passes since `start_round`): a recurrent layer replays
+        each row's kept part; an attention layer trims the part common to all and leaves the rest as a gap."""
+        if not self.joint:
+            return _trim_alone(self.layers, drop[0])
+        common = min(drop)
+        extra = [n - common for n in drop]
+        for c in self.layers:
+            if isinstance(c, RewindableRows):
+                c.trim_rows(list(drop))
+                continue
+            if common:
+                c.trim(common)
+            if any(extra):
+                c.drop(extra)
+
+
+def _trim_alone(cache: List, n: int) -> None:
+    for c in cache:
+        if n and c.trim(n) < n:
+            raise ValueError(f"the cache cannot be trimmed back {n} tokens")

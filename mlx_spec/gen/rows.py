@@ -1,0 +1,80 @@
+"""A generation as the engine runs it (a row): its context, drafter, sampling rule, budget, stats, and the steps it
+delivers with the one finish rule."""
+
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, NamedTuple, Optional, Sequence
+
+from .drafters.base import Drafter
+from .planner import SourceStats
+from .sampling import GREEDY, Sampler
+from .stats import Stats
+
+FINISH_REASONS = ("stop", "length", "context")  # EOS; max_tokens; the model's context is full
+
+
+class Step(NamedTuple):
+    """One generated token, as the target alone would have produced it."""
+
+    token: int
+    from_draft: bool  # this token was a draft token the target accepted
+    finish_reason: Optional[str]  # on the last token: one of FINISH_REASONS
+
+
+
+
+@dataclass
+class Row:
+    """One generation: `context` is the prompt and the tokens delivered so far, ending with the token the target
+    has not consumed yet."""
+
+    context: List[int]
+    drafter: Optional[Drafter] = None
+    sampler: Sampler = GREEDY
+    budget: int = 0  # tokens it may produce in all
+    at_limit: str = "length"  # the finish reason when the budget runs out: "length" or "context"
+    eos: frozenset = frozenset()
+    k_max: int = 1  # the most draft tokens a round gives it
+    stats: Stats = field(default_factory=Stats)
+    accept: Dict[str, SourceStats] = field(default_factory=dict)  # its acceptance of each source
+    caps: Dict[str, int] = field(default_factory=dict)  # the most tokens each of its sources drafts
+    pace: float = 1.0  # tokens its rounds yield, the mean over them
+    paced: int = 0
+    done: bool = False
+    started: float = field(default_factory=time.perf_counter)  # prompt time runs from here to the first token
+    first_at: Optional[float] = None
+
+    def __post_init__(self):
+        self.probs_fn = self.sampler.probs_fn
+
+    @property
+    def parts(self) -> Sequence[Drafter]:
+        return self.drafter.parts if self.drafter is not None else ()
+
+    @property
+    def room(self) -> int:
+        """Draft tokens the row may still use: one token of its budget is always the target's."""
+        return self.budget - self.stats.generation_tokens - 1
+
+    def offered(self, tokens: float) -> None:
+        """A round offered it `tokens` expected tokens: its pace follows."""
+        self.paced += 1
+        self.pace += (tokens - self.pace) / self.paced
+
+    def deliver(self, tokens: List[int], drafted: int) -> List[Step]:
+        """The round's new tokens (the first `drafted` from its draft), each with the finish reason where it ends:
+        "stop" (an EOS, delivered), or at the budget "length" or "context". The one place a generation ends."""
+        steps, now = [], time.perf_counter()
+        if self.first_at is None:
+            self.first_at, self.stats.prompt_time = now, now - self.started
+        for j, tok in enumerate(tokens):
+            self.stats.generation_tokens += 1
+            finish = "stop" if tok in self.eos else (self.at_limit if self.stats.generation_tokens >= self.budget
+                                                     else None)
+            self.context.append(tok)
+            steps.append(Step(tok, j < drafted, finish))
+            if finish:
+                self.done, self.stats.finish_reason = True, finish
+                break
+        self.stats.generation_time = time.perf_counter() - self.first_at
+        return steps
