@@ -11,8 +11,6 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .gen import registry
-from .gen.drafters.hybrid import HybridDrafter
-from .gen.drafters.model import ModelDrafter
 from .gen.load import load_folder
 from .make.quant import format_name
 from .make.resolve import resolve
@@ -91,12 +89,8 @@ def table_name(spec: registry.Spec) -> str:
 
 
 def draft_model(drafter, target):
-    """The network a drafter runs (the target itself for self-drafting), or None for n-gram drafting."""
-    if isinstance(drafter, HybridDrafter):
-        return draft_model(drafter.parts[-1], target)
-    if isinstance(drafter, ModelDrafter):  # includes SelfDrafter, whose model is the target's own layers
-        return drafter.model
-    return None
+    """The network a drafter runs (the target's own layers for self-drafting), or None for table lookups."""
+    return next((p.model for p in drafter.parts if p.model is not None), None) if drafter is not None else None
 
 
 def quantization(model) -> str:

@@ -97,9 +97,13 @@ def test_trim_then_regenerate_gives_the_same_tokens(recurrent_models, arch):
     model, tok = recurrent_models[arch]
     prompt = tok.encode(PROMPTS[1])
     cont = plain_greedy(model, prompt, 8)
-    cache = new_cache(model)
-    model(mx.array(prompt)[None], cache=cache)
-    model(mx.array(cont)[None], cache=cache)
+    cache, runner = new_cache(model), recurrent.recording(model)  # the model's recurrent blocks record their calls
+    runner(mx.array(prompt)[None], cache=cache)
+    model(mx.array(cont[:0] + [cont[0]])[None], cache=cache)  # a pass of the model itself is not recorded ...
+    assert not rewind(cache, len(prompt))  # ... so no rewind reaches into it
+    cache, runner = new_cache(model), recurrent.recording(model)
+    runner(mx.array(prompt)[None], cache=cache)
+    runner(mx.array(cont)[None], cache=cache)
     assert rewind(cache, len(prompt) + 3)  # keep 3 of the 8: the recurrent layers run those 3 again
     assert {c.offset for c in cache} == {len(prompt) + 3}
     again = model(mx.array(cont[3:])[None], cache=cache)

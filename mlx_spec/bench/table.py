@@ -113,7 +113,6 @@ class TableRun:
     def target(self, t) -> None:
         from ..gen.load import check_tokenizers
         from ..gen.planner import Planner
-        from ..gen.registry import default_num_draft
         from ..gen.shapes import warm
         from ..named import draft_model, load_model, make_drafter, quantization
 

@@ -33,7 +33,5 @@ def rewind(cache: List, n_tokens: int) -> bool:
 
 
 def new_cache(model) -> List:
-    """mlx-lm's cache for `model` (one object per layer), its recurrent layers made rewindable."""
-    cache = make_prompt_cache(model)
-    recurrent.enable(model, cache)
-    return cache
+    """mlx-lm's cache for `model` (one object per layer), its recurrent layers rewindable."""
+    return recurrent.rewindable(make_prompt_cache(model))

@@ -43,7 +43,7 @@ def shadow_judgement(draft: Sequence[int], produced: Sequence[int]):
 def prefill_cache(model, cache, tokens: List[int], room: Optional[int]) -> None:
     """Feed `tokens` in chunks; where the device builds per shape, the last chunk runs at a padded size (dummy
     positions trimmed at once) so a new prompt length is not a new shape. room: positions left in the context."""
-    pad = shapes.builds_per_shape() and shapes.paddable(cache)
+    pad, model = shapes.builds_per_shape() and shapes.paddable(cache), recurrent.recording(model)
     for i in range(0, len(tokens), PREFILL_STEP):
         chunk = tokens[i : i + PREFILL_STEP]
         size = shapes.padded(len(chunk)) if pad else len(chunk)
@@ -67,7 +67,7 @@ class Engine:
     costly source, and a plain step queued ahead where the rounds are plain."""
 
     def __init__(self, model, planner: Optional[Planner] = None):
-        self.model, self.limit = model, context_limit(model)
+        self.model, self.limit = recurrent.recording(model), context_limit(model)
         self.planner = planner if planner is not None else Planner()
         self.cache = Rows()
         self.drafting: Dict[str, Drafting] = {}
@@ -81,9 +81,11 @@ class Engine:
         return [r for r in self.cache.owners if r is not None]
 
     def add(self, row: Row, cache: list) -> None:
-        """A row joins whose `cache` holds its context minus the last token (a lone row's cache is used as it is)."""
+        """A row joins whose `cache` holds its context minus the last token (a lone row's cache is used as it is). A
+        step queued ahead for the others is dropped (`hold` spares it: set it a round before)."""
         if self.pending is not None:
-            raise GenerationError("a row joins only between rounds that queued nothing ahead (set `hold`)")
+            self.cache.rewind([1] * len(self.cache.owners))
+            self.pending = None
         self.cache.add(row, cache)
         self.planner.joined()
         for part in row.parts:
@@ -377,9 +379,8 @@ def speculative_generate_step(
     budget, at_limit = max_tokens, "length"
     if limit is not None and limit - len(context) < max_tokens:
         budget, at_limit = limit - len(context), "context"
-    cache = prompt_cache if prompt_cache is not None else new_cache(model)
-    recurrent.enable(model, cache)
-    cached = cache_tokens(cache) if prompt_cache is not None else 0
+    cache = recurrent.rewindable(prompt_cache) if prompt_cache is not None else new_cache(model)
+    cached = None if cache is None else cache_tokens(cache) if prompt_cache is not None else 0
     if cached is None or cached > len(context) - 1:
         raise GenerationError(f"the prompt cache holds {cached} tokens; it must hold a prefix of the prompt "
                               f"({len(context)} tokens) and no more than all but its last token")

@@ -164,11 +164,6 @@ class Rows:
         return self.joint and all(type(c) is RaggedKVCache for c in self.layers) or \
             not self.joint and all(type(c) is KVCache for c in self.layers)
 
-    def paddable(self) -> bool:
-        """Whether dummy positions may pad a pass (attention caches only: they are dropped like any position)."""
-        return self.joint and all(type(c) is RaggedKVCache for c in self.layers) or \
-            not self.joint and all(type(c) is KVCache for c in self.layers)
-
     def columns(self) -> int:
         """The longest row's columns (1 where no layer is attention)."""
         return max([c.columns if isinstance(c, RaggedKVCache) else c.offset for c in self.layers

@@ -186,6 +186,7 @@ class Planner:
     kept_w: float = PRIOR_TRIALS  # discounted extra tokens drafting rounds delivered, and what they promised
     promised_w: float = PRIOR_TRIALS
     copies: List[float] = field(default_factory=list)  # seconds per position of packing the cache
+    ran: int = 0  # the most positions of a pass in a round a costly source drafted in (its fit times that round)
     _curve: List[Tuple[float, float]] = field(default_factory=list)
     _slope: float = 0.0
 
@@ -230,8 +231,9 @@ class Planner:
         return max(0.0, c0 + c1 * rows) * k + c * behind
 
     def reach(self) -> int:
-        """The most positions a pass may span: twice those timed so far (past them its cost is a guess)."""
-        return 2 * max((p * s for p, s in self.costs), default=0)
+        """The most positions a pass may span: twice those timed so far, alone or in a costly source's round (past them
+        its cost is a guess)."""
+        return 2 * max(max((p * s for p, s in self.costs), default=0), self.ran)
 
     # --- choosing ---
 
@@ -385,6 +387,7 @@ class Planner:
             source = costly[0].source
             fit = self.drafts.setdefault((source, len(costly)), _Fit())
             fit.add(plan.k, sum(o.behind for o in costly), max(0.0, seconds - self.cost(places, plan.size)))
+            self.ran = max(self.ran, places * plan.size)
 
     def _time(self, key: Tuple[int, int], seconds: float) -> None:
         """A cost is the median of the shape's latest TIMINGS rounds: a stall moves it by nothing."""

@@ -1,52 +1,69 @@
-"""Rewinding recurrent layers (gated delta nets, Mamba, LFM2's short convolutions), so that hybrid and
-recurrent models can be speculated on.
+"""Rewinding recurrent layers (gated delta nets, Mamba, LFM2's short convolutions), so that hybrid and recurrent
+models can be speculated on.
 
-mlx-lm keeps a recurrent layer's state in an `ArraysCache` of fixed size that cannot be trimmed: after a
-verify pass it holds the state after the whole draft, and the state after the accepted prefix is gone.
-mlx-lm therefore refuses speculative decoding on these models. Here, each call of a recurrent layer keeps
-the state it started from and the layer's input (references to arrays the pass computed anyway, no copy).
-Trimming restores the state before the call and runs only that layer's token mixer (its norm and mixer:
-no attention layer, no MLP, no head) on the accepted prefix of the recorded input. That costs the mixers'
-projections over the accepted tokens, not a second forward pass.
+mlx-lm keeps a recurrent layer's state in an `ArraysCache` that cannot be trimmed: after a verify pass it holds the
+state after the whole draft, and the state after the accepted prefix is gone, so mlx-lm refuses speculative decoding
+on these models. Here each call of a recurrent layer keeps the state it started from and the layer's input
+(references to arrays the pass computed anyway, no copy); trimming restores the state before the call and runs only
+that layer's token mixer (its norm and mixer: no attention layer, no MLP, no head) on the accepted prefix.
 
-mlx-lm offers no hook for a layer's input, so each recurrent layer instance gets a recording subclass of its
-own class (`enable`): parameters, weights and outputs are unchanged, and with a cache that is not ours
-it only adds one isinstance check. Written here because no maintained library rewinds these caches.
+Nothing of the caller's changes class: the engine runs a view of the model whose recurrent blocks are wrapped in a
+`Recorder` (`recording`; mlx-lm offers no hook for a layer's input), over a list of its own whose recurrent entries
+wrap the caller's `ArraysCache` (`rewindable`): the state stays in the caller's object, read and written through; the
+tokens it holds and the recent calls are the wrapper's. Written here because no maintained library rewinds these
+caches.
 
-In a batch (`batch_cache`), a layer's rows share one `RewindableRows` cache: the recording layer records each
-batched call into it, and `trim_rows` rewinds each row by its own count, restoring its state before the call
-its kept part ends in. The rows keeping the same count of a call replay together, with no padding mask: a mixer
-needs no support for mlx-lm's per-row `lengths` (mamba's and olmo_hybrid's have none).
+In a batch (`joint`), a layer's rows share one `RewindableRows`, and `trim_rows` rewinds each row by its own count,
+restoring its state before the call its kept part ends in; the rows keeping the same count of a call replay together.
 """
 
+import copy
 import functools
 import inspect
-from typing import List, Optional
+import weakref
+from typing import Dict, List, Optional
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache
+import mlx.nn as nn
+from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
 from .tunables import RECURRENT_CALLS as MAX_CALLS, RECURRENT_RECORD as MAX_RECORD
 
 # (mixer, norm) attribute pairs of recurrent blocks in mlx-lm: qwen3_next / qwen3_5, mamba / mamba2, lfm2.
 MIXERS = (("linear_attn", "input_layernorm"), ("mixer", "norm"), ("conv", "operator_norm"))
+_HELD: "weakref.WeakKeyDictionary[ArraysCache, int]" = weakref.WeakKeyDictionary()  # tokens a wrapped state holds
 
 
-class RewindableCache:
-    """Mixed into a layer's ArraysCache (its class is swapped by `rewindable`): an offset, a short history
-    of calls and `trim`. The history is cleared by `commit` (the engine calls it at the start of each round)."""
+def _through(name: str):
+    """An attribute read and written on the wrapped cache."""
+    return property(lambda self: getattr(self.inner, name), lambda self, v: setattr(self.inner, name, v))
 
-    def _start(self, offset: int) -> None:
-        self.offset, self._calls = offset, []
+
+class RewindableCache(ArraysCache):
+    """A recurrent layer's cache as the engine sees it: the state of an mlx-lm `ArraysCache` (`inner`), the tokens
+    it holds (`offset`) and the calls since the last `commit`, which `trim` rewinds through."""
+
+    cache, left_padding, lengths = _through("cache"), _through("left_padding"), _through("lengths")
+
+    def __init__(self, inner: ArraysCache, offset=0):
+        self.inner, self.offset, self._calls = inner, offset, []
+
+    def _held(self) -> None:
+        _HELD[self.inner] = self.offset  # a later generation over the caller's cache knows what it holds
 
     def record(self, layer, x, mask) -> None:
-        n = x.shape[1]
-        if n > MAX_RECORD:
+        """A call of `layer` on input x is about to run from the state held now."""
+        if x.shape[1] > MAX_RECORD:
             self._calls.clear()
         else:
-            self._calls.append((list(self.cache), layer, x, mask))
+            self._calls.append((list(self.cache), layer, x, mask, self.offset + x.shape[1]))
             del self._calls[:-MAX_CALLS]
-        self.offset += n
+
+    def advance(self, n: int) -> None:
+        """The layer's mixer took n tokens (mlx-lm's recurrent mixers call this after each update)."""
+        super().advance(n)
+        self.offset = self.offset + n
+        self._held()
 
     def commit(self) -> None:
         """Forget the history: what is held now is final (frees the recorded inputs and old states)."""
@@ -58,8 +75,8 @@ class RewindableCache:
     def trim(self, n: int) -> int:
         """Drop the last `n` tokens; returns how many were dropped (fewer if the history does not reach)."""
         done = 0
-        while done < n and self._calls:
-            state, layer, x, mask = self._calls.pop()
+        while done < n and self._calls and self._calls[-1][4] == self.offset:  # (not where a pass went unrecorded)
+            state, layer, x, mask, _ = self._calls.pop()
             self.cache = list(state)
             length = x.shape[1]
             self.offset -= length
@@ -68,22 +85,24 @@ class RewindableCache:
                 done += length
                 continue
             x, mask = x[:, :keep], (mask[..., :keep] if mask is not None else None)
-            self._calls.append((list(state), layer, x, mask))
-            _replay(layer, x, mask, self)
-            self.offset += keep
+            _replay(layer, x, mask, self)  # advances the offset by keep
+            self._calls.append((list(state), layer, x, mask, self.offset))
             done = n
+        self._held()
         return done
 
 
 class RewindableRows(RewindableCache):
-    """A batch's joint recurrent cache (one row per generation): per-row offsets (an array) and a per-row rewind.
+    """A joint recurrent cache (one row per generation, its state its own): per-row offsets (an array) and a per-row
+    rewind. After `trim_rows` each row keeps a reference to the call it was rewound in, so a row taken out
+    (`extract`) can still be trimmed within it. Rows keep it across `filter` and `extend` until `commit`."""
 
-    After `trim_rows`, each row keeps a reference to the call it was rewound in, so a row taken out (`extract`)
-    can still be trimmed within it. Rows keep it across `filter` and `extend` until `commit`.
-    """
+    def __init__(self, inner: ArraysCache, offset: mx.array):
+        super().__init__(inner, offset)
+        self._rows = [None] * offset.size
 
-    def _start(self, offset) -> None:
-        self.offset, self._calls, self._rows = offset, [], [None] * offset.size
+    def _held(self) -> None:
+        pass  # the state is the engine's own
 
     @property
     def batch_size(self) -> int:
@@ -101,7 +120,7 @@ class RewindableRows(RewindableCache):
         count, last = len(drop), True
         self._rows = [None] * len(drop)
         while self._calls and (last or any(left)):
-            call = before, layer, x, mask = self._calls.pop()
+            call = before, layer, x, mask, _ = self._calls.pop()
             width, groups = x.shape[1], {}
             for i, d in enumerate(left):
                 if last and not d:
@@ -140,33 +159,23 @@ class RewindableRows(RewindableCache):
         self.offset = mx.concatenate([self.offset, other.offset])
         self._rows += other._rows
 
-    def extract(self, idx: int):
+    def extract(self, idx: int) -> RewindableCache:
         """Row idx as a generation's own rewindable cache, trimmable within the call it was last rewound in."""
-        out = _own(self)(len(self.cache))
-        out.cache = [None if s is None else s[idx: idx + 1] for s in self.cache]
-        out._start(self.offset[idx].item())
+        inner = ArraysCache(len(self.cache))
+        inner.cache = [None if s is None else s[idx: idx + 1] for s in self.cache]
+        out = RewindableCache(inner, self.offset[idx].item())
         if self._rows[idx] is not None:
-            (before, layer, x, mask), i, k = self._rows[idx]
+            (before, layer, x, mask, _), i, k = self._rows[idx]
             out._calls.append(([None if s is None else s[i: i + 1] for s in before], layer, x[i: i + 1, :k],
-                               _take(mask, [i], k)))
+                               _take(mask, [i], k), out.offset))
         return out
 
 
 def joint(cache: RewindableCache) -> RewindableRows:
     """A joint cache of one row holding `cache`'s state (`cache` itself is not changed)."""
-    out = _subclass(_base(cache), RewindableRows)(len(cache.cache))
-    out.cache = list(cache.cache)
-    out._start(mx.array([cache.offset]))
-    return out
-
-
-def _base(cache) -> type:
-    """The mlx-lm class a rewindable cache was made from."""
-    return next(c for c in type(cache).__mro__ if not issubclass(c, RewindableCache))
-
-
-def _own(cache) -> type:
-    return _subclass(_base(cache), RewindableCache)
+    inner = ArraysCache(len(cache.cache))
+    inner.cache = list(cache.cache)
+    return RewindableRows(inner, mx.array([cache.offset]))
 
 
 def _take(mask, rows: List[int], keep: int):
@@ -179,31 +188,11 @@ def _replay(layer, x, mask, cache) -> None:
     for mixer_name, norm_name in MIXERS:
         mixer, norm = getattr(layer, mixer_name, None), getattr(layer, norm_name, None)
         if callable(mixer) and callable(norm):
-            names = _parameters(type(mixer).__call__)
+            names = _signature(type(mixer).__call__).parameters
             mixer(norm(x), **({"mask": mask} if "mask" in names else {}), cache=cache)
             return
-    _call_original(layer, x, mask, cache)  # an unknown block: the whole block, its output dropped
-
-
-def _call_original(layer, x, mask, cache):
-    original = _original_call(layer)
-    names = _parameters(original)
-    return original(layer, x, **({"mask": mask} if "mask" in names else {}), cache=cache)
-
-
-class _Recording:
-    """Mixed into a recurrent layer's class: records the input of each call that uses a rewindable cache."""
-
-    def __call__(self, x, *args, **kwargs):
-        bound = _signature(_original_call(self)).bind(self, x, *args, **kwargs).arguments
-        cache = bound.get("cache")
-        if isinstance(cache, RewindableCache):
-            cache.record(self, x, bound.get("mask"))
-        return super().__call__(x, *args, **kwargs)
-
-
-def _original_call(layer):
-    return type(layer).__mro__[2].__call__  # [recording subclass, _Recording, the layer's own class, ...]
+    names = _signature(type(layer).__call__).parameters  # an unknown block: the whole block, its output dropped
+    layer(x, **({"mask": mask} if "mask" in names else {}), cache=cache)
 
 
 @functools.lru_cache(maxsize=None)
@@ -211,56 +200,76 @@ def _signature(fn) -> inspect.Signature:
     return inspect.signature(fn)
 
 
-def _parameters(fn):
-    return _signature(fn).parameters
+class Recorder(nn.Module):
+    """A recurrent block as the engine runs it: each call over a rewindable cache records its input, then the
+    block (unchanged) runs."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def __call__(self, x, *args, **kwargs):
+        bound = _signature(type(self.block).__call__).bind(self.block, x, *args, **kwargs).arguments
+        cache = bound.get("cache")
+        if isinstance(cache, RewindableCache):
+            cache.record(self.block, x, bound.get("mask"))
+        return self.block(x, *args, **kwargs)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "block":
+                raise
+            return getattr(self["block"], name)  # what the model reads of its blocks (e.g. `is_linear`)
 
 
-_SUBCLASSES: dict = {}
+_VIEWS: Dict[int, object] = {}
 
 
-def _subclass(cls, mixin):
-    key = (cls, mixin)
-    if key not in _SUBCLASSES:
-        _SUBCLASSES[key] = type(f"Rewindable{cls.__name__}", (mixin, cls), {})
-    return _SUBCLASSES[key]
+def _recurrent(model) -> List[int]:
+    """Indices of the blocks whose cache entry is a recurrent state."""
+    return [i for i, c in enumerate(make_prompt_cache(model)) if isinstance(c, ArraysCache)]
 
 
-def recurrent_layers(model, cache: List) -> List[int]:
-    """Indices of the layers whose cache entry is a recurrent state."""
-    return [i for i, c in enumerate(cache) if isinstance(c, ArraysCache)]
+def recording(model):
+    """`model`, or where it has recurrent blocks a view of it whose recurrent blocks record their calls (made once per
+    model; its weights, blocks and the model itself unchanged)."""
+    key = id(model)
+    if key not in _VIEWS:
+        layers = getattr(model, "layers", None)
+        idx = [i for i in _recurrent(model) if not isinstance(layers[i], Recorder)] if layers is not None else []
+        view = model
+        if idx:
+            ids = [id(b) for b in layers]  # the module holding the blocks (`model.layers` may be a copy of its list)
+            holder = next(n for n, m in model.children().items() if [id(b) for b in getattr(m, "layers", ())] == ids)
+            inner = copy.copy(model[holder])
+            inner.layers = [Recorder(b) if i in idx else b for i, b in enumerate(layers)]
+            view = copy.copy(model)
+            view[holder] = inner
+        _VIEWS[key] = view
+        weakref.finalize(model, _VIEWS.pop, key, None)
+    return _VIEWS[key]
 
 
-def enable(model, cache: List) -> bool:
-    """Make `cache` (fresh, or already rewindable) rewindable for `model`, in place; False if it cannot be.
-
-    A recurrent cache that already holds a state of unknown length (made outside mlx-spec and used) stays
-    as it is: the engine then decodes without drafts, as before.
-    """
-    idx = recurrent_layers(model, cache)
-    if not idx:
-        return True
-    layers = getattr(model, "layers", None)
-    if layers is None or len(layers) != len(cache):
-        return False
-    for i in idx:
-        c = cache[i]
-        if not isinstance(c, RewindableCache):
-            if not c.empty():
-                return False
-            c.__class__ = _subclass(type(c), RewindableCache)
-            c._start(0)
-        layer = layers[i]
-        if not isinstance(layer, _Recording):
-            layer.__class__ = _subclass(type(layer), _Recording)
-    return True
+def rewindable(cache: List) -> Optional[List]:
+    """The engine's view of a cache: the same list where every recurrent entry is rewindable already, else a new
+    list whose recurrent entries wrap the caller's (the caller's objects unchanged). None where a recurrent state
+    holds tokens of unknown count (made and used outside mlx-spec)."""
+    if all(not isinstance(c, ArraysCache) or isinstance(c, RewindableCache) for c in cache):
+        return cache
+    out = []
+    for c in cache:
+        if isinstance(c, ArraysCache) and not isinstance(c, RewindableCache):
+            held = _HELD.get(c, 0 if c.empty() else None)
+            if held is None:
+                return None
+            c = RewindableCache(c, held)
+        out.append(c)
+    return out
 
 
 def commit(cache: List) -> None:
     for c in cache:
         if isinstance(c, RewindableCache):
             c.commit()
-
-
-def states(cache: List) -> List[Optional[mx.array]]:
-    """Every array the recurrent layers hold (for mx.eval)."""
-    return [a for c in cache if isinstance(c, ArraysCache) for a in c.cache if a is not None]

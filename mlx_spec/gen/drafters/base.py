@@ -73,6 +73,7 @@ class Drafter:
     name = "drafter"
     free = False  # proposing is a table lookup: the engine asks every round and judges the draft against the output
     in_target_cache = False  # drafts through the target's own cache, which must then hold the context but its last
+    model = None  # the network it runs (a draft model, a view of the target); None for a table lookup
 
     @property
     def parts(self) -> Sequence["Drafter"]:

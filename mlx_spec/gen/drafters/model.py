@@ -7,8 +7,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache
 
 from ...errors import GenerationError
-from .. import shapes
-from ..cache import new_cache, rewind
+from .. import recurrent, shapes
+from ..cache import new_cache
 from ..joint import Rows
 from ..sampling import sample
 from ..tunables import HINDSIGHT_MAX, HINDSIGHT_MIN, PREFILL_STEP
@@ -38,8 +38,8 @@ class ModelDrafter(Drafter):
         """vocab_size: the target's logits width; real_vocab: tokens the tokenizer really has (ids at or above it
         are padding and are never drafted); head_ids: the base vocabulary subset of greedy draft steps
         (`head.SubsetHead`; the context's tokens join it), None for the full head."""
-        self.model = model
-        self.head = SubsetHead(model, head_ids or []) if SubsetHead.supports(model) else None
+        self.model = recurrent.recording(model)
+        self.head = SubsetHead(self.model, head_ids or []) if SubsetHead.supports(self.model) else None
         self.subset = head_ids is not None and self.head is not None
         self.vocab_size, self.real_vocab = vocab_size, real_vocab
         self.fed_total = 0  # every token fed through the model

@@ -24,8 +24,10 @@ def parse_layers(spec: str, n_layers: int) -> List[int]:
 
 
 def layer_view(model, layers: Sequence[int]):
-    """A model object that runs embed -> `layers` -> norm -> head of `model`, sharing its weights."""
-    return with_blocks(model, [model.model.layers[i] for i in layers])
+    """A model object that runs embed -> `layers` -> norm -> head of `model`, sharing its weights (its recurrent
+    blocks recording, `recurrent.recording`)."""
+    view = recurrent.recording(model)
+    return with_blocks(view, [view.model.layers[i] for i in layers])
 
 
 class SelfDrafter(ModelDrafter):
@@ -59,13 +61,11 @@ class SelfDrafter(ModelDrafter):
         """Share the target's per-layer caches; nothing to prefill (the target's prefill is ours)."""
         if target_cache is None:
             raise GenerationError("the self drafter needs the target's cache: reset(prompt, target_cache)")
-        self.target_cache = target_cache
+        self.target_cache = recurrent.rewindable(target_cache)
+        if self.target_cache is None:
+            raise GenerationError(f"{self.name} drafter: the target's recurrent cache cannot be rewound")
         if self.subset:
             self.head.add(prompt)
-        # Recurrent layers of the target (or of a quantized copy) record their calls into the shared cache,
-        # so that the draft passes can be trimmed like attention entries.
-        if not recurrent.enable(self.model, [target_cache[i] for i in self.layers]):
-            raise GenerationError(f"{self.name} drafter: the target's recurrent cache cannot be rewound")
 
     def behind(self, context: List[int]) -> int:
         return 0  # the target's cache is ours: nothing to catch up
