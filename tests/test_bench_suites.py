@@ -36,6 +36,7 @@ def target(tiny_models, tmp_path):
     return long_context(tiny_models["qwen2"], tmp_path / "target")
 
 
+@pytest.mark.slow
 def test_bench_list_shows_every_builtin_suite_and_each_loads():
     r = cli("list", timeout=120)
     assert r.returncode == 0, r.stderr
@@ -46,6 +47,7 @@ def test_bench_list_shows_every_builtin_suite_and_each_loads():
     assert [str(t.model) for t in m3.targets][:2] == ["qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b@int8"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text, field", [
     ('kind = "table"\nmax_tokns = 5\n[[targets]]\nmodel = "m"\n', "'max_tokns'"),
     ('kind = "tabel"\n[[targets]]\nmodel = "m"\n', "'kind'"),
@@ -77,11 +79,13 @@ def test_a_suite_file_with_a_mistake_is_one_line_naming_the_file_and_field(tmp_p
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())  # nothing started
 
 
+@pytest.mark.slow
 def test_an_unknown_suite_is_one_line_naming_the_builtin_ones(tmp_path):
     line = one_line_error(cli("run", "quik", "--out", str(tmp_path), timeout=120))
     assert "unknown suite 'quik'" in line and "quick" in line
 
 
+@pytest.mark.slow
 def test_a_table_suite_runs_every_row_and_marks_an_unavailable_model(target, tiny_models, tmp_path):
     path = suite_file(tmp_path / "t.toml", target,
                       drafts=["ngram", str(tiny_models["qwen2_draft"]), "no-such-model-anywhere", "self:1"])
@@ -152,6 +156,7 @@ def test_a_row_whose_outputs_differ_is_flagged_in_the_main_table(target, tiny_mo
     assert "differs" not in table.markdown(data)
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_resumes_without_redoing_a_measurement(target, tmp_path, monkeypatch):
     path = suite_file(tmp_path / "r.toml", target, drafts=["ngram"])
     real_add = ResultFile.add
@@ -181,6 +186,7 @@ def test_an_interrupted_run_resumes_without_redoing_a_measurement(target, tmp_pa
     assert done["resumed"][0]["git_rev"] == first["machine"]["git_rev"]  # the code that ran the rest, recorded
 
 
+@pytest.mark.slow
 def test_kill_ends_a_run_of_mlx_spec_bench_with_its_results_kept(target, tmp_path):
     """SIGTERM (`kill`, a closing terminal) stops `mlx-spec bench run` like Ctrl-C: results so far stay, marked incomplete."""
     import signal
@@ -204,6 +210,7 @@ def test_kill_ends_a_run_of_mlx_spec_bench_with_its_results_kept(target, tmp_pat
     assert "Incomplete run" in files[0].with_suffix(".md").read_text()
 
 
+@pytest.mark.slow
 def test_resume_refuses_another_suite_and_a_file_that_is_not_a_result(target, tmp_path):
     a = suite_file(tmp_path / "a.toml", target, drafts=["ngram"], repeats=1, max_tokens=3)
     assert cli("run", str(a), "--out", str(tmp_path / "runs")).returncode == 0
@@ -238,6 +245,7 @@ def test_a_full_disk_is_one_line_and_the_results_so_far_are_kept(target, tmp_pat
     assert not list((tmp_path / "runs").glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_compare_prints_the_change_per_row_and_refuses_what_it_cannot_compare(target, tmp_path):
     path = suite_file(tmp_path / "c.toml", target, drafts=["ngram"], repeats=1)
     for out in ("a", "b"):
@@ -260,6 +268,7 @@ def test_compare_prints_the_change_per_row_and_refuses_what_it_cannot_compare(ta
     assert "no result file" in one_line_error(cli("compare", str(a), str(tmp_path / "nope.json"), timeout=120))
 
 
+@pytest.mark.slow
 def test_report_renders_a_result_again_from_its_records(target, tmp_path):
     """`bench report` rebuilds the tables from the records alone: the same markdown the run wrote."""
     result = runner.run_suite(str(suite_file(tmp_path / "r.toml", target, repeats=1)), str(tmp_path / "runs"))

@@ -14,7 +14,7 @@ from conftest import long_context, one_line_error, run_cli
 
 from mlx_spec.gen.device import describe
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
+pytestmark = [pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed"), pytest.mark.slow]
 
 PROMPT = ">>>"
 

@@ -7,6 +7,8 @@ from conftest import make_model, one_line_error, run_cli
 
 from mlx_spec.gen.device import describe
 
+pytestmark = pytest.mark.slow  # every test runs the real command in a process
+
 
 def test_generate_plain_and_speculative_agree(tiny_models):
     outs = {}

@@ -209,6 +209,7 @@ def test_margins_judge_the_recommendation_against_the_best_other_single_drafter(
     assert ds.SearchResult("t", cands, 1.0, None, sets=["edit"]).margins() == {}
 
 
+@pytest.mark.slow
 def test_cli(tiny_models, home, tmp_path):
     env = {"MLX_SPEC_HOME": str(home), "PATH": "/usr/bin:/bin"}
     res = subprocess.run([sys.executable, "-m", "mlx_spec.cli", "draft-search", "--target", str(tiny_models["qwen2"]),

@@ -1,4 +1,5 @@
-"""The ANPD n-gram drafter: table building, multi-level fallback, incremental indexing, limits."""
+"""The ANPD n-gram drafter, seen through its drafts: table building, multi-level fallback, incremental indexing,
+limits."""
 
 import random
 
@@ -14,14 +15,19 @@ def test_defaults_follow_paper():
     assert (d.n, d.min_n, default_num_draft(d)) == (5, 2, 7)  # ANPD: N = 5, K = 7, bigrams at the bottom
 
 
+def fresh(context, k, **kw):
+    """The draft of a drafter that never saw anything but `context`."""
+    return NGramDrafter(**kw).propose(context, k).tokens.tolist()
+
+
 def test_table_built_from_prompt():
     d = NGramDrafter(n=3)
     d.reset([1, 2, 3, 1, 2])
-    assert d._counts[(1, 2)] == 2 and d._counts[(1, 2, 3)] == 1
-    assert d._best[(1, 2)] == (3, 1) and d._best[(1,)] == (2, 2)
     # Context == prompt: nothing new to index, and the draft continues the repeated motif.
     assert d.propose([1, 2, 3, 1, 2], 4).tokens.tolist() == [3, 1, 2, 3]
     assert d.propose([1, 2, 3, 1, 2], 4).probs is None
+    # The bigrams were indexed too: the key (7, 1) never occurred, but (1,) did, both times followed by 2.
+    assert d.propose([1, 2, 3, 1, 2, 7, 1], 1).tokens.tolist() == [2]
 
 
 def test_multilevel_fallback_to_bigram():
@@ -51,29 +57,32 @@ def test_most_frequent_wins_ties_go_to_most_recent():
 
 
 def test_incremental_equals_from_scratch():
+    """Fed a growing context a few tokens at a time, the drafter drafts at every step what one built from scratch
+    on the same context drafts."""
     rng = random.Random(0)
     motifs = [[rng.randrange(30) for _ in range(rng.randrange(3, 9))] for _ in range(6)]
     seq = [t for _ in range(60) for t in rng.choice(motifs) + [rng.randrange(30)]]
     inc = NGramDrafter()
     inc.reset(seq[:20])
-    drafts = []
-    pos = 20
+    pos, drafted = 20, 0
     while pos < len(seq):  # grow by 1..8 tokens per step, like accepted runs
         pos = min(len(seq), pos + rng.randrange(1, 9))
-        drafts.append(inc.propose(seq[:pos], 7).tokens.tolist())
-    scratch = NGramDrafter()
-    scratch.reset(seq)
-    assert inc._counts == scratch._counts and inc._best == scratch._best
-    assert inc._tokens == seq
-    assert drafts[-1] == scratch.propose(seq, 7).tokens.tolist()
+        draft = inc.propose(seq[:pos], 7).tokens.tolist()
+        assert draft == fresh(seq[:pos], 7), pos
+        drafted += len(draft)
+    assert drafted > 100  # the steps drafted, so there was something to disagree on
 
 
 def test_drafts_do_not_enter_the_table():
+    """A rejected draft leaves no trace: afterwards the drafter drafts what one that never drafted does."""
+    ctx = [2, 7, 5, 2, 7, 5, 1, 2, 3, 6, 1, 2]  # (1, 2) -> 3 once; (2,) -> 7 twice, -> 3 once
     d = NGramDrafter(n=3)
-    d.reset([1, 2, 3, 4, 1, 2])
-    before = dict(d._counts)
-    assert d.propose([1, 2, 3, 4, 1, 2], 5).tokens.tolist() == [3, 4, 1, 2, 3]
-    assert d._counts == before
+    d.reset(ctx)
+    assert d.propose(ctx, 1).tokens.tolist() == [3]
+    # The target said 9 instead of 3, then 2. Had the drafted 3 been counted, (2,) -> 3 would tie 7 and, as the
+    # more recent, win the bigram lookup below.
+    grown = ctx + [9, 2]
+    assert d.propose(grown, 3).tokens.tolist() == fresh(grown, 3, n=3) == [7, 5, 1]
 
 
 def test_reindex_when_context_rewritten():
@@ -82,12 +91,11 @@ def test_reindex_when_context_rewritten():
     assert d.propose([1, 2, 3, 4, 1, 2], 3).tokens.tolist() == [3, 4, 1]
     rewritten = [7, 8, 9, 7, 8]  # a new turn replaced the context: old n-grams must be gone
     assert d.propose(rewritten, 3).tokens.tolist() == [9, 7, 8]
-    fresh = NGramDrafter(n=3)
-    fresh.reset(rewritten)
-    assert d._counts == fresh._counts and d._tokens == rewritten
-    # Shorter than what was indexed (e.g. truncated) also re-indexes.
+    assert d.propose(rewritten + [1, 2], 3).tokens.tolist() == []  # (1, 2) -> 3 was the old context's
+    # Shorter than what was indexed (e.g. truncated) also re-indexes: (7, 8) -> 9 went with the 9.
     assert d.propose([7, 8], 3).tokens.tolist() == []
-    assert d._tokens == [7, 8]
+    for ctx in ([7, 8, 7], [7, 8, 7, 8, 5, 7]):  # later tokens extend the truncated context
+        assert d.propose(ctx, 3).tokens.tolist() == fresh(ctx, 3, n=3)
 
 
 def test_no_match_returns_empty():
@@ -133,27 +141,20 @@ def test_proposing_is_free_of_side_effects():
 
 def test_untrusted_level_stops_drafting_and_recovers():
     d = NGramDrafter()
-    ctx = [5, 9, 7, 1, 5, 9]  # only the bigram (9 -> 7) and trigram (5, 9 -> 7) match
+    ctx = [5, 9, 7, 1, 5, 9]  # the longest match is the trigram (5, 9) -> 7
     d.reset(ctx)
-    first = d.propose(ctx, 1)
-    assert first.tokens.tolist() == [7]
-    level = d._levels[0]
     for _ in range(8):  # that level keeps getting rejected: 0.8^8 = 0.17 < 0.2
         assert d.propose(ctx, 1).tokens.tolist() == [7]
         d.learn(1, 0)
-    assert d.trust[level] < d.min_trust
+    ctx = [0] + ctx  # not an extension: the table is rebuilt, and what was learnt of each level is kept
     for _ in range(20):  # asking again and again changes nothing: only new context earns a retry
         assert d.propose(ctx, 1).tokens.tolist() == []
-    grown = list(ctx)
-    steps = 0
-    while d.trust[level] < d.min_trust:  # each sync that adds tokens gives the level back a little trust
-        grown.append(100 + steps)
-        d.reset(grown)
+    grown, steps = list(ctx), 0
+    while not d.propose(grown, 1).tokens.tolist():  # each call with new tokens gives the level back a little trust
+        grown += [100 + steps, 5, 9]  # a token never seen, then the trigram's key again
         steps += 1
         assert steps < 100
-    assert steps > 1
-    d.reset(ctx)  # not an extension: tables rebuilt, trust kept
-    assert d.propose(ctx, 1).tokens.tolist() == [7]
+    assert steps >= 1
 
 
 def test_min_trust_zero_is_the_papers_drafter():

@@ -9,6 +9,8 @@ from nbclient import NotebookClient
 
 from mlx_spec.bench import runner
 
+pytestmark = pytest.mark.slow
+
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 

@@ -7,12 +7,16 @@ from conftest import plain_greedy, spec
 from mlx_spec.errors import GenerationError
 from mlx_spec.gen import registry
 from mlx_spec.gen.engine import speculative_generate_step
-from mlx_spec.named import load_model, make_drafter
+from mlx_spec.named import NUM_DRAFT_HELP, load_model, make_drafter
 
 # A prompt that stops inside a repeat: every kind of drafter finds something to draft.
 REPEAT = "def add(a, b):\n    return a + b\ndef sub(a, b):\n    return a - b\ndef add(a, b):\n    return a"
 SPECS = ["ngram", "ngram:3", "suffix", "suffix:shared", "self", "self:0-1,3", "self:importance:2", "quant-self:int8",
          "hybrid", "hybrid:quant-self:int8", "org/draft", "hybrid:org/draft"]
+# The most drafted per round by default, as the README's `--num-draft` promises it: 15 for model and self drafters,
+# 7 for ngram, 24 for suffix and hybrid.
+DOCUMENTED_K = {"org/draft": ("model", 15), "self": ("self", 15), "quant-self": ("quant-self", 15),
+                "ngram": ("ngram", 7), "suffix": ("suffix", 24), "hybrid": ("hybrid", 24)}
 
 
 class Loaded(dict):
@@ -63,13 +67,16 @@ def test_every_spec_builds_a_drafter_that_drafts_losslessly(tiny_target, loaded,
     assert names.asked == (["org/draft"] if "org/draft" in text else [])
 
 
-@pytest.mark.parametrize("kind", ["ngram", "suffix", "self", "quant-self", "hybrid"])
-def test_each_kinds_default_k_reaches_the_engine(tiny_target, kind):
-    """Given no K, the longest round drafts the kind's default, the one `--num-draft`'s help names."""
+@pytest.mark.parametrize("text", DOCUMENTED_K)
+def test_each_kinds_default_k_reaches_the_engine(tiny_target, loaded, text):
+    """Given no K, the longest round drafts the kind's documented default, the one `--num-draft`'s help names."""
     model, tok = tiny_target
-    drafter = build(kind, tiny_target)
+    kind, k = DOCUMENTED_K[text]
+    drafter = build(text, tiny_target, loaded)
     _, stats = spec(model, tok.encode(REPEAT), drafter, max_tokens=60, adaptive=False)
-    assert len(stats.proposed_by_position) == registry.DEFAULT_K[kind]
+    assert len(stats.proposed_by_position) == k
+    assert registry.default_num_draft(text) == registry.default_num_draft(drafter) == k
+    assert f"{kind} {k}" in NUM_DRAFT_HELP
 
 
 @pytest.mark.parametrize("text", ["ngram", "suffix", "hybrid:org/draft"])
@@ -158,7 +165,10 @@ def test_self_drafter_never_changes_the_shared_target(tiny_target):
 
 
 def test_ngram_n_sets_the_longest_ngram(tiny_target):
-    assert build("ngram:3", tiny_target).n == 3
+    """ngram:3 keys on the last two tokens, where the default (N = 5) drafts from the longer, rarer match."""
+    ctx = [1, 2, 3, 40, 9, 2, 3, 50, 9, 2, 3, 50, 0, 1, 2, 3]  # (2, 3) -> 50 twice; (1, 2, 3) -> 40 once
+    assert build("ngram:3", tiny_target).propose(ctx, 1).tokens.tolist() == [50]
+    assert build("ngram", tiny_target).propose(ctx, 1).tokens.tolist() == [40]
 
 
 def test_quant_self_builds_from_a_spec_and_refuses_a_quantized_target(tiny_target, tiny_models, tmp_path):
@@ -172,7 +182,13 @@ def test_quant_self_builds_from_a_spec_and_refuses_a_quantized_target(tiny_targe
 
 
 def test_suffix_shared_drafts_from_the_process_memory(tiny_target):
-    from mlx_spec.gen.drafters.suffix import PROCESS_MEMORY
-
-    assert build("suffix:shared", tiny_target).memory is PROCESS_MEMORY
-    assert build("suffix", tiny_target).memory is None
+    """A `suffix:shared` drafter drafts what another one of the process generated before; a `suffix` one only
+    drafts from its own context."""
+    answer = list(range(900_000, 900_012))  # ids no other test generates: the memory outlives this test
+    first = build("suffix:shared", tiny_target)
+    first.reset([1, 2, 3])
+    first.propose([1, 2, 3] + answer, 4)  # the last round of a generation that answered `answer`
+    first.reset([4, 5])  # the next generation starts: the last one's output is final
+    ask = [7, 8] + answer[:4]
+    assert build("suffix:shared", tiny_target).propose(ask, 4).tokens.tolist() == answer[4:8]
+    assert build("suffix", tiny_target).propose(ask, 4).tokens.tolist() == []

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from conftest import long_context, one_line_error, run_cli
 
 from mlx_spec_apps.server.throughput import ThroughputSettings, run_throughput
@@ -50,6 +51,7 @@ def run_md(tmp_path) -> str:
     return next((tmp_path / "runs").glob("*.md")).read_text()
 
 
+@pytest.mark.slow
 def test_bench_serve_refuses_a_run_without_a_drafter_in_one_line(tiny_models):
     r = run_cli("bench", "serve", "--model", str(tiny_models["qwen2"]), "--draft", "none", timeout=60)
     assert one_line_error(r) == "error: --draft must name a drafter: the run compares it against none"

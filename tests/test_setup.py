@@ -11,7 +11,8 @@ import pytest
 SETUP = Path(__file__).parent.parent / "setup.sh"
 TOOLS = ("bash", "sh", "dirname", "uname", "sort", "head", "tr", "printf")  # all setup.sh runs before --print exits
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the backend choice is Linux's")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the backend choice is Linux's"),
+              pytest.mark.slow]
 
 
 def setup(tmp_path, *args, driver=None, smi_fails=False):

@@ -126,6 +126,7 @@ def test_recipe_built_from_a_base_recipe(tiny_models, tmp_path, monkeypatch):
     assert sources.is_cached(recipes.get("tiny-int8")) and sources.is_cached(recipes.get("tiny"))
 
 
+@pytest.mark.slow
 def test_blas_is_loaded_or_hinted():
     import mlx.core as mx  # after mlx_spec (imported above), which loads the BLAS before MLX binds one
 

@@ -25,8 +25,9 @@ from mlx_spec_apps.server.main import Running
 CHROMIUM = shutil.which("chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--no-first-run"]
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (setup.sh --dev "
-                                                         "installs it where it can: apt-get install chromium)")
+pytestmark = [pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (setup.sh --dev "
+                                                          "installs it where it can: apt-get install chromium)"),
+              pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
