@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import openai
@@ -157,6 +158,33 @@ def test_bad_input_gets_400s_with_openai_error_bodies_while_a_generation_runs(cl
     t.join(60)
     assert during["text"] == alone  # the generation in flight never noticed
     assert httpx.get(server.url + "health").json()["failed"] == 0
+
+
+def chunked(body: bytes, size: int = 64 * 1024):
+    """The body as a generator, so httpx sends it chunked (no Content-Length)."""
+    for i in range(0, len(body), size):
+        yield body[i:i + size]
+
+
+def test_a_body_past_what_the_context_can_hold_gets_a_413_at_once_and_the_server_carries_on(server):
+    url = server.url + "v1/chat/completions"
+    huge = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "def add(a, b): " * 1_400_000}]})
+    for content in (huge.encode(), chunked(huge.encode())):  # 21 MB, declared and chunked
+        start = time.monotonic()
+        r = httpx.post(url, content=content, headers={"Content-Type": "application/json"}, timeout=30)
+        assert time.monotonic() - start < 2, "the body was read (or tokenized) before the refusal"
+        assert r.status_code == 413, r.text
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
+        assert err["code"] == "request_too_large" and "context is 512 tokens" in err["message"]
+    within = {"model": "tiny", "messages": [{"role": "user", "content": "def add(a, b): " * 6000}]}  # 90 kB
+    r = httpx.post(url, json=within, timeout=30)  # read and tokenized, then refused by its token count
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    ok = json.dumps({"model": "tiny", "messages": HI, "max_tokens": 3}).encode()
+    for content in (ok, chunked(ok, 7)):
+        r = httpx.post(url, content=content, headers={"Content-Type": "application/json"}, timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
+    assert httpx.get(server.url + "health").json()["status"] == "ok"
 
 
 def test_api_key_guards_v1_but_not_the_page_while_a_generation_runs(served_pair):

@@ -51,7 +51,7 @@ class Api:
 
     async def chat(self, request: Request) -> Response:
         self.authorize(request)
-        body = P.parse_json(await request.body())
+        body = P.parse_json(await P.read_body(request, self.pair.context))
         p = P.params(body, self.max_tokens)
         messages = P.messages(body)
         try:
@@ -62,7 +62,7 @@ class Api:
 
     async def completions(self, request: Request) -> Response:
         self.authorize(request)
-        body = P.parse_json(await request.body())
+        body = P.parse_json(await P.read_body(request, self.pair.context))
         p = P.params(body, self.max_tokens)
         prompt = P.prompt(body)
         if isinstance(prompt, list) and max(prompt) >= vocab_width(self.pair.target):

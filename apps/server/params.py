@@ -1,18 +1,25 @@
-"""Request bodies of /v1/chat/completions and /v1/completions: checked, defaulted, turned into generation parameters.
+"""Request bodies of /v1/chat/completions and /v1/completions: read within a bound, checked, defaulted, turned into
+generation parameters.
 
 Unknown fields are ignored, as OpenAI clients expect (they send many). Anything malformed is a 400
-naming the field, so no bad request ever reaches the scheduler.
+naming the field, so no bad request ever reaches the scheduler. A body longer than the model's context
+could need is a 413 before it is read.
 """
 
 import json
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from .errors import bad_request
+from starlette.requests import Request
+
+from .errors import ApiError, bad_request
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_TEMPERATURE = 2.0  # OpenAI's range for temperature
 MAX_STOPS = 4  # OpenAI's limit on stop strings
+BYTES_PER_TOKEN = 128  # a token's most bytes in a body (Qwen2.5's longest: 128 spaces): every prompt that fits passes
+BODY_SLACK = 64 * 1024  # bytes for the rest of the body: the model name, the options, each message's braces
+UNSTATED_CONTEXT = 32_768  # tokens assumed where the model's config states no context: a common context of open models
 
 
 @dataclass
@@ -28,6 +35,31 @@ class Params:
     stream: bool = False
     include_usage: bool = False
     draft: Optional[str] = None  # this reply's drafter (an extension field, the pair checks it); None: the server's
+
+
+def body_limit(context: Optional[int]) -> int:
+    """The most bytes a request body may have for a model with this context (None: unstated)."""
+    return (context or UNSTATED_CONTEXT) * BYTES_PER_TOKEN + BODY_SLACK
+
+
+async def read_body(request: Request, context: Optional[int]) -> bytes:
+    """The raw body, or a 413 once it is known to pass `body_limit`: from Content-Length before reading, else while
+    reading (a chunked body)."""
+    limit = body_limit(context)
+    why = (f"the model's context is {context} tokens" if context else
+           f"the model states no context, so {UNSTATED_CONTEXT} tokens are assumed")
+    too_large = ApiError(413, f"the request body is over {limit} bytes, more than any prompt can take: {why}, "
+                              f"of at most {BYTES_PER_TOKEN} bytes each; shorten the prompt", code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def parse_json(raw: bytes) -> dict:
