@@ -62,6 +62,13 @@ class _Pending(NamedTuple):
     logits: mx.array
 
 
+class _Given(NamedTuple):
+    """A plain round's token that a queued step drew: place `place` of its tokens."""
+
+    tokens: mx.array
+    place: int
+
+
 class Engine:
     """The rows generating together over one target: their cache (`joint.Rows`), one planner, one drafting per
     costly source, and a plain step queued ahead where the rounds are plain."""
@@ -116,6 +123,7 @@ class Engine:
         offers = [self._lookup(r) for r in rows]
         asks = [self._ask(r, o) for r, o in zip(rows, offers)]
         plan, drain = self._plan(rows, asks)
+        queued_before = self.pending is not None
         drafts = self._propose(plan, rows, offers)
         lengths = [min(len(d), plan.k, r.room) if d is not None and d.source == plan.source(i) else 0
                    for i, (r, d) in enumerate(zip(rows, drafts))]
@@ -127,7 +135,8 @@ class Engine:
         kept = self._accept(rows, built, drafts, lengths)
         self._rewind(rows, kept, fed)
         self.pending = queued
-        self._record(plan, rows, asks, offers, drafts, lengths, kept, seconds, warm=not cold and not drain)
+        warm = not cold and not drain and (plan.k > 0 or queued_before)  # a plain step is timed as queued ahead
+        self._record(plan, rows, asks, offers, drafts, lengths, kept, seconds, warm)
         out = {i: r.deliver(d[:a] + [t], a) for i, (r, (d, a, t)) in enumerate(zip(rows, kept))}
         self.out = time.perf_counter()
         return out
@@ -195,8 +204,8 @@ class Engine:
         (per row what acceptance needs, lazy; positions fed; whether a shape ran for the first time)."""
         at = {id(r): i for i, r in enumerate(rows)}
         places, pending = self.cache.owners, self.pending
-        if not plan.k and pending is not None:
-            return [self._targets(r, None, None, 0, pending.tokens[self.cache.index(r)]) for r in rows], 0, False
+        if not plan.k and pending is not None:  # read as queued: a new op on it would wait for the next queued step
+            return [_Given(pending.tokens, self.cache.index(r)) for r in rows], 0, False
         width = plan.size - (pending is not None) if plan.k else 1
         inputs = []
         for r in places:
@@ -217,11 +226,9 @@ class Engine:
         return built, width, cold
 
     @staticmethod
-    def _targets(row: Row, logits: Optional[mx.array], draft: Optional[Draft], n: int, given=None):
+    def _targets(row: Row, logits: mx.array, draft: Optional[Draft], n: int):
         """What acceptance needs of a row's logits (n + 1, V): its own tokens (greedy, seeded), or speculative
-        sampling's draws (accept (n,), candidates (n + 1,)); `given`: the token a queued plain step drew."""
-        if given is not None:
-            return given[None] if row.sampler.exact else (mx.zeros((0,), dtype=mx.bool_), given[None])
+        sampling's draws (accept (n,), candidates (n + 1,))."""
         if row.sampler.exact:
             return row.sampler.pick(logits, len(row.context))
         if not n:
@@ -232,15 +239,19 @@ class Engine:
 
     def _launch(self, built: List, rows: List[Row]) -> _Pending:
         """Queue the next plain step of every place on the round's lazy tokens, before the host reads them."""
-        mine = {id(r): b if r.sampler.exact else b[1] for r, b in zip(rows, built)}
-        tokens = mx.stack([mine[id(r)][0] if r is not None else mx.array(0, dtype=mx.uint32)
-                           for r in self.cache.owners]).astype(mx.uint32)
+        if self.pending is not None:  # the round was the queued step: its tokens feed the next
+            tokens = self.pending.tokens
+        else:
+            mine = {id(r): b if r.sampler.exact else b[1] for r, b in zip(rows, built)}
+            tokens = mx.concatenate([mine[id(r)][:1] if r is not None else mx.zeros((1,), dtype=mx.uint32)
+                                     for r in self.cache.owners]).astype(mx.uint32)
         logits = self.model(tokens[:, None], cache=self.cache.layers)[:, -1]  # (places, V)
-        nxt = []
-        for r, row_logits in zip(self.cache.owners, logits):
-            nxt.append(r.sampler.draw(row_logits[None], len(r.context) + 1, r.probs_fn)[0] if r is not None
-                       else mx.array(0, dtype=mx.uint32))
-        pending = _Pending(mx.stack(nxt).astype(mx.uint32), logits)
+        if all(r is None or r.sampler.temp == 0 for r in self.cache.owners):
+            nxt = mx.argmax(logits, axis=-1)
+        else:
+            nxt = mx.concatenate([r.sampler.draw(x[None], len(r.context) + 1, r.probs_fn) if r is not None
+                                  else mx.zeros((1,), dtype=mx.uint32) for r, x in zip(self.cache.owners, logits)])
+        pending = _Pending(nxt.astype(mx.uint32), logits)
         mx.async_eval(pending.tokens)
         return pending
 
@@ -249,7 +260,7 @@ class Engine:
         spent outside the engine (the caller's)."""
         t = time.perf_counter()
         seen = [d.hindsight[0] for d in drafts if d is not None and d.hindsight is not None]
-        mx.eval(*[a for b in built for a in (b if isinstance(b, tuple) else (b,))],
+        mx.eval(*[a for b in built for a in (b[:1] if isinstance(b, _Given) else b if isinstance(b, tuple) else (b,))],
                 *[d.tokens for d, n in zip(drafts, lengths) if n], *seen)
         now = time.perf_counter()
         for r in rows:
@@ -264,6 +275,9 @@ class Engine:
         out = []
         for r, b, d, n in zip(rows, built, drafts, lengths):
             drafted = d.tokens.tolist()[:n] if n else []
+            if isinstance(b, _Given):
+                out.append(([], 0, b.tokens.tolist()[b.place]))
+                continue
             a, nxt = accept_greedy(drafted, b.tolist()) if r.sampler.exact else \
                 accept_sampling(b[0].tolist(), b[1].tolist())
             out.append((drafted, a, nxt))

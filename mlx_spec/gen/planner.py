@@ -193,10 +193,20 @@ class Planner:
     # --- costs ---
 
     def cost(self, places: int, size: int) -> Optional[float]:
-        """Seconds of a target pass over `places` rows of `size` positions: measured, else predicted by positions;
-        None before any pass was timed."""
+        """Seconds of a target pass over `places` rows of `size` positions: measured; else interpolated between the
+        sizes measured at as many places (past the largest, its cost plus the slope over positions); else predicted
+        by positions from every pass measured; None before any pass was timed."""
         if (places, size) in self.costs:
             return self.costs[(places, size)]
+        same = sorted((s, c) for (p, s), c in self.costs.items() if p == places)
+        below, above = [x for x in same if x[0] < size], [x for x in same if x[0] > size]
+        if below and above:
+            (sa, ca), (sb, cb) = below[-1], above[0]
+            return ca + (cb - ca) * (size - sa) / (sb - sa)
+        if below:
+            return below[-1][1] + self._slope * places * (size - below[-1][0])
+        if above:
+            return above[0][1]  # a smaller pass is taken to cost no more until it is timed
         if not self._curve:
             return None
         x, (x0, y0), (xn, yn) = places * size, self._curve[0], self._curve[-1]
@@ -232,8 +242,9 @@ class Planner:
 
     def reach(self) -> int:
         """The most positions a pass may span: twice those timed so far, alone or in a costly source's round (past them
-        its cost is a guess)."""
-        return 2 * max(max((p * s for p, s in self.costs), default=0), self.ran)
+        its cost is a guess), and at least the largest verify size once a pass was timed."""
+        timed = max(max((p * s for p, s in self.costs), default=0), self.ran)
+        return max(2 * timed, SIZES[-1]) if timed else 0
 
     # --- choosing ---
 
