@@ -280,11 +280,12 @@ def test_the_planner_drafts_for_a_batch_where_a_pass_costs_its_launches_and_not_
     assert flat.pays(4) and not steep.pays(4)  # there, requests take turns, an engine each
     assert Planner().pays(4)  # until measured: batch, and measure
     fresh = Planner()
-    assert fresh.plan(asks(0.5, [5, 0])) == PLAIN  # plain first, then the widest draft within twice what was timed
-    fresh.record(PLAIN, 2, 0.01, [])
-    assert fresh.plan(asks(0.5, [5, 0])).k == 1  # 2 x 2 positions: twice 2 x 1
-    fresh.record(Plan(1, ("suffix", ""), 2), 2, 0.01, [])
-    assert fresh.plan(asks(0.5, [5, 0])).k == 3  # 2 x 4 positions: twice 2 x 2
+    assert fresh.plan(asks(0.5, [5] * 16)) == PLAIN  # plain first, then no wider than twice the positions timed
+    fresh.record(PLAIN, 16, 0.01, [])
+    assert fresh.plan(asks(0.5, [5] * 16)).k == 1  # 16 x 2 positions: twice 16 x 1
+    fresh.record(Plan(1, ("suffix",) * 16, 2), 16, 0.01, [])
+    assert fresh.plan(asks(0.5, [5] * 16)).k == 3  # 16 x 4 positions: twice 16 x 2
+    assert fresh.plan(asks(0.5, [5, 0])).k == 5  # a pass of two rows may reach the largest verify size at once
     assert fresh.plan(asks(0.5, [0, 0])) == PLAIN  # nothing offered: plain
 
 
@@ -295,8 +296,9 @@ def test_the_planner_prices_a_pass_by_the_times_measured_for_its_positions_kept_
         for _ in range(3):
             p.record(Plan(t - 1, ("x",) * b, t) if t > 1 else PLAIN, b, seconds, [])
     assert all(p.cost(b, t) == pytest.approx(s) for (b, t), s in times.items())
-    assert p.cost(2, 2) == pytest.approx(0.32 + (0.57 - 0.32) * 2 / 6)  # 4 positions: between 2 and 8
-    assert p.cost(16, 4) > 1.27 and p.cost(4, 4) == pytest.approx(0.58)  # past the measured: their slope
+    assert 0.32 < p.cost(2, 2) < p.cost(8, 1)  # two rows' plain pass and a position more a row: below 8 positions
+    assert p.cost(16, 4) > 1.27  # past the sizes measured at 16 rows: their slope
+    assert p.cost(4, 4) == pytest.approx(0.58)  # no pass of 4 rows measured: by positions, those of 16 x 1
     for seconds in (0.58, 5.0, 0.58):  # one stalled round among three at 14 rows: the median moves by nothing
         p.record(PLAIN, 14, seconds, [])
     assert p.cost(14, 1) == pytest.approx(0.58) and p.cost(8, 1) <= p.cost(12, 1) <= p.cost(16, 1)
@@ -415,3 +417,25 @@ def test_a_joining_prompt_is_prefilled_a_chunk_per_round_beside_the_running_rows
     assert len(jobs[1].ids) > 4 * 8 and beside >= 4  # the first kept generating while the second's chunks went in
     for i, job in enumerate(jobs):
         assert out[i] == plain_greedy(model, job.ids, job.params.max_tokens, eos=tok.eos_token_ids)
+
+
+def test_the_one_adapter_of_mlx_lms_batch_cache_agrees_with_it(target):
+    """`RaggedKVCache` reads `BatchKVCache`'s columns in use (`_idx`) and builds on its merge, mask and trim: while no
+    row has a gap it must behave as mlx-lm's own joint cache, pass after pass (this fails when mlx-lm changes them)."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    solo = [row(target, p, None, 1)[1] for p in (REPEATING, PROMPT)]
+    rows = Rows()
+    for i, c in enumerate(solo):
+        rows.add(i, c)
+    theirs = [BatchKVCache.merge([a, b]) for a, b in zip(*solo)]
+    for fed in ([[1, 2], [3, 0]], [[2], [1]]):
+        mine_logits = target(mx.array(fed), cache=rows.layers)
+        their_logits = target(mx.array(fed), cache=theirs)
+        assert mx.allclose(mine_logits, their_logits, atol=1e-5).item()
+        for a, b in zip(rows.layers, theirs):
+            assert a.columns == b.size() and mx.array_equal(a.offset, b.offset).item()
+            assert all(mx.array_equal(x, y).item() for x, y in zip(a.keys_and_values(), b.keys_and_values()))
+    for c in rows.layers + theirs:
+        c.trim(1)
+    assert [a.columns for a in rows.layers] == [b.size() for b in theirs]

@@ -239,6 +239,7 @@ def test_the_page_and_its_files_are_served(server):
         assert httpx.get(server.url + "static/vendor/" + name).status_code == 200
 
 
+@pytest.mark.slow
 def test_mlx_spec_serve_prints_its_url_once_it_listens_and_stops_on_ctrl_c(tiny_models):
     """The real command: its URL on stdout once the socket accepts connections; Ctrl-C (SIGINT) ends it cleanly."""
     cmd = [sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(tiny_models["qwen2"]), "--draft", "ngram",

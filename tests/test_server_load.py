@@ -220,12 +220,13 @@ def alone_then_together(srv, n, gap=0.0, stats=False):
     return alone, [results.get(i) for i in range(n)], wait_for(srv, lambda h: h["active"] == 0)
 
 
-def test_requests_on_a_hybrid_recurrent_model_batch_and_each_equal_their_solo_run(tmp_path, always_batch):
+def test_requests_on_a_hybrid_recurrent_model_batch_and_each_equal_their_solo_run(tmp_path, always_batch, monkeypatch):
     from conftest import make_model
 
     folder = str(make_model(tmp_path / "qwen3_next", "qwen3_next", seed=5, scale=4.0))
     pair = Pair.load(folder, "suffix", num_draft=3)
-    pair = Pair(pair.model_spec, "suffix", Slow(pair.target, 0.01), pair.tokenizer, num_draft=3)
+    real_round = Engine.round
+    monkeypatch.setattr(Engine, "round", lambda self: time.sleep(0.01) or real_round(self))  # rounds to watch
     with Running(build_app(pair, max_concurrency=4, max_tokens=30)) as srv:
         alone, together, h = alone_then_together(srv, 3, gap=0.05)
         assert sum(q["batched"] for q in h["requests"][-3:]) >= 2 and h["failed"] == 0

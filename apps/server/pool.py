@@ -9,7 +9,11 @@ IDLE_EXTRA = 2  # sessions kept beyond max_concurrency, so a few paused conversa
 
 
 class SessionPool:
-    """At most `limit` sessions in all; idle ones are ordered least recently used first."""
+    """At most `limit` sessions in all; idle ones are ordered least recently used first.
+
+    Not mlx-lm's `LRUPromptCache`, which keeps target caches by prompt prefix: a session also carries its drafter's
+    state (a draft model's cache, n-gram and suffix tables) and its acceptance of each source, which continue with
+    the conversation too."""
 
     def __init__(self, new_session: Callable[[], Session], limit: int):
         self.new_session, self.limit = new_session, limit

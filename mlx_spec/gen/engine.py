@@ -106,6 +106,9 @@ class Engine:
         for part in row.parts:
             if part.name in self.drafting:
                 self.drafting[part.name].leave(part)
+        if self.pending is not None and self.cache.joint and not self.cache.paddable():
+            self.cache.rewind([1] * len(self.cache.owners))  # a joint recurrent state cannot drop its row's queued
+            self.pending = None  # step alone: the step is undone for every place
         out = self.cache.remove(row, len(row.context) - 1)
         self.planner.left(len(self.rows))
         if not self.cache.owners:
@@ -175,7 +178,7 @@ class Engine:
             return PLAIN, False
         plan = self.planner.plan(asks, len(self.cache.owners), self.cache.paddable())
         if plan.k and self.limit is not None:  # no position, dummies included, past the model's context
-            fit = min(self.limit - len(r.context) for r in rows) + (self.pending is None)
+            fit = min(self.limit - len(r.context) for r in rows) + 1  # positions a row's pass may span
             plan = Plan(min(plan.k, fit - 1), plan.sources, min(plan.size, fit), plan.probe) if fit > 1 else PLAIN
         in_target = plan.k and any(p.in_target_cache and p.name in plan.sources for r in rows for p in r.parts)
         if in_target and self.pending is not None:
@@ -287,7 +290,7 @@ class Engine:
         """Each place drops what it was fed beyond its kept tokens (a queued step is its first position)."""
         own = 0 if self.pending is not None else 1
         keep = {id(r): own + a for r, (_, a, _) in zip(rows, kept)}
-        drop = [fed - keep[id(r)] if r is not None else 0 for r in self.cache.owners]
+        drop = [fed - keep[id(r)] if r is not None else fed for r in self.cache.owners]  # an empty place keeps none
         if any(drop):
             self.cache.rewind(drop)
 

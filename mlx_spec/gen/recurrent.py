@@ -27,6 +27,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
+from ..errors import UnsupportedError
 from .tunables import RECURRENT_CALLS as MAX_CALLS, RECURRENT_RECORD as MAX_RECORD
 
 # (mixer, norm) attribute pairs of recurrent blocks in mlx-lm: qwen3_next / qwen3_5, mamba / mamba2, lfm2.
@@ -242,7 +243,11 @@ def recording(model):
         view = model
         if idx:
             ids = [id(b) for b in layers]  # the module holding the blocks (`model.layers` may be a copy of its list)
-            holder = next(n for n, m in model.children().items() if [id(b) for b in getattr(m, "layers", ())] == ids)
+            holder = next((n for n, m in model.children().items() if [id(b) for b in getattr(m, "layers", ())] == ids),
+                          None) if isinstance(model, nn.Module) else None
+            if holder is None:
+                raise UnsupportedError(f"{type(model).__name__}: its recurrent layers can be rewound only in an mlx-lm "
+                                       "model whose blocks a submodule holds (model.model.layers, model.backbone.layers)")
             inner = copy.copy(model[holder])
             inner.layers = [Recorder(b) if i in idx else b for i, b in enumerate(layers)]
             view = copy.copy(model)
