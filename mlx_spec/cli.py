@@ -124,7 +124,7 @@ def generate(
     import mlx.core as mx
 
     from .gen import registry
-    from .gen.device import describe
+    from .device import describe
     from .gen.stream import stream_generate
     from .named import load_pair
 

@@ -4,15 +4,24 @@ an exact cache, and the planner drafts for a batch only where that does not lowe
 
 import mlx.core as mx
 import pytest
-from conftest import (N_TOKENS, PROMPT, REPEATING, SAMPLES, chi_square_pvalue_ok, exact_joint, plain_greedy,
-                      sample_pairs, tiny)
+from conftest import (
+    N_TOKENS,
+    PROMPT,
+    REPEATING,
+    SAMPLES,
+    chi_square_pvalue_ok,
+    exact_joint,
+    plain_greedy,
+    sample_pairs,
+    tiny,
+)
 
 from mlx_spec.gen import engine as E
-from mlx_spec.gen.cache import new_cache
+from mlx_spec.gen.cache import new_cache, prefill_cache
 from mlx_spec.gen.drafters.hybrid import HybridDrafter
 from mlx_spec.gen.drafters.ngram import NGramDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
-from mlx_spec.gen.engine import Engine, prefill_cache, speculative_generate_step
+from mlx_spec.gen.engine import Engine, speculative_generate_step
 from mlx_spec.gen.joint import Rows, batchable
 from mlx_spec.gen.planner import PLAIN, Ask, Plan, Planner, SourceStats
 from mlx_spec.gen.rows import Row
@@ -296,8 +305,8 @@ def test_the_planner_prices_a_pass_by_the_times_measured_for_its_positions_kept_
         for _ in range(3):
             p.record(Plan(t - 1, ("x",) * b, t) if t > 1 else PLAIN, b, seconds, [])
     assert all(p.cost(b, t) == pytest.approx(s) for (b, t), s in times.items())
-    assert 0.32 < p.cost(2, 2) < p.cost(8, 1)  # two rows' plain pass and a position more a row: below 8 positions
-    assert p.cost(16, 4) > 1.27  # past the sizes measured at 16 rows: their slope
+    assert p.cost(2, 2) == pytest.approx(0.32)  # a size not timed at two rows: their plain pass, until timed
+    assert p.cost(16, 4) == pytest.approx(1.27)  # past the sizes measured at 16 rows: the nearest, until timed
     assert p.cost(4, 4) == pytest.approx(0.58)  # no pass of 4 rows measured: by positions, those of 16 x 1
     for seconds in (0.58, 5.0, 0.58):  # one stalled round among three at 14 rows: the median moves by nothing
         p.record(PLAIN, 14, seconds, [])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import long_context, one_line_error, run_cli
 
-from mlx_spec.gen.device import describe
+from mlx_spec.device import describe
 
 pytestmark = [pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed"), pytest.mark.slow]
 

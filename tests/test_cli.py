@@ -5,7 +5,7 @@ import json
 import pytest
 from conftest import make_model, one_line_error, run_cli
 
-from mlx_spec.gen.device import describe
+from mlx_spec.device import describe
 
 pytestmark = pytest.mark.slow  # every test runs the real command in a process
 

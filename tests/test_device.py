@@ -5,7 +5,7 @@ import pytest
 
 from mlx_spec import blas
 from mlx_spec.bench.common import machine_info, machine_line
-from mlx_spec.gen import device
+from mlx_spec import device
 
 H100 = "NVIDIA H100 80GB HBM3"
 

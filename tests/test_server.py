@@ -12,7 +12,7 @@ import openai
 import pytest
 from conftest import one_line_error, run_cli, wait_for
 
-from mlx_spec.gen.device import describe
+from mlx_spec.device import describe
 from mlx_spec_apps.server.app import build_app
 from mlx_spec_apps.server.main import Running
 from mlx_spec_apps.server.pair import Pair

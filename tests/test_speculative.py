@@ -18,7 +18,8 @@ from mlx_spec.gen.drafters.ngram import NGramDrafter
 from mlx_spec.gen.drafters.quant_self import QuantSelfDrafter
 from mlx_spec.gen.drafters.self_draft import ImportanceSelfDrafter, SelfDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
-from mlx_spec.gen.engine import Stats, shadow_judgement, speculative_generate_step
+from mlx_spec.gen.engine import Stats, speculative_generate_step
+from mlx_spec.gen.verify import shadow_judgement
 from mlx_spec.gen.load import check_tokenizers
 from mlx_spec.gen.planner import Plan, Planner
 from mlx_spec.gen.stream import generate

@@ -13,7 +13,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from mlx_spec.gen.device import describe
+from mlx_spec.device import describe
 from mlx_spec.gen.load import vocab_width
 
 from . import errors, params as P

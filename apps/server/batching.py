@@ -12,13 +12,10 @@ it leaves with its caches back in its session, so the conversation's next turn r
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Tuple
 
-from mlx_spec.errors import GenerationError
-
-from mlx_spec.gen.engine import Engine, context_limit
+from mlx_spec.gen.engine import Engine
 from mlx_spec.gen.joint import batchable
 from mlx_spec.gen.rows import Row
 from mlx_spec.gen.sampling import Sampler
-from mlx_spec.gen.stats import Stats
 from mlx_spec.gen.stream import Event
 from mlx_spec.gen.tunables import PREFILL_STEP
 
@@ -34,11 +31,11 @@ class Member:
 
 @dataclass
 class Joining:
-    """A request on its way into an engine: its prefill under way, a chunk per round."""
+    """A request on its way into an engine: its row, and its prefill under way, a chunk per round."""
 
+    row: Row
     prefill: Iterator[Tuple[bool, int]]
     engine: Engine
-    sampler: Sampler
 
 
 class Batcher:
@@ -73,17 +70,15 @@ class Batcher:
         """Queue the request to join an engine: its prompt is prefilled on its session (reusing the cached prefix) a
         chunk per round (`step_joins`), beside the running rows, then it becomes a row. A bad option fails here.
         Returns whether it joins the shared engine."""
-        p, limit = job.params, context_limit(self.pair.target)
-        sampler = Sampler(p.temp, p.top_p, p.top_k, p.seed)
-        if not job.ids:
-            raise GenerationError("the prompt is empty")
-        if limit is not None and len(job.ids) >= limit:
-            raise GenerationError(f"the prompt has {len(job.ids)} tokens but the model's context is {limit}")
+        p, session = job.params, job.session
+        row = Row.start(self.pair.target, job.ids, p.max_tokens, drafter=session.drafter, k_max=session.num_draft,
+                        sampler=Sampler(p.temp, p.top_p, p.top_k, p.seed), accept=session.accept,
+                        eos=frozenset(self.pair.tokenizer.eos_token_ids))
         rows = len(self.shared.rows) + sum(j.engine is self.shared for j in self.joining.values()) + 1
         together = self.batch and batchable(job.session.cache) and self.shared.planner.pays(rows)
         engine = self.shared if together else Engine(self.pair.target, self.shared.planner)
         engine.hold = True  # no step queued ahead: the row joins between two rounds
-        self.joining[job] = Joining(job.session.prefill(job.ids, self.chunk), engine, sampler)
+        self.joining[job] = Joining(row, job.session.prefill(job.ids, self.chunk), engine)
         return together
 
     def step_joins(self) -> List[Tuple[object, Exception]]:
@@ -110,18 +105,11 @@ class Batcher:
         return failed
 
     def _add(self, job, j: Joining, cached: int) -> None:
-        p, session = job.params, job.session
-        stats = Stats()
-        stats.prompt_tokens, stats.prompt_cached = len(job.ids), cached
-        budget, at_limit, limit = p.max_tokens, "length", context_limit(self.pair.target)
-        if limit is not None and limit - len(job.ids) < budget:
-            budget, at_limit = limit - len(job.ids), "context"
-        row = Row(list(job.ids), session.drafter, j.sampler, budget, at_limit,
-                  frozenset(self.pair.tokenizer.eos_token_ids), session.num_draft, stats, session.accept)
-        j.engine.add(row, session.cache)
+        j.row.stats.prompt_tokens, j.row.stats.prompt_cached = len(job.ids), cached
+        j.engine.add(j.row, job.session.cache)
         detok = self.pair.tokenizer.detokenizer
         detok.reset()
-        self.members[job] = Member(row, j.engine, detok)
+        self.members[job] = Member(j.row, j.engine, detok)
 
     def leave(self, job) -> None:
         """Take the request's row out; its session gets the row's cache (context minus the last token). One still

@@ -5,7 +5,7 @@ from typing import Callable, Optional
 
 import uvicorn
 
-from mlx_spec.gen.device import describe
+from mlx_spec.device import describe
 from mlx_spec.gen.engine import DEFAULT_MAX_TOKENS
 from mlx_spec.named import Log
 

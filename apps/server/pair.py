@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Tuple
 
 from mlx_spec.errors import MlxSpecError
 from mlx_spec.gen import registry
-from mlx_spec.gen.engine import context_limit
+from mlx_spec.gen.cache import context_limit
 from mlx_spec.gen.session import Session
 from mlx_spec.named import Log, load_model, make_drafter, short_name
 

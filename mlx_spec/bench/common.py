@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from .. import blas
-from ..gen import device
+from .. import device
 
 DEFAULT_OUT = "runs"  # one JSON + one markdown file per run land here
 WITHIN = 0.05  # "ours matches mlx-lm" means a speed ratio within 5% of 1

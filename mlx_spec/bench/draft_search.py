@@ -156,7 +156,7 @@ class Search:
 
     # ------------------------------------------------------------------ setup
     def load(self) -> None:
-        from ..gen.engine import context_limit
+        from ..gen.cache import context_limit
         from ..named import load_model
 
         try:

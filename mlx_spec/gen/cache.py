@@ -1,10 +1,13 @@
-"""Small helpers over mlx-lm's per-layer caches: how many tokens they hold, and rewinding all layers together."""
+"""Small helpers over mlx-lm's per-layer caches: filling them with a prompt, how many tokens they hold, rewinding all
+layers together, the context they may hold."""
 
 from typing import List, Optional
 
-from mlx_lm.models.cache import make_prompt_cache
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-from . import recurrent
+from . import recurrent, shapes
+from .tunables import PREFILL_STEP
 
 
 def cache_tokens(cache: List) -> Optional[int]:
@@ -35,3 +38,24 @@ def rewind(cache: List, n_tokens: int) -> bool:
 def new_cache(model) -> List:
     """mlx-lm's cache for `model` (one object per layer), its recurrent layers rewindable."""
     return recurrent.rewindable(make_prompt_cache(model))
+
+
+def context_limit(model) -> Optional[int]:
+    """The model's maximum context, if its config states one."""
+    args = getattr(model, "args", None)
+    return getattr(args, "max_position_embeddings", None) or getattr(args, "context_length", None)
+
+
+def prefill_cache(model, cache, tokens: List[int], room: Optional[int]) -> None:
+    """Feed `tokens` in chunks; where the device builds per shape, the last chunk runs at a padded size (dummy
+    positions trimmed at once) so a new prompt length is not a new shape. room: positions left in the context."""
+    pad, model = shapes.builds_per_shape() and shapes.paddable(cache), recurrent.recording(model)
+    for i in range(0, len(tokens), PREFILL_STEP):
+        chunk = tokens[i : i + PREFILL_STEP]
+        size = shapes.padded(len(chunk)) if pad else len(chunk)
+        if room is not None and i + size > room:
+            size = len(chunk)
+        model(mx.array(chunk + chunk[-1:] * (size - len(chunk)))[None], cache=cache)
+        if size > len(chunk):
+            trim_prompt_cache(cache, size - len(chunk))
+        mx.eval([c.state for c in cache])

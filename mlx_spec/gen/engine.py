@@ -7,52 +7,20 @@ from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
-from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache
 
 from ..errors import GenerationError
 from . import recurrent, shapes
-from .cache import cache_tokens, new_cache, rewind
+from .cache import cache_tokens, context_limit, new_cache, prefill_cache, rewind
 from .drafters.base import Draft, Drafting, Member
 from .joint import Rows
 from .planner import PLAIN, Ask, Outcome, Plan, Planner
 from .registry import default_num_draft
 from .rows import FINISH_REASONS, Row, Step  # noqa: F401  (Step, FINISH_REASONS: the engine's output)
 from .sampling import Sampler, sample
-from .stats import Stats
+from .stats import Peak, Stats
 from .tunables import DEFAULT_MAX_TOKENS, PREFILL_STEP
-from .verify import accept_greedy, accept_sampling, sampling_targets
-
-
-def context_limit(model) -> Optional[int]:
-    """The model's maximum context, if its config states one."""
-    args = getattr(model, "args", None)
-    return getattr(args, "max_position_embeddings", None) or getattr(args, "context_length", None)
-
-
-def shadow_judgement(draft: Sequence[int], produced: Sequence[int]):
-    """(judged, matched) of a draft that was not verified, against the tokens the round produced: a token matches
-    where it equals the produced one (the verifier's own rule under greedy decoding; under sampling a fixed token is
-    accepted with the target's probability of it, the chance the sampled token equals it). Draft tokens beyond the
-    produced ones were never judged."""
-    m = 0
-    while m < len(draft) and m < len(produced) and draft[m] == produced[m]:
-        m += 1
-    return (len(draft) if m < len(produced) else m), m
-
-
-def prefill_cache(model, cache, tokens: List[int], room: Optional[int]) -> None:
-    """Feed `tokens` in chunks; where the device builds per shape, the last chunk runs at a padded size (dummy
-    positions trimmed at once) so a new prompt length is not a new shape. room: positions left in the context."""
-    pad, model = shapes.builds_per_shape() and shapes.paddable(cache), recurrent.recording(model)
-    for i in range(0, len(tokens), PREFILL_STEP):
-        chunk = tokens[i : i + PREFILL_STEP]
-        size = shapes.padded(len(chunk)) if pad else len(chunk)
-        if room is not None and i + size > room:
-            size = len(chunk)
-        model(mx.array(chunk + chunk[-1:] * (size - len(chunk)))[None], cache=cache)
-        if size > len(chunk):
-            trim_prompt_cache(cache, size - len(chunk))
-        mx.eval([c.state for c in cache])
+from .verify import accept_greedy, accept_sampling, sampling_targets, shadow_judgement
 
 
 class _Pending(NamedTuple):
@@ -95,6 +63,8 @@ class Engine:
             self.pending = None
         self.cache.add(row, cache)
         self.planner.joined()
+        if len(self.cache.owners) == 1:  # the round clock starts with the first row
+            self.last_read, self.away, self.out = time.perf_counter(), 0.0, None
         for part in row.parts:
             part.reset(row.context, cache)
         row.caps = {p.name: min(row.k_max, default_num_draft(p) if len(row.parts) > 1 else row.k_max)
@@ -154,20 +124,19 @@ class Engine:
         return None
 
     def _ask(self, row: Row, offer: Optional[Draft]) -> Ask:
+        """What the row could draft: its lookup's draft, and its costly source where this engine's drafting of
+        that source takes it (one draft model, one view of the target per engine)."""
+        ask = Ask(row.accept, (offer.source, len(offer)) if offer is not None else ("", 0), left=row.room + 1,
+                  pace=row.pace)
         costly = next((p for p in row.parts if not p.free), None)
-        if costly is not None and not self._takes(costly):
-            costly = None
-        ask = Ask(row.accept, (offer.source, len(offer)) if offer is not None else ("", 0),
-                  costly.name if costly is not None else "", min(row.caps[costly.name], row.room) if costly else 0,
-                  costly.behind(row.context) if costly is not None else 0, row.room + 1, row.pace)
-        row.offered(max(ask.stats(offer.source).expected(len(offer)) if offer is not None else 1.0,
+        if costly is not None and costly.name not in self.drafting:
+            self.drafting[costly.name] = costly.drafting()
+        if costly is not None and self.drafting[costly.name].takes(costly):
+            ask.costly, ask.cap = costly.name, min(row.caps[costly.name], row.room)
+            ask.behind = costly.behind(row.context)
+        row.offered(max(ask.stats(ask.offer[0]).expected(ask.offer[1]) if offer is not None else 1.0,
                         ask.stats(ask.costly).expected(ask.cap) if ask.cap else 1.0))
         return ask
-
-    def _takes(self, part) -> bool:
-        if part.name not in self.drafting:
-            self.drafting[part.name] = part.drafting()
-        return self.drafting[part.name].takes(part)
 
     def _plan(self, rows: List[Row], asks: List[Ask]):
         """(the round's Plan, whether it drains a queued step instead: the plan drafts through the target's cache)."""
@@ -236,9 +205,8 @@ class Engine:
             return row.sampler.pick(logits, len(row.context))
         if not n:
             return mx.zeros((0,), dtype=mx.bool_), sample(row.probs_fn(logits))
-        tokens = draft.tokens[:n].astype(mx.uint32) if n else mx.zeros((0,), dtype=mx.uint32)
-        p = draft.probs[:n] if n and draft.probs is not None else None
-        return sampling_targets(row.probs_fn(logits), tokens, p)
+        p = draft.probs[:n] if draft.probs is not None else None
+        return sampling_targets(row.probs_fn(logits), draft.tokens[:n].astype(mx.uint32), p)
 
     def _launch(self, built: List, rows: List[Row]) -> _Pending:
         """Queue the next plain step of every place on the round's lazy tokens, before the host reads them."""
@@ -313,10 +281,13 @@ class Engine:
             if o.costly and n:
                 r.stats.drafted_together = max(r.stats.drafted_together, together[source])
             if r.stats.trace is not None:
-                r.stats.trace.append({"source": source, "proposed": n, "accepted": a, "seconds": seconds,
-                                      "size": plan.size if plan.k else 1, "behind": o.behind,
-                                      **({"probe": True} if plan.probe else {}),
-                                      **({"hindsight": [sum(o.hindsight[0]), len(o.hindsight[0])]} if o.hindsight else {})})
+                entry = {"source": source, "proposed": n, "accepted": a, "seconds": seconds,
+                         "size": plan.size if plan.k else 1, "behind": o.behind}
+                if plan.probe:
+                    entry["probe"] = True
+                if o.hindsight:
+                    entry["hindsight"] = [sum(o.hindsight[0]), len(o.hindsight[0])]
+                r.stats.trace.append(entry)
             outcomes.append(o)
         promised = self.planner.promised(plan, asks) if plan.k else 0.0
         self.planner.record(plan, len(self.cache.owners), seconds, outcomes, warm, promised)
@@ -335,19 +306,6 @@ class Engine:
         start = time.perf_counter()
         self.cache.pack([len(r.context) - 1 for r in rows])
         self.planner.record_copy(positions, time.perf_counter() - start)
-
-
-class _Peak:
-    """The peak allocation above the start, without resetting the process-wide peak (the caller's)."""
-
-    def __init__(self):
-        self.base, self.peak0, self.seen = mx.get_active_memory(), mx.get_peak_memory(), 0
-
-    def gb(self) -> float:
-        self.seen = max(self.seen, mx.get_active_memory())
-        peak = mx.get_peak_memory()
-        top = peak if peak > self.peak0 else self.seen  # a new process-wide peak happened during the run
-        return max(0, top - self.base) / 1e9
 
 
 def speculative_generate_step(
@@ -382,36 +340,26 @@ def speculative_generate_step(
     far, no rejected drafts. planner: decides each round (a caller may keep one across generations); num_draft: the
     most tokens a round drafts. accept: the row's acceptance by source, kept by a caller across generations.
     """
-    sampler = Sampler(temp, top_p, top_k, seed)
     if num_draft is not None and num_draft <= 0:
         raise GenerationError(f"--num-draft must be >= 1, got {num_draft}")
-    if max_tokens < 0:
-        raise GenerationError(f"--max-tokens must be >= 0, got {max_tokens}")
-    context = list(prompt)
-    if not context:
-        raise GenerationError("the prompt is empty")
-    limit = context_limit(model)
-    if limit is not None and len(context) >= limit:
-        raise GenerationError(f"the prompt has {len(context)} tokens but the model's context is {limit}")
-    budget, at_limit = max_tokens, "length"
-    if limit is not None and limit - len(context) < max_tokens:
-        budget, at_limit = limit - len(context), "context"
+    stats = stats if stats is not None else Stats()
+    row = Row.start(model, prompt, max_tokens, drafter=drafter, sampler=Sampler(temp, top_p, top_k, seed),
+                    eos=frozenset(eos_token_ids), k_max=num_draft or default_num_draft(drafter), stats=stats,
+                    accept=accept if accept is not None else {})
+    context = row.context
     cache = recurrent.rewindable(prompt_cache) if prompt_cache is not None else new_cache(model)
     cached = None if cache is None else cache_tokens(cache) if prompt_cache is not None else 0
     if cached is None or cached > len(context) - 1:
         raise GenerationError(f"the prompt cache holds {cached} tokens; it must hold a prefix of the prompt "
                               f"({len(context)} tokens) and no more than all but its last token")
-    stats = stats if stats is not None else Stats()
     stats.prompt_tokens, stats.prompt_cached = len(context), cached
-    if budget == 0:
+    if row.budget == 0:
         return
     engine = Engine(model, planner if planner is not None else Planner(adaptive=adaptive))
-    row = Row(context, drafter, sampler, budget, at_limit, frozenset(eos_token_ids),
-              num_draft or default_num_draft(drafter), stats, accept if accept is not None else {})
-    peak, yielded = _Peak(), len(context)
+    peak, yielded = Peak(), len(context)
     with mx.stream(generation_stream):
         try:
-            prefill_cache(model, cache, context[cached:-1], None if limit is None else limit - cached)
+            prefill_cache(model, cache, context[cached:-1], None if engine.limit is None else engine.limit - cached)
             engine.add(row, cache)
         except BaseException:
             rewind(cache, cached)  # an interrupted prefill leaves the cache as it came

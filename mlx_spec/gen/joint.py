@@ -1,12 +1,7 @@
-"""The cache of the rows generating together: a lone row's own cache as it is, several rows' in one joint cache.
-
-A joint cache has one object per layer, one row per generation. Attention layers use `RaggedKVCache`, mlx-lm's
-`BatchKVCache` (rows of different lengths left-padded, as in its `BatchGenerator`) whose rows may also have gaps: a
-row rewound further than the others keeps the positions it dropped as a gap its attention masks out, so no keys
-move. Recurrent layers use `recurrent.RewindableRows`: each row rewound by replaying its layer's mixer on what it
-kept. A row that leaves leaves its place, which runs along until a new row's cache is written into it (`add`) or
-the rows are packed (`pack`).
-"""
+"""The cache of the rows generating together: a lone row's own cache as it is, several rows' in one joint cache
+(mlx-lm's `BatchKVCache` whose rows may have masked gaps, so each row is rewound by its own count without moving
+keys; recurrent layers as `recurrent.RewindableRows`). A row that leaves leaves its place, which runs along until a
+new row takes it or the rows are packed."""
 
 from typing import List, Optional, Sequence
 

@@ -1,35 +1,30 @@
-"""Which rows draft next, from which source and how many tokens: the one owner of every cost estimate.
+"""Which rows draft next, from which source and how many tokens: the one owner of every decision about drafting.
 
-A round drafting k tokens for a row whose first draft token is accepted with probability p and each later one with
-a yields E(k) = 1 + p (1 - a^k) / (1 - a) tokens for it (the geometric model of Leviathan et al., its first token
-apart). The round costs a target pass over the rows' places at the size it is verified at (k + 1 positions, or a
-larger size of `SIZES` padded with dummy positions where that size was measured cheaper), plus, where a costly
-source (a draft model, a view of the target) drafts, its k passes over its rows and the catch-up it feeds first.
-Each round the planner takes the plan with the most expected tokens per second among those that do not lower the
-rows' throughput below plain decoding's, and drafts only where that promises MARGIN more.
-
-Costs are wall-clock times the engine measured (the host's work included): a pass's cost is the median of its latest
-rounds by (places, size), and where a shape was not timed, the measured medians interpolated by positions (places x
-size), kept rising, past them extended by their least-squares slope; no pass spans more than twice the positions
-timed so far. A costly source's time beyond the verify pass is split between its drafted positions and its catch-up
-tokens by least squares, per count of rows it drafted for. A round that ran a shape for the first time is not timed.
-
-Acceptance is each row's own (`SourceStats`, kept by its session across turns). What an extra token saves depends on
-what happens when its row ends: a waiting request takes its place (a busy server: it saves a plain round's share per
-row), or nobody does (the rows drain: as far as the row is the one that ends last, a round of it alone). The chance
-of the first, `refill`, is learned from the rows that left. A costly source passed over earns PROBE_BUDGET of each
-round's time and drafts a one-token probe once its credit covers what the probe is expected to lose; one that could
-not beat plain decoding with every token accepted is not probed.
+A round drafting k tokens for a row yields E(k) = 1 + p (1 - a^k) / (1 - a) tokens (the geometric model of Leviathan
+et al., the first token's acceptance p apart, each row's own acceptance by source). It costs the measured target pass
+at its size (`costs.py`) plus a costly source's part. The planner takes the plan with the most expected tokens per
+second among those that do not lower the rows' throughput below plain decoding's, and drafts only where that
+promises MARGIN more. What an extra token saves depends on whether a new row takes a row's place when it ends
+(`refill`, learned) or the rows drain. A costly source passed over probes once its earned budget covers the loss.
 """
 
 import math
 import statistics
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from .tunables import (CATCH_UP_HORIZON, DISCOUNT, EMA, FIRST_PRIOR, MARGIN, PRIOR_ACCEPT, PRIOR_TRIALS,
-                       PROBE_BUDGET, PROBE_MIN, SIZES, TIMINGS)
+from .costs import Costs
+from .tunables import (
+    CATCH_UP_HORIZON,
+    DISCOUNT,
+    FIRST_PRIOR,
+    MARGIN,
+    PRIOR_ACCEPT,
+    PRIOR_TRIALS,
+    PROBE_BUDGET,
+    PROBE_MIN,
+    SIZES,
+)
 
 
 @dataclass(frozen=True)
@@ -124,60 +119,12 @@ class Outcome:
     # sat out, replayed as rounds of that many tokens
 
 
-class _Fit:
-    """seconds = d n + c b by decayed least squares (a weak prior puts a catch-up token at an eighth of a drafted
-    position, so one round with a long catch-up splits; later rounds outweigh it)."""
-
-    def __init__(self):
-        self.f, self.d, self.c = [0.0] * 5, 0.0, 0.0
-
-    def add(self, n: int, b: int, seconds: float) -> None:
-        f = self.f
-        for i, v in enumerate((n * n, n * b, b * b, n * seconds, b * seconds)):
-            f[i] = (1 - EMA) * f[i] + v
-        ridge = 1e-3 * (f[0] + f[2])  # the prior: d - 8 c = 0
-        a11, a12, a22 = f[0] + ridge, f[1] - 8 * ridge, f[2] + 64 * ridge
-        det = a11 * a22 - a12 * a12
-        d, c = (f[3] * a22 - f[4] * a12) / det, (f[4] * a11 - f[3] * a12) / det
-        if c < 0:
-            d, c = f[3] / f[0], 0.0
-        elif d < 0:
-            d, c = 0.0, (f[4] / f[2] if f[2] else 0.0)
-        self.d, self.c = max(d, 0.0), c
-
-
-def _line(points: List[Tuple[float, float]]) -> Tuple[float, float]:
-    """Least-squares (c0, c1) of y = c0 + c1 x, c1 >= 0; a single x gives (its y, 0)."""
-    n = len(points)
-    mx_, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
-    sxx = sum((x - mx_) ** 2 for x, _ in points)
-    if sxx == 0:
-        return my, 0.0
-    c1 = max(0.0, sum((x - mx_) * (y - my) for x, y in points) / sxx)
-    return my - c1 * mx_, c1
-
-
-def _rising(points: List[Tuple[float, float, int]]) -> List[Tuple[float, float]]:
-    """The non-decreasing least-squares fit of (x, y, weight) points (pool adjacent violators), as sorted (x, y)."""
-    blocks: List[list] = []  # [mean y, weight, xs]
-    for x, y, w in sorted(points):
-        blocks.append([y, w, [x]])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            y2, w2, x2 = blocks.pop()
-            y1, w1, x1 = blocks.pop()
-            blocks.append([(y1 * w1 + y2 * w2) / (w1 + w2), w1 + w2, x1 + x2])
-    return [(x, y) for y, _, xs in blocks for x in xs]
-
-
 @dataclass
-class Planner:
+class Planner(Costs):
     """Chooses each round's Plan; `adaptive=False` drafts every row's first offer, as long as it is, every round.
     One Planner can serve many generations (a session keeps one), so later turns start from what earlier measured."""
 
     adaptive: bool = True
-    timed: Dict[Tuple[int, int], Deque[float]] = field(default_factory=dict)  # (places, size) -> latest seconds
-    costs: Dict[Tuple[int, int], float] = field(default_factory=dict)  # their medians
-    drafts: Dict[Tuple[str, int], _Fit] = field(default_factory=dict)  # (costly source, rows) -> its cost fit
     idle: Dict[str, int] = field(default_factory=dict)  # rounds since a costly source last drafted
     credit: Dict[str, float] = field(default_factory=dict)  # probe budget it earned while passed over (seconds)
     refilled_w: float = 0.0  # discounted rows whose place a new row took, of `left_w` that left: none until seen
@@ -185,66 +132,6 @@ class Planner:
     open: int = 0  # rows that left whose place no row has taken yet
     kept_w: float = PRIOR_TRIALS  # discounted extra tokens drafting rounds delivered, and what they promised
     promised_w: float = PRIOR_TRIALS
-    copies: List[float] = field(default_factory=list)  # seconds per position of packing the cache
-    ran: int = 0  # the most positions of a pass in a round a costly source drafted in (its fit times that round)
-    _curve: List[Tuple[float, float]] = field(default_factory=list)
-    _slope: float = 0.0
-
-    # --- costs ---
-
-    def cost(self, places: int, size: int) -> Optional[float]:
-        """Seconds of a target pass over `places` rows of `size` positions: measured; else interpolated between the
-        sizes measured at as many places (past the largest, its cost plus the slope over positions); else predicted
-        by positions from every pass measured; None before any pass was timed."""
-        if (places, size) in self.costs:
-            return self.costs[(places, size)]
-        same = sorted((s, c) for (p, s), c in self.costs.items() if p == places)
-        below, above = [x for x in same if x[0] < size], [x for x in same if x[0] > size]
-        if below and above:
-            (sa, ca), (sb, cb) = below[-1], above[0]
-            return ca + (cb - ca) * (size - sa) / (sb - sa)
-        if below:
-            return below[-1][1] + self._slope * places * (size - below[-1][0])
-        if above:
-            return above[0][1]  # a smaller pass is taken to cost no more until it is timed
-        if not self._curve:
-            return None
-        x, (x0, y0), (xn, yn) = places * size, self._curve[0], self._curve[-1]
-        if x <= x0:
-            return max(1e-6, y0 - self._slope * (x0 - x))
-        if x >= xn:
-            return yn + self._slope * (x - xn)
-        i = next(j for j, (xj, _) in enumerate(self._curve) if xj >= x)
-        (xa, ya), (xb, yb) = self._curve[i - 1], self._curve[i]
-        return ya + (yb - ya) * (x - xa) / (xb - xa)
-
-    def plain_step(self) -> Optional[float]:
-        """Seconds of one row's plain step on this machine, once measured or predicted."""
-        return self.cost(1, 1)
-
-    def size(self, places: int, k: int, pad: bool) -> int:
-        """Positions to verify k drafts at: k + 1, or with padding the size of `SIZES` at or above it that costs
-        least (the smallest one until it has been measured)."""
-        sizes = [s for s in SIZES if s >= k + 1]
-        if not pad or not sizes:
-            return k + 1
-        timed = [s for s in sizes if (places, s) in self.costs]
-        return min(timed, key=lambda s: (self.costs[(places, s)], s)) if sizes[0] in timed else sizes[0]
-
-    def draft_cost(self, source: str, rows: int, k: int, behind: float) -> float:
-        """Seconds a costly source adds to a round: k passes over `rows` rows after feeding `behind` tokens."""
-        fits = {m: f for (s, m), f in self.drafts.items() if s == source}
-        if rows in fits:
-            return fits[rows].d * k + fits[rows].c * behind
-        c0, c1 = _line([(m, f.d) for m, f in fits.items()])
-        c = min(fits.items(), key=lambda mf: abs(mf[0] - rows))[1].c
-        return max(0.0, c0 + c1 * rows) * k + c * behind
-
-    def reach(self) -> int:
-        """The most positions a pass may span: twice those timed so far, alone or in a costly source's round (past them
-        its cost is a guess), and at least the largest verify size once a pass was timed."""
-        timed = max(max((p * s for p, s in self.costs), default=0), self.ran)
-        return max(2 * timed, SIZES[-1]) if timed else 0
 
     # --- choosing ---
 
@@ -393,24 +280,10 @@ class Planner:
             return
         costly = [o for o in outcomes if o.proposed and o.costly]
         if not costly:
-            self._time((places, plan.size if plan.k else 1), seconds)
-        elif (places, plan.size) in self.costs or self._curve:
-            source = costly[0].source
-            fit = self.drafts.setdefault((source, len(costly)), _Fit())
-            fit.add(plan.k, sum(o.behind for o in costly), max(0.0, seconds - self.cost(places, plan.size)))
-            self.ran = max(self.ran, places * plan.size)
-
-    def _time(self, key: Tuple[int, int], seconds: float) -> None:
-        """A cost is the median of the shape's latest TIMINGS rounds: a stall moves it by nothing."""
-        samples = self.timed.setdefault(key, deque(maxlen=TIMINGS))
-        samples.append(seconds)
-        self.costs[key] = statistics.median(samples)
-        by: Dict[int, List[float]] = {}
-        for (p, s), v in self.timed.items():
-            by.setdefault(p * s, []).extend(v)
-        pts = [(x, statistics.median(v), len(v)) for x, v in by.items()]
-        self._slope = _line([(x, y) for x, y, _ in pts])[1] if len(pts) > 1 else 0.0
-        self._curve = _rising(pts)
+            self.time_pass((places, plan.size if plan.k else 1), seconds)
+        else:
+            self.time_draft(costly[0].source, len(costly), plan.k, sum(o.behind for o in costly), places, plan.size,
+                            seconds)
 
     # --- rows joining and leaving ---
 
@@ -426,10 +299,6 @@ class Planner:
         self.refilled_w = DISCOUNT * self.refilled_w
         self.open = self.open + 1 if remaining else 0
 
-    def record_copy(self, positions: int, seconds: float) -> None:
-        """A packing of the cache: `positions` (rows x columns) copied in `seconds`."""
-        self.copies = (self.copies + [seconds / max(1, positions)])[-TIMINGS:]
-
     def packs(self, places: int, live: int, positions: int, rounds: float) -> bool:
         """Whether to pack the cache now: the empty places' part of every pass, over the `rounds` the rows still
         run where no new row takes their place, costs more than the copy (True until both were timed)."""
@@ -438,7 +307,3 @@ class Planner:
             return True
         return (1 - self.refill) * (full - kept) * rounds > statistics.median(self.copies) * positions
 
-    def pays(self, rows: int) -> bool:
-        """Whether one pass over `rows` rows costs MARGIN less than as many passes over one (True until timed)."""
-        batched, alone = self.cost(rows, 1), self.cost(1, 1)
-        return batched is None or alone is None or batched < (1 - MARGIN) * rows * alone

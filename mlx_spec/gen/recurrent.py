@@ -1,20 +1,11 @@
-"""Rewinding recurrent layers (gated delta nets, Mamba, LFM2's short convolutions), so that hybrid and recurrent
-models can be speculated on.
+"""Rewinding recurrent layers (gated delta nets, Mamba, LFM2's short convolutions), which mlx-lm cannot trim, so that
+hybrid and recurrent models can be speculated on.
 
-mlx-lm keeps a recurrent layer's state in an `ArraysCache` that cannot be trimmed: after a verify pass it holds the
-state after the whole draft, and the state after the accepted prefix is gone, so mlx-lm refuses speculative decoding
-on these models. Here each call of a recurrent layer keeps the state it started from and the layer's input
-(references to arrays the pass computed anyway, no copy); trimming restores the state before the call and runs only
-that layer's token mixer (its norm and mixer: no attention layer, no MLP, no head) on the accepted prefix.
-
-Nothing of the caller's changes class: the engine runs a view of the model whose recurrent blocks are wrapped in a
-`Recorder` (`recording`; mlx-lm offers no hook for a layer's input), over a list of its own whose recurrent entries
-wrap the caller's `ArraysCache` (`rewindable`): the state stays in the caller's object, read and written through; the
-tokens it holds and the recent calls are the wrapper's. Written here because no maintained library rewinds these
-caches.
-
-In a batch (`joint`), a layer's rows share one `RewindableRows`, and `trim_rows` rewinds each row by its own count,
-restoring its state before the call its kept part ends in; the rows keeping the same count of a call replay together.
+Each call of a recurrent layer keeps the state it started from and its input (references, no copy); a trim restores
+the state before the call and replays only the layer's token mixer on the part kept. The engine runs a view of the
+model whose recurrent blocks record their calls (`recording`) over wrappers of the caller's `ArraysCache` objects
+(`rewindable`): the caller's model and caches keep their classes and their state. In a joint cache
+(`RewindableRows`) each row is rewound by its own count. Written here because no maintained library rewinds them.
 """
 
 import copy
@@ -28,7 +19,8 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
 from ..errors import UnsupportedError
-from .tunables import RECURRENT_CALLS as MAX_CALLS, RECURRENT_RECORD as MAX_RECORD
+from .tunables import RECURRENT_CALLS as MAX_CALLS
+from .tunables import RECURRENT_RECORD as MAX_RECORD
 
 # (mixer, norm) attribute pairs of recurrent blocks in mlx-lm: qwen3_next / qwen3_5, mamba / mamba2, lfm2.
 MIXERS = (("linear_attn", "input_layernorm"), ("mixer", "norm"), ("conv", "operator_norm"))
@@ -246,8 +238,8 @@ def recording(model):
             holder = next((n for n, m in model.children().items() if [id(b) for b in getattr(m, "layers", ())] == ids),
                           None) if isinstance(model, nn.Module) else None
             if holder is None:
-                raise UnsupportedError(f"{type(model).__name__}: its recurrent layers can be rewound only in an mlx-lm "
-                                       "model whose blocks a submodule holds (model.model.layers, model.backbone.layers)")
+                raise UnsupportedError(f"{type(model).__name__}: recurrent layers rewind only in an mlx-lm model whose "
+                                       "blocks a submodule holds (model.model.layers, model.backbone.layers)")
             inner = copy.copy(model[holder])
             inner.layers = [Recorder(b) if i in idx else b for i, b in enumerate(layers)]
             view = copy.copy(model)

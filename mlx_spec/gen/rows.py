@@ -5,6 +5,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
+from ..errors import GenerationError
+from .cache import context_limit
 from .drafters.base import Drafter
 from .planner import SourceStats
 from .sampling import GREEDY, Sampler
@@ -46,6 +48,21 @@ class Row:
 
     def __post_init__(self):
         self.probs_fn = self.sampler.probs_fn
+
+    @classmethod
+    def start(cls, model, prompt: Sequence[int], max_tokens: int, **fields) -> "Row":
+        """A row generating after `prompt` on `model`: at most `max_tokens`, or the room left in the model's context
+        (then "context" is its finish at the end); a prompt that is empty or fills the context is refused."""
+        if max_tokens < 0:
+            raise GenerationError(f"--max-tokens must be >= 0, got {max_tokens}")
+        if not prompt:
+            raise GenerationError("the prompt is empty")
+        limit = context_limit(model)
+        if limit is not None and len(prompt) >= limit:
+            raise GenerationError(f"the prompt has {len(prompt)} tokens but the model's context is {limit}")
+        if limit is not None and limit - len(prompt) < max_tokens:
+            return cls(list(prompt), budget=limit - len(prompt), at_limit="context", **fields)
+        return cls(list(prompt), budget=max_tokens, **fields)
 
     @property
     def parts(self) -> Sequence[Drafter]:

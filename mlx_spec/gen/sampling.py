@@ -1,4 +1,4 @@
-"""Sampling: the same temperature/top-p/top-k transform for plain decoding, drafts and verification, and a row's rule."""
+"""Sampling: one temperature/top-p/top-k transform for plain decoding, drafts and verification; a row's rule."""
 
 from dataclasses import dataclass
 from functools import cached_property

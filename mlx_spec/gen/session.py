@@ -4,10 +4,9 @@ from typing import Iterator, List, Optional, Tuple
 
 from mlx_lm.models.cache import can_trim_prompt_cache
 
-from .cache import cache_tokens, new_cache, rewind
+from .cache import cache_tokens, new_cache, prefill_cache, rewind
 from .drafters.base import Drafter
 from .drafters.model import common_prefix
-from .engine import prefill_cache
 from .planner import Planner
 from .registry import default_num_draft
 from .stream import Event, stream_generate

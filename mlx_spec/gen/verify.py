@@ -11,11 +11,6 @@ import mlx.core as mx
 from .sampling import sample
 
 
-def greedy_targets(logits: mx.array) -> mx.array:
-    """The target's own token at every row of logits (n+1, V): row i follows draft[:i] (lazy)."""
-    return mx.argmax(logits, axis=-1)
-
-
 def accept_greedy(draft: Sequence[int], targets: Sequence[int]) -> Tuple[int, int]:
     """Accept the longest prefix of `draft` equal to the target's tokens; return (accepted, next token)."""
     n = 0
@@ -59,13 +54,19 @@ def accept_sampling(accept: Sequence[bool], candidates: Sequence[int]) -> Tuple[
     return a, candidates[a]
 
 
-def verify_greedy(target_logits: mx.array, draft: List[int]) -> Tuple[int, int]:
-    """Greedy verification in one call (reads the device): (accepted, next token)."""
-    return accept_greedy(draft, greedy_targets(target_logits).tolist())
-
-
 def verify_sampling(target_probs: mx.array, draft: List[int], draft_probs: Optional[mx.array]) -> Tuple[int, int]:
     """Speculative sampling in one call (reads the device): (accepted, next token)."""
     accept, candidates = sampling_targets(target_probs, mx.array(draft, dtype=mx.uint32), draft_probs)
     mx.eval(accept, candidates)
     return accept_sampling(accept.tolist(), candidates.tolist())
+
+
+def shadow_judgement(draft: Sequence[int], produced: Sequence[int]):
+    """(judged, matched) of a draft that was not verified, against the tokens the round produced: a token matches
+    where it equals the produced one (the verifier's own rule under greedy decoding; under sampling a fixed token is
+    accepted with the target's probability of it, the chance the sampled token equals it). Draft tokens beyond the
+    produced ones were never judged."""
+    m = 0
+    while m < len(draft) and m < len(produced) and draft[m] == produced[m]:
+        m += 1
+    return (len(draft) if m < len(produced) else m), m

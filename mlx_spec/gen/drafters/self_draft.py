@@ -5,7 +5,8 @@ from typing import List, Optional, Sequence
 import mlx.core as mx
 
 from ...errors import ConvertError, GenerationError, UnsupportedError
-from ...make.layers import INDEX_DEPENDENT, parse_layers as _parse, with_blocks
+from ...make.layers import INDEX_DEPENDENT, with_blocks
+from ...make.layers import parse_layers as _parse
 from .. import recurrent
 from ..cache import rewind
 from ..joint import RaggedKVCache, Rows

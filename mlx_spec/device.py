@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-from .. import blas as _blas
+from . import blas as _blas
 
 BACKENDS = {"metal": "Metal", "cuda": "CUDA", "cpu": "CPU"}  # as info() records them -> as a line prints them
 

@@ -1,0 +1,150 @@
+"""What passes cost on this machine, as the engine measured them: the target's by rows and positions (the median of
+its latest rounds; where a shape was not timed, interpolated from what was), a costly source's part of a round by
+least squares, a copy of the rows' cache. No cost is a constant of a machine.
+"""
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Deque, Dict, List, Optional, Tuple
+
+from .tunables import EMA, MARGIN, SIZES, TIMINGS
+
+
+class _Fit:
+    """seconds = d n + c b by decayed least squares (a weak prior puts a catch-up token at an eighth of a drafted
+    position, so one round with a long catch-up splits; later rounds outweigh it)."""
+
+    def __init__(self):
+        self.f, self.d, self.c = [0.0] * 5, 0.0, 0.0
+
+    def add(self, n: int, b: int, seconds: float) -> None:
+        f = self.f
+        for i, v in enumerate((n * n, n * b, b * b, n * seconds, b * seconds)):
+            f[i] = (1 - EMA) * f[i] + v
+        ridge = 1e-3 * (f[0] + f[2])  # the prior: d - 8 c = 0
+        a11, a12, a22 = f[0] + ridge, f[1] - 8 * ridge, f[2] + 64 * ridge
+        det = a11 * a22 - a12 * a12
+        d, c = (f[3] * a22 - f[4] * a12) / det, (f[4] * a11 - f[3] * a12) / det
+        if c < 0:
+            d, c = f[3] / f[0], 0.0
+        elif d < 0:
+            d, c = 0.0, (f[4] / f[2] if f[2] else 0.0)
+        self.d, self.c = max(d, 0.0), c
+
+
+def _line(points: List[Tuple[float, float]]) -> Tuple[float, float]:
+    """Least-squares (c0, c1) of y = c0 + c1 x, c1 >= 0; a single x gives (its y, 0)."""
+    n = len(points)
+    mx_, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    sxx = sum((x - mx_) ** 2 for x, _ in points)
+    if sxx == 0:
+        return my, 0.0
+    c1 = max(0.0, sum((x - mx_) * (y - my) for x, y in points) / sxx)
+    return my - c1 * mx_, c1
+
+
+def _rising(points: List[Tuple[float, float, int]]) -> List[Tuple[float, float]]:
+    """The non-decreasing least-squares fit of (x, y, weight) points (pool adjacent violators), as sorted (x, y)."""
+    blocks: List[list] = []  # [mean y, weight, xs]
+    for x, y, w in sorted(points):
+        blocks.append([y, w, [x]])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            y2, w2, x2 = blocks.pop()
+            y1, w1, x1 = blocks.pop()
+            blocks.append([(y1 * w1 + y2 * w2) / (w1 + w2), w1 + w2, x1 + x2])
+    return [(x, y) for y, _, xs in blocks for x in xs]
+
+
+@dataclass(kw_only=True)
+class Costs:
+    """Measured seconds of target passes by (places, size), of a costly source's part of a round, of a copy."""
+
+    timed: Dict[Tuple[int, int], Deque[float]] = field(default_factory=dict)  # (places, size) -> latest seconds
+    costs: Dict[Tuple[int, int], float] = field(default_factory=dict)  # their medians
+    drafts: Dict[Tuple[str, int], _Fit] = field(default_factory=dict)  # (costly source, rows) -> its cost fit
+    copies: List[float] = field(default_factory=list)  # seconds per position of packing the cache
+    ran: int = 0  # the most positions of a pass in a round a costly source drafted in (its fit times that round)
+    _curve: List[Tuple[float, float]] = field(default_factory=list)
+    _slope: float = 0.0
+
+    def cost(self, places: int, size: int) -> Optional[float]:
+        """Seconds of a target pass over `places` rows of `size` positions: measured; else interpolated between the
+        sizes measured at as many places, or that of the nearest one (`reach` bounds how far a guess goes); else
+        predicted by positions from every pass measured; None before any pass was timed."""
+        if (places, size) in self.costs:
+            return self.costs[(places, size)]
+        same = sorted((s, c) for (p, s), c in self.costs.items() if p == places)
+        below, above = [x for x in same if x[0] < size], [x for x in same if x[0] > size]
+        if below and above:
+            (sa, ca), (sb, cb) = below[-1], above[0]
+            return ca + (cb - ca) * (size - sa) / (sb - sa)
+        if below or above:  # a pass is taken to cost what the nearest size timed at as many places cost, until timed
+            return (below[-1] if below else above[0])[1]
+        if not self._curve:
+            return None
+        x, (x0, y0), (xn, yn) = places * size, self._curve[0], self._curve[-1]
+        if x <= x0:
+            return max(1e-6, y0 - self._slope * (x0 - x))
+        if x >= xn:
+            return yn + self._slope * (x - xn)
+        i = next(j for j, (xj, _) in enumerate(self._curve) if xj >= x)
+        (xa, ya), (xb, yb) = self._curve[i - 1], self._curve[i]
+        return ya + (yb - ya) * (x - xa) / (xb - xa)
+
+    def plain_step(self) -> Optional[float]:
+        """Seconds of one row's plain step on this machine, once measured or predicted."""
+        return self.cost(1, 1)
+
+    def size(self, places: int, k: int, pad: bool) -> int:
+        """Positions to verify k drafts at: k + 1, or with padding the size of `SIZES` at or above it that costs
+        least (the smallest one until it has been measured)."""
+        sizes = [s for s in SIZES if s >= k + 1]
+        if not pad or not sizes:
+            return k + 1
+        timed = [s for s in sizes if (places, s) in self.costs]
+        return min(timed, key=lambda s: (self.costs[(places, s)], s)) if sizes[0] in timed else sizes[0]
+
+    def draft_cost(self, source: str, rows: int, k: int, behind: float) -> float:
+        """Seconds a costly source adds to a round: k passes over `rows` rows after feeding `behind` tokens."""
+        fits = {m: f for (s, m), f in self.drafts.items() if s == source}
+        if rows in fits:
+            return fits[rows].d * k + fits[rows].c * behind
+        c0, c1 = _line([(m, f.d) for m, f in fits.items()])
+        c = min(fits.items(), key=lambda mf: abs(mf[0] - rows))[1].c
+        return max(0.0, c0 + c1 * rows) * k + c * behind
+
+    def reach(self) -> int:
+        """The most positions a pass may span: twice those timed so far, alone or in a costly source's round (past them
+        its cost is a guess), and at least the largest verify size once a pass was timed."""
+        timed = max(max((p * s for p, s in self.costs), default=0), self.ran)
+        return max(2 * timed, SIZES[-1]) if timed else 0
+
+    def time_pass(self, key: Tuple[int, int], seconds: float) -> None:
+        """A cost is the median of the shape's latest TIMINGS rounds: a stall moves it by nothing."""
+        samples = self.timed.setdefault(key, deque(maxlen=TIMINGS))
+        samples.append(seconds)
+        self.costs[key] = statistics.median(samples)
+        by: Dict[int, List[float]] = {}
+        for (p, s), v in self.timed.items():
+            by.setdefault(p * s, []).extend(v)
+        pts = [(x, statistics.median(v), len(v)) for x, v in by.items()]
+        self._slope = _line([(x, y) for x, y, _ in pts])[1] if len(pts) > 1 else 0.0
+        self._curve = _rising(pts)
+
+    def time_draft(self, source: str, rows: int, k: int, behind: int, places: int, size: int, seconds: float) -> None:
+        """A round in which `source` drafted k tokens for `rows` rows after feeding `behind`, verified over `places`
+        x `size` positions in `seconds` (its part: what the round took beyond the verify pass)."""
+        verify = self.cost(places, size)
+        if verify is not None:
+            self.drafts.setdefault((source, rows), _Fit()).add(k, behind, max(0.0, seconds - verify))
+            self.ran = max(self.ran, places * size)
+
+    def record_copy(self, positions: int, seconds: float) -> None:
+        """A packing of the cache: `positions` (rows x columns) copied in `seconds`."""
+        self.copies = (self.copies + [seconds / max(1, positions)])[-TIMINGS:]
+
+    def pays(self, rows: int) -> bool:
+        """Whether one pass over `rows` rows costs MARGIN less than as many passes over one (True until timed)."""
+        batched, alone = self.cost(rows, 1), self.cost(1, 1)
+        return batched is None or alone is None or batched < (1 - MARGIN) * rows * alone
