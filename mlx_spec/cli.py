@@ -5,18 +5,30 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from mlx_spec_apps.server.defaults import DEFAULT_HOST, DEFAULT_MAX_CONCURRENCY, DEFAULT_PORT
+from mlx_spec_apps.server.defaults import (
+    DEFAULT_HOST,
+    DEFAULT_MAX_CONCURRENCY,
+    DEFAULT_PORT,
+)
 
 from . import blas
-from .errors import MlxSpecError
 from .bench.common import DEFAULT_OUT
-from .bench.draft_search import DEFAULT_LADDER as DS_LADDER, DEFAULT_MAX_TOKENS as DS_MAX_TOKENS, \
-    DEFAULT_PROMPTS as DS_PROMPTS
-from .gen.engine import DEFAULT_MAX_TOKENS
+from .bench.draft_search import DEFAULT_LADDER as DS_LADDER
+from .bench.draft_search import DEFAULT_MAX_TOKENS as DS_MAX_TOKENS
+from .bench.draft_search import DEFAULT_PROMPTS as DS_PROMPTS
+from .errors import MlxSpecError
+from .gen.tunables import DEFAULT_MAX_TOKENS
 from .make.convert import DEFAULT_GROUP_SIZE
 from .make.prune import SPEC_HELP as PRUNE_HELP
 from .make.quant import QUANTIZE_HELP, parse_quantize
-from .named import DEFAULT_DRAFT, DEFAULT_MODEL, DEFAULT_PROMPT, DRAFT_HELP, MODEL_HELP, NUM_DRAFT_HELP
+from .named import (
+    DEFAULT_DRAFT,
+    DEFAULT_MODEL,
+    DEFAULT_PROMPT,
+    DRAFT_HELP,
+    MODEL_HELP,
+    NUM_DRAFT_HELP,
+)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Lossless speculative decoding on MLX: fetch, convert, generate, chat, serve, bench.")
@@ -123,8 +135,8 @@ def generate(
     """Stream text from a model, plain or speculative (the output is the target's either way)."""
     import mlx.core as mx
 
-    from .gen import registry
     from .device import describe
+    from .gen import registry
     from .gen.stream import stream_generate
     from .named import load_pair
 

@@ -10,11 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-import mlx_spec  # noqa: F401  (first: puts the fast BLAS under MLX)
 import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
+
+import mlx_spec  # noqa: F401  (first: puts the fast BLAS under MLX)
 
 CORPUS = [
     "def add(a, b):\n    return a + b\n",
@@ -164,7 +165,7 @@ def plain_greedy(model, prompt, max_tokens, eos=()):
 
 def spec(model, prompt, drafter, **kw):
     """Our engine's tokens for `prompt` with `drafter`, and its statistics (with the per-round trace)."""
-    from mlx_spec.gen.engine import Stats, speculative_generate_step
+    from mlx_spec.gen.generate import Stats, speculative_generate_step
 
     stats = kw.pop("stats", None) or Stats(trace=[])
     toks = [s.token for s in speculative_generate_step(prompt, model, drafter, stats=stats, **kw)]
@@ -308,7 +309,7 @@ def sample_pairs(fn, n):
 
 def spec_run(target, drafter, stats_seen, prompt=PROMPT, **kw):
     """One speculative sample of N_TOKENS tokens with K=2; records how many draft positions were verified."""
-    from mlx_spec.gen.engine import Stats, speculative_generate_step
+    from mlx_spec.gen.generate import Stats, speculative_generate_step
 
     def run():
         stats = Stats()

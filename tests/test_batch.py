@@ -21,7 +21,8 @@ from mlx_spec.gen.cache import new_cache, prefill_cache
 from mlx_spec.gen.drafters.hybrid import HybridDrafter
 from mlx_spec.gen.drafters.ngram import NGramDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
-from mlx_spec.gen.engine import Engine, speculative_generate_step
+from mlx_spec.gen.engine import Engine
+from mlx_spec.gen.generate import speculative_generate_step
 from mlx_spec.gen.joint import Rows, batchable
 from mlx_spec.gen.planner import PLAIN, Ask, Plan, Planner, SourceStats
 from mlx_spec.gen.rows import Row

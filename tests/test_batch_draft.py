@@ -4,8 +4,18 @@ a row leaves with its draft cache and continues alone from it, sampled drafts ke
 forgets to subtract their distribution fails), and the planner runs the model only where it pays."""
 
 import pytest
-from conftest import (N_TOKENS, PROMPT, REPEATING, SAMPLES, V, chi_square_pvalue_ok, exact_joint, plain_greedy,
-                      sample_pairs, tiny)
+from conftest import (
+    N_TOKENS,
+    PROMPT,
+    REPEATING,
+    SAMPLES,
+    V,
+    chi_square_pvalue_ok,
+    exact_joint,
+    plain_greedy,
+    sample_pairs,
+    tiny,
+)
 from test_batch import asks, fixed, measured, row, run, sample_first_row
 
 from mlx_spec.gen import verify
@@ -14,7 +24,8 @@ from mlx_spec.gen.drafters.model import ModelDrafter
 from mlx_spec.gen.drafters.quant_self import QuantSelfDrafter
 from mlx_spec.gen.drafters.self_draft import SelfDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
-from mlx_spec.gen.engine import speculative_generate_step
+from mlx_spec.gen.engine import Engine
+from mlx_spec.gen.generate import speculative_generate_step
 from mlx_spec.gen.planner import PLAIN, Outcome, Plan, Planner
 from mlx_spec.gen.sampling import GREEDY, Sampler
 from mlx_spec.gen.stats import Stats
@@ -57,6 +68,29 @@ def test_rows_drafting_with_a_draft_model_in_one_pass_equal_their_solo_runs(targ
     assert all(r.stats.proposed > r.stats.accepted > 0 for r in model_rows)  # drafted, some rejected: rewound
     assert all(r.stats.drafted_together >= 2 for r in model_rows)  # the model drafted for several rows at once
     assert max(r.stats.drafted_together for r in rows) == 3  # the hybrid's model too, beside the two
+
+
+def test_a_joining_rows_draft_model_catches_up_a_chunk_a_round_while_the_others_go_on(target):
+    """Beside other rows, a draft model is fed a long catch-up a chunk per round (the row decodes plainly meanwhile),
+    then drafts; alone, it catches up at once."""
+    e, outs = Engine(target, Planner(adaptive=False), chunk=8), {}
+    other, cache = row(target, PROMPTS[1], SuffixDrafter(), 30, k=3)
+    e.add(other, cache)
+    prompt = (REPEATING * 4)[:40]
+    late, cache = row(target, prompt, ModelDrafter(target, V), 20, k=3)
+    late.stats.trace = []
+    e.add(late, cache)
+    run(e, outs)
+    assert outs[id(late)] == plain_greedy(target, prompt, 20)
+    assert outs[id(other)] == plain_greedy(target, PROMPTS[1], 30)
+    drafted = [i for i, t in enumerate(late.stats.trace) if t["proposed"]]
+    assert drafted[0] >= 4 and late.stats.trace[drafted[0]]["behind"] <= 8  # 39 tokens in chunks of 8 first
+    alone = Engine(target, Planner(adaptive=False), chunk=8)
+    solo, cache = row(target, prompt, ModelDrafter(target, V), 20, k=3)
+    solo.stats.trace = []
+    alone.add(solo, cache)
+    run(alone, {})
+    assert solo.stats.trace[0]["proposed"] and solo.stats.trace[0]["behind"] == len(prompt) - 1
 
 
 def test_a_row_drafting_with_the_target_itself_accepts_every_draft_token(target):

@@ -5,7 +5,7 @@ import json
 import mlx.nn as nn
 import pytest
 
-from mlx_spec.gen.engine import Stats
+from mlx_spec.gen.stats import Stats
 from mlx_spec.gen.session import Session
 from mlx_spec import named
 from mlx_spec.named import load_pair

@@ -167,7 +167,7 @@ def test_importance_keeps_a_planted_important_block(planted, tmp_path):
 
 def test_importance_self_drafting_skips_the_pass_through_blocks_of_each_prompt(planted):
     from mlx_spec.gen import registry
-    from mlx_spec.gen.engine import speculative_generate_step
+    from mlx_spec.gen.generate import speculative_generate_step
 
     model, tok = load(str(planted))
     drafter = registry.build("self:importance:1", model, tok)

@@ -2,15 +2,14 @@
 
 import mlx.core as mx
 import pytest
+from test_speculative import PROMPTS, plain_greedy
 
 from mlx_spec.gen.drafters.model import ModelDrafter
-from mlx_spec.gen.engine import Stats, speculative_generate_step
+from mlx_spec.gen.generate import Stats, speculative_generate_step
 from mlx_spec.gen.planner import PLAIN, Plan, Planner
 from mlx_spec.gen.sampling import Sampler
 from mlx_spec.gen.tunables import HINDSIGHT_MIN
 from mlx_spec.named import load_model
-
-from test_speculative import PROMPTS, plain_greedy
 
 OUT = 12  # output tokens the drafter sat out
 

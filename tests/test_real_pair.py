@@ -44,7 +44,7 @@ def test_real_pair_greedy_is_lossless_for_every_drafter(pair):
     from mlx_spec.gen.drafters.ngram import NGramDrafter
     from mlx_spec.gen.drafters.self_draft import SelfDrafter
     from mlx_spec.gen.drafters.suffix import SuffixDrafter
-    from mlx_spec.gen.engine import Stats, speculative_generate_step
+    from mlx_spec.gen.generate import Stats, speculative_generate_step
     from mlx_spec.gen.load import check_tokenizers
 
     target, tok, draft, dtok = pair

@@ -6,7 +6,7 @@ from conftest import plain_greedy, spec
 
 from mlx_spec.errors import GenerationError
 from mlx_spec.gen import registry
-from mlx_spec.gen.engine import speculative_generate_step
+from mlx_spec.gen.generate import speculative_generate_step
 from mlx_spec.named import NUM_DRAFT_HELP, load_model, make_drafter
 
 # A prompt that stops inside a repeat: every kind of drafter finds something to draft.

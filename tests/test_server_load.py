@@ -92,6 +92,29 @@ def test_eight_concurrent_clients_each_get_their_lone_output(served_pair, always
         assert ask(srv.url, PROMPTS[0], stream=True) == alone[0]  # still healthy afterwards
 
 
+def test_a_seeded_request_gives_the_same_tokens_alone_and_beside_three_others(served_pair, always_batch):
+    """Sampling with a seed: the reply is fixed by the seed, whatever runs beside it; without one, a fresh draw."""
+    def seeded(url, i, seed):
+        client = openai.OpenAI(base_url=url + "v1", api_key="unused", max_retries=0, timeout=60)
+        r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPTS[i]}],
+                                           max_tokens=24, temperature=1.0, seed=seed)
+        return r.choices[0].message.content, r.model_extra["mlx_spec"]
+
+    with Running(build_app(slow_pair(served_pair, "suffix", pause=0.005), max_concurrency=4, max_tokens=24)) as srv:
+        alone = seeded(srv.url, 0, 11)[0]
+        results = {}
+        seeds = [11, None, 5, None]
+        threads = [threading.Thread(target=lambda i=i: results.update({i: seeded(srv.url, i, seeds[i])}))
+                   for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        text, stats = results[0]
+        assert text == alone and stats["widest"] > 1  # the same tokens, in rounds beside other rows
+        assert seeded(srv.url, 0, 12)[0] != alone  # another seed, another reply
+
+
 def test_a_full_queue_answers_429_and_the_running_requests_finish(served_pair):
     with Running(build_app(slow_pair(served_pair, None), max_concurrency=1, max_queue=1, max_tokens=40)) as srv:
         done = {}

@@ -1,6 +1,5 @@
 """The invariants of speculation on tiny random models: lossless greedy output, full self-acceptance, EOS/limits."""
 
-import sys
 import time
 
 import mlx.core as mx
@@ -18,12 +17,13 @@ from mlx_spec.gen.drafters.ngram import NGramDrafter
 from mlx_spec.gen.drafters.quant_self import QuantSelfDrafter
 from mlx_spec.gen.drafters.self_draft import ImportanceSelfDrafter, SelfDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
-from mlx_spec.gen.engine import Stats, speculative_generate_step
-from mlx_spec.gen.verify import shadow_judgement
+from mlx_spec.gen.generate import Stats, speculative_generate_step
 from mlx_spec.gen.load import check_tokenizers
 from mlx_spec.gen.planner import Plan, Planner
 from mlx_spec.gen.stream import generate
+from mlx_spec.gen.verify import shadow_judgement
 from mlx_spec.named import load_model, make_drafter
+
 
 class ScriptedDrafter(Drafter):
     """Proposes a known continuation, optionally corrupted: a drafter we control exactly (a free source)."""

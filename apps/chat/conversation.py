@@ -6,10 +6,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator, List, Optional
 
-from mlx_spec.gen.engine import Stats
-from mlx_spec.gen.session import Session
-from mlx_spec.gen.stream import Event
 from mlx_spec import named
+from mlx_spec.gen.session import Session
+from mlx_spec.gen.stats import Stats
+from mlx_spec.gen.stream import Event
 from mlx_spec.make.paths import atomic_file
 
 from . import pair

@@ -1,12 +1,19 @@
 """The chat's model pair: loading it (or one line naming a pair that works) and drafters by spec."""
 
 from pathlib import Path
-from typing import Optional
 
 from mlx_spec.errors import SourceError
 from mlx_spec.make import recipes
 from mlx_spec.make.resolve import is_cached
-from mlx_spec.named import (DEFAULT_DRAFT, DEFAULT_MODEL, Log, draft_model_spec, load_model, load_pair, make_drafter)
+from mlx_spec.named import (
+    DEFAULT_DRAFT,
+    DEFAULT_MODEL,
+    Log,
+    draft_model_spec,
+    load_model,
+    load_pair,
+    make_drafter,
+)
 
 # The pair the README is built around: both halves install from PyPI chunk packages, no hub needed.
 LOCAL_PAIR = (DEFAULT_MODEL, draft_model_spec(DEFAULT_DRAFT))

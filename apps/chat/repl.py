@@ -5,8 +5,8 @@ from typing import Optional
 
 import mlx.core as mx
 
-from mlx_spec.errors import MlxSpecError
 from mlx_spec.device import describe
+from mlx_spec.errors import MlxSpecError
 from mlx_spec.gen.sampling import validate
 from mlx_spec.gen.session import Session
 from mlx_spec.named import Log, short_name

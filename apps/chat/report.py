@@ -5,7 +5,7 @@ from typing import List, Optional
 
 from mlx_spec.bench.common import first_mismatch
 from mlx_spec.bench.report import M3MAX_COLUMNS, aligned_table, improvement
-from mlx_spec.gen.engine import Stats
+from mlx_spec.gen.stats import Stats
 
 COLUMNS = M3MAX_COLUMNS
 

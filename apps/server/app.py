@@ -16,7 +16,8 @@ from starlette.staticfiles import StaticFiles
 from mlx_spec.device import describe
 from mlx_spec.gen.load import vocab_width
 
-from . import errors, params as P
+from . import errors
+from . import params as P
 from .bridge import Disconnected, Ticket
 from .errors import ApiError, bad_request
 from .pair import Pair

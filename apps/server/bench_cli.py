@@ -8,7 +8,13 @@ import typer
 from mlx_spec import blas
 from mlx_spec.bench.common import DEFAULT_OUT
 from mlx_spec.errors import MlxSpecError
-from mlx_spec.named import DEFAULT_DRAFT, DEFAULT_MODEL, DRAFT_HELP, MODEL_HELP, NUM_DRAFT_HELP
+from mlx_spec.named import (
+    DEFAULT_DRAFT,
+    DEFAULT_MODEL,
+    DRAFT_HELP,
+    MODEL_HELP,
+    NUM_DRAFT_HELP,
+)
 
 from .defaults import DEFAULT_CLIENTS, SERVE_MAX_TOKENS, SERVE_REPEATS
 

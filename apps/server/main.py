@@ -6,7 +6,7 @@ from typing import Callable, Optional
 import uvicorn
 
 from mlx_spec.device import describe
-from mlx_spec.gen.engine import DEFAULT_MAX_TOKENS
+from mlx_spec.gen.tunables import DEFAULT_MAX_TOKENS
 from mlx_spec.named import Log
 
 from .app import build_app

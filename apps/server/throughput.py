@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from mlx_spec.bench import prompts as bench_prompts
-from mlx_spec.bench.prompts import Prompt
 from mlx_spec.bench.common import RunFile, machine_info, machine_line, md_table
+from mlx_spec.bench.prompts import Prompt
 from mlx_spec.errors import MlxSpecError
 from mlx_spec.named import DEFAULT_DRAFT, DEFAULT_MODEL, Log
 

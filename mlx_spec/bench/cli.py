@@ -6,8 +6,9 @@ from typing import Dict, List, Optional
 
 import typer
 
-from . import decode as _decode, spec as _spec
 from ..gen.registry import DEFAULT_K
+from . import decode as _decode
+from . import spec as _spec
 from .common import DEFAULT_OUT
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,

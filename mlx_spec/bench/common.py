@@ -12,8 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from .. import blas
-from .. import device
+from .. import blas, device
 
 DEFAULT_OUT = "runs"  # one JSON + one markdown file per run land here
 WITHIN = 0.05  # "ours matches mlx-lm" means a speed ratio within 5% of 1
@@ -182,7 +181,7 @@ def time_stream(make: Callable[[], Iterable[Tuple[int, bool]]], max_tokens: int,
 
 def ours_stream(prompt: List[int], model, drafter=None, stats=None, **kwargs) -> Iterator[Tuple[int, bool]]:
     """Our engine's (token, from_draft) stream."""
-    from ..gen.engine import speculative_generate_step
+    from ..gen.generate import speculative_generate_step
 
     return speculative_generate_step(prompt, model, drafter, stats=stats, **kwargs)
 

@@ -11,8 +11,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from .common import RunFile, first_mismatch, free, machine_info, median, mlx_lm_stream, ours_stream, time_stream
 from ..named import DEFAULT_PROMPT
+from .common import (
+    RunFile,
+    first_mismatch,
+    free,
+    machine_info,
+    median,
+    mlx_lm_stream,
+    ours_stream,
+    time_stream,
+)
 from .prompts import chat_ids
 from .report import decode_markdown
 

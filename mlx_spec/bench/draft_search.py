@@ -207,7 +207,7 @@ class Search:
     def run(self, drafter, prompt: List[int], max_tokens: int, *, adaptive: bool = True, k: Optional[int] = None):
         """(tokens, seconds, stats) of one greedy generation, prompt processing included; with adaptive off,
         every round drafts k tokens (the acceptance of k-token drafts: the paper's measure)."""
-        from ..gen.engine import Stats, speculative_generate_step
+        from ..gen.generate import Stats, speculative_generate_step
 
         stats = Stats(trace=[])
         t0 = time.perf_counter()
@@ -267,8 +267,8 @@ class Search:
     # ------------------------------------------------------------------ measuring
     def quick(self, c: Candidate) -> None:
         """The cheap estimate: one prompt at K fixed."""
-        from .common import params_gb
         from ..named import draft_model
+        from .common import params_gb
 
         drafter = self.drafter(c)
         own = draft_model(drafter, self.model)

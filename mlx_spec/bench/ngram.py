@@ -9,7 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import List, Sequence
 
-from ..gen.drafters import ngram as _ngram, suffix as _suffix
+from ..gen.drafters import ngram as _ngram
+from ..gen.drafters import suffix as _suffix
 from ..gen.registry import DEFAULT_K
 
 CONTEXT_LENGTHS = (1_024, 8_192, 32_768, 131_072)  # 1k..128k tokens: prompt sizes up to long-context use

@@ -36,10 +36,9 @@ def costs(model, sizes=(2, 3, 4, 6, 8, 12, 16)) -> dict:
     """Seconds of this model's plain step as our engine runs it (queued ahead), of a pass over each size at a
     CONTEXT-token cache, and of a draft step when DRAFT_RUN are queued and read at once."""
     import mlx.core as mx
-
     from mlx_lm.models.cache import make_prompt_cache
 
-    from ..gen.engine import Stats, speculative_generate_step
+    from ..gen.generate import Stats, speculative_generate_step
     from ..gen.shapes import warm
 
     warm(model, (1, CONTEXT, *sizes))
@@ -77,7 +76,7 @@ def costs(model, sizes=(2, 3, 4, 6, 8, 12, 16)) -> dict:
 
 def acceptance(target, drafter, prompts: List[List[int]], max_tokens: int, eos) -> List[float]:
     """P_i: the share of rounds of K_MAX drafts whose first i+1 tokens were all accepted."""
-    from ..gen.engine import Stats, speculative_generate_step
+    from ..gen.generate import Stats, speculative_generate_step
 
     proposed, accepted = [0] * K_MAX, [0] * K_MAX
     for ids in prompts:
@@ -112,7 +111,7 @@ def speedups(target: dict, draft_step: float, p: List[float]) -> Dict[int, float
 def run(suite, result, log: Callable[[str], None]) -> None:
     """Measure the pair's acceptance and costs, then its speed-up at the predicted best K (and with the planner
     choosing), then every other target's costs; everything in result.data["predict"]."""
-    from ..gen.engine import speculative_generate_step
+    from ..gen.generate import speculative_generate_step
     from ..make import random
     from ..named import load_model, make_drafter
     from .common import free

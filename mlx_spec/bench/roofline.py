@@ -15,7 +15,7 @@ it (several tokens per read).
 import time
 from typing import List
 
-from .common import median, md_table, params_bytes
+from .common import md_table, median, params_bytes
 
 BANDWIDTH_GB = 1.0  # bytes read per pass: well above any CPU cache or GPU's last-level cache
 PASSES = 7

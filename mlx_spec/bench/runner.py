@@ -2,7 +2,8 @@
 
 from typing import Callable, List, Optional, Tuple
 
-from . import roofline, suite as suites, table
+from . import roofline, table
+from . import suite as suites
 from .common import machine_info
 from .results import ResultFile
 

@@ -5,8 +5,18 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional
 
-from .common import (RunFile, first_mismatch, free, machine_info, mlx_lm_spec_stream, mlx_lm_stream,
-                     ours_stream, params_gb, rounds_from_flags, time_stream)
+from .common import (
+    RunFile,
+    first_mismatch,
+    free,
+    machine_info,
+    mlx_lm_spec_stream,
+    mlx_lm_stream,
+    ours_stream,
+    params_gb,
+    rounds_from_flags,
+    time_stream,
+)
 from .prompts import WARMUP_PROMPT, Prompt, build, chat_ids
 from .report import spec_markdown, summarize
 
@@ -56,7 +66,8 @@ class Config:
     def prepare(self) -> None:
         """Load what this config needs (drafter, draft model); raises if it cannot run."""
         from ..gen.load import check_tokenizers
-        from ..gen.registry import default_num_draft, parse as parse_spec
+        from ..gen.registry import default_num_draft
+        from ..gen.registry import parse as parse_spec
         from ..named import load_model, make_drafter
 
         s, b = self.bench.settings, self.bench
@@ -162,7 +173,7 @@ class SpecBench:
 
     def _warm(self, cfg: Config) -> None:
         """One short untimed generation, so first-call costs (allocation, kernels, page-in) are not timed."""
-        from ..gen.engine import Stats
+        from ..gen.stats import Stats
 
         ids = chat_ids(self.tokenizer, WARMUP_PROMPT)
         time_stream(lambda: cfg.stream(ids, WARMUP_TOKENS, Stats()), WARMUP_TOKENS, self.eos)
@@ -175,7 +186,7 @@ class SpecBench:
 
     def run_prompt(self, i: int, n: int, p: Prompt) -> None:
         """Every ready config on one prompt (order rotated per prompt), then the lossless check against plain."""
-        from ..gen.engine import Stats
+        from ..gen.stats import Stats
 
         names = [c for c in self.settings.configs if c in self.configs]
         order = names[i % len(names):] + names[: i % len(names)]

@@ -18,8 +18,18 @@ from typing import Callable, Dict, List, Optional
 from ..errors import MlxSpecError
 from ..make.progress import progress
 from . import grids
-from .common import (first_mismatch, folder_sha256, free, median, mlx_lm_spec_stream, mlx_lm_stream, ours_stream,
-                     params_gb, rounds_from_flags, time_stream)
+from .common import (
+    first_mismatch,
+    folder_sha256,
+    free,
+    median,
+    mlx_lm_spec_stream,
+    mlx_lm_stream,
+    ours_stream,
+    params_gb,
+    rounds_from_flags,
+    time_stream,
+)
 from .prompts import WARMUP_PROMPT, build, chat_ids
 from .report import M3MAX_COLUMNS, _acceptance, aligned_table, improvement
 from .results import ResultFile, key
@@ -216,7 +226,7 @@ class TableRun:
     def _measure(self, model, drafter, k, planner, row: dict, p, rep: int, eos) -> dict:
         import mlx.core as mx
 
-        from ..gen.engine import Stats
+        from ..gen.stats import Stats
 
         stats = Stats(trace=[])  # every round's choice and cost, kept: the planner is judged on them afterwards
         mx.random.seed(zlib.crc32(f"{p.id}|{rep}".encode()))  # sampling: the same seed for every row

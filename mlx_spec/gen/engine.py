@@ -3,23 +3,20 @@ accepted, rewound, recorded and delivered row by row. A request alone is an engi
 
 import time
 from collections import Counter
-from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional
 
 import mlx.core as mx
-from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import can_trim_prompt_cache
 
-from ..errors import GenerationError
 from . import recurrent, shapes
-from .cache import cache_tokens, context_limit, new_cache, prefill_cache, rewind
+from .cache import context_limit
 from .drafters.base import Draft, Drafting, Member
 from .joint import Rows
 from .planner import PLAIN, Ask, Outcome, Plan, Planner
 from .registry import default_num_draft
 from .rows import FINISH_REASONS, Row, Step  # noqa: F401  (Step, FINISH_REASONS: the engine's output)
-from .sampling import Sampler, sample
-from .stats import Peak, Stats
-from .tunables import DEFAULT_MAX_TOKENS, PREFILL_STEP
+from .sampling import sample
+from .tunables import PREFILL_STEP
 from .verify import accept_greedy, accept_sampling, sampling_targets, shadow_judgement
 
 
@@ -41,8 +38,9 @@ class Engine:
     """The rows generating together over one target: their cache (`joint.Rows`), one planner, one drafting per
     costly source, and a plain step queued ahead where the rounds are plain."""
 
-    def __init__(self, model, planner: Optional[Planner] = None):
-        self.model, self.limit = recurrent.recording(model), context_limit(model)
+    def __init__(self, model, planner: Optional[Planner] = None, chunk: int = PREFILL_STEP):
+        """chunk: the most catch-up tokens a row's draft model is fed in a round beside other rows."""
+        self.model, self.limit, self.chunk = recurrent.recording(model), context_limit(model), chunk
         self.planner = planner if planner is not None else Planner()
         self.cache = Rows()
         self.drafting: Dict[str, Drafting] = {}
@@ -162,7 +160,7 @@ class Engine:
             s = plan.source(i)
             if s and (d is None or d.source != s):
                 wanted.setdefault(s, []).append(i)
-        chunk = PREFILL_STEP if len(rows) > 1 else None
+        chunk = self.chunk if len(rows) > 1 else None
         for s, idx in wanted.items():
             members = [Member(next(p for p in rows[i].parts if p.name == s), rows[i].context, rows[i].sampler,
                               self.cache.index(rows[i])) for i in idx]
@@ -204,9 +202,9 @@ class Engine:
         if row.sampler.exact:
             return row.sampler.pick(logits, len(row.context))
         if not n:
-            return mx.zeros((0,), dtype=mx.bool_), sample(row.probs_fn(logits))
+            return mx.zeros((0,), dtype=mx.bool_), sample(row.sampler.probs_fn(logits))
         p = draft.probs[:n] if draft.probs is not None else None
-        return sampling_targets(row.probs_fn(logits), draft.tokens[:n].astype(mx.uint32), p)
+        return sampling_targets(row.sampler.probs_fn(logits), draft.tokens[:n].astype(mx.uint32), p)
 
     def _launch(self, built: List, rows: List[Row]) -> _Pending:
         """Queue the next plain step of every place on the round's lazy tokens, before the host reads them."""
@@ -220,7 +218,7 @@ class Engine:
         if all(r is None or r.sampler.temp == 0 for r in self.cache.owners):
             nxt = mx.argmax(logits, axis=-1)
         else:
-            nxt = mx.concatenate([r.sampler.draw(x[None], len(r.context) + 1, r.probs_fn) if r is not None
+            nxt = mx.concatenate([r.sampler.draw(x[None], len(r.context) + 1) if r is not None
                                   else mx.zeros((1,), dtype=mx.uint32) for r, x in zip(self.cache.owners, logits)])
         pending = _Pending(nxt.astype(mx.uint32), logits)
         mx.async_eval(pending.tokens)
@@ -295,86 +293,16 @@ class Engine:
     def _pack(self) -> None:
         """Drop the places of rows that left, where the planner finds the copy cheaper than running them along
         (always before a view of the target drafts: it drafts over every place)."""
-        rows, places = self.rows, len(self.cache.owners)
-        if places == len(rows) or self.pending is not None:
+        rows, places, pending = self.rows, len(self.cache.owners), self.pending
+        if places == len(rows):
             return
         rounds = max((r.room + 1) / r.pace for r in rows)
         positions = len(rows) * self.cache.columns()
         views = any(p.in_target_cache for r in rows for p in r.parts)
         if not views and not self.planner.packs(places, len(rows), positions, rounds):
             return
-        start = time.perf_counter()
-        self.cache.pack([len(r.context) - 1 for r in rows])
+        start, live = time.perf_counter(), mx.array([i for i, r in enumerate(self.cache.owners) if r is not None])
+        self.cache.pack([len(r.context) - (pending is None) for r in rows])  # a queued step holds the last token
+        if pending is not None:
+            self.pending = _Pending(pending.tokens[live], pending.logits[live])
         self.planner.record_copy(positions, time.perf_counter() - start)
-
-
-def speculative_generate_step(
-    prompt: Sequence[int],
-    model,
-    drafter=None,
-    *,
-    prompt_cache: Optional[list] = None,
-    planner: Optional[Planner] = None,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    temp: float = 0.0,
-    top_p: float = 0.0,
-    top_k: int = 0,
-    seed: Optional[int] = None,
-    num_draft: Optional[int] = None,
-    adaptive: bool = True,
-    eos_token_ids: Sequence[int] = (),
-    stats: Optional[Stats] = None,
-    accept: Optional[dict] = None,
-) -> Iterator[Step]:
-    """Yield `Step(token, from_draft, finish_reason)` exactly as the target alone would produce them: an engine of
-    one row, run to its end.
-
-    Greedy (temp 0): token-identical to plain greedy decoding (in float32; in half precision up to the rounding of a
-    pass over several positions against one, README). Sampling: the same distribution, by speculative sampling (with
-    a seed: the Gumbel-max rule, `Sampler`). The last step carries the finish reason: "stop" (an EOS token,
-    yielded), "length" (max_tokens) or "context" (the model's context is full).
-
-    prompt: the whole context. prompt_cache: the target's cache, owned by the caller (as in mlx-lm's generate_step);
-    it may already hold a prefix of `prompt`, and only the rest is prefilled. When the generator finishes or is
-    closed, even mid-round, the cache holds exactly the context minus its last token: prompt + the tokens yielded so
-    far, no rejected drafts. planner: decides each round (a caller may keep one across generations); num_draft: the
-    most tokens a round drafts. accept: the row's acceptance by source, kept by a caller across generations.
-    """
-    if num_draft is not None and num_draft <= 0:
-        raise GenerationError(f"--num-draft must be >= 1, got {num_draft}")
-    stats = stats if stats is not None else Stats()
-    row = Row.start(model, prompt, max_tokens, drafter=drafter, sampler=Sampler(temp, top_p, top_k, seed),
-                    eos=frozenset(eos_token_ids), k_max=num_draft or default_num_draft(drafter), stats=stats,
-                    accept=accept if accept is not None else {})
-    context = row.context
-    cache = recurrent.rewindable(prompt_cache) if prompt_cache is not None else new_cache(model)
-    cached = None if cache is None else cache_tokens(cache) if prompt_cache is not None else 0
-    if cached is None or cached > len(context) - 1:
-        raise GenerationError(f"the prompt cache holds {cached} tokens; it must hold a prefix of the prompt "
-                              f"({len(context)} tokens) and no more than all but its last token")
-    stats.prompt_tokens, stats.prompt_cached = len(context), cached
-    if row.budget == 0:
-        return
-    engine = Engine(model, planner if planner is not None else Planner(adaptive=adaptive))
-    peak, yielded = Peak(), len(context)
-    with mx.stream(generation_stream):
-        try:
-            prefill_cache(model, cache, context[cached:-1], None if engine.limit is None else engine.limit - cached)
-            engine.add(row, cache)
-        except BaseException:
-            rewind(cache, cached)  # an interrupted prefill leaves the cache as it came
-            raise
-    try:
-        while not row.done:
-            with mx.stream(generation_stream):
-                steps = engine.round()[0]
-            stats.peak_memory_gb = peak.gb()
-            for step in steps:
-                yielded += 1
-                yield step
-    finally:
-        del context[yielded:]  # closed mid-round: the tokens not yielded go too
-        with mx.stream(generation_stream):
-            engine.remove(row)  # whatever was queued or drafted past what was yielded goes
-        stats.costs = {s: c for (p, s), c in engine.planner.costs.items() if p == 1}
-        stats.peak_memory_gb = peak.gb()

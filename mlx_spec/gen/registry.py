@@ -76,7 +76,7 @@ def default_num_draft(drafter: Union[Drafter, Spec]) -> int:
     """Default K for a drafter, a spec or None (plain decoding drafts nothing; 1 keeps K valid)."""
     if drafter is None:
         return 1
-    kind = drafter.name if isinstance(drafter, Drafter) else parse(drafter).kind
+    kind = parse(drafter).kind if isinstance(drafter, (str, DrafterSpec)) else drafter.name
     return DEFAULT_K.get(kind, tunables.MODEL_K)
 
 

@@ -46,9 +46,6 @@ class Row:
     started: float = field(default_factory=time.perf_counter)  # prompt time runs from here to the first token
     first_at: Optional[float] = None
 
-    def __post_init__(self):
-        self.probs_fn = self.sampler.probs_fn
-
     @classmethod
     def start(cls, model, prompt: Sequence[int], max_tokens: int, **fields) -> "Row":
         """A row generating after `prompt` on `model`: at most `max_tokens`, or the room left in the model's context

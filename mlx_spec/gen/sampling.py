@@ -77,19 +77,17 @@ class Sampler:
         """Whether a draft token is accepted where it equals the row's own token (greedy, or seeded)."""
         return self.temp == 0 or self.seed is not None
 
-    def pick(self, logits: mx.array, position: int, probs_fn=None) -> mx.array:
+    def pick(self, logits: mx.array, position: int) -> mx.array:
         """The token at each row of logits (n, V), the first at `position` (lazy): greedy or seeded."""
         if self.temp == 0:
             return mx.argmax(logits, axis=-1)
-        q = (probs_fn or self.probs_fn)(logits)
+        q = self.probs_fn(logits)
         noise = mx.stack([mx.random.gumbel(shape=q.shape[-1:], key=self._key(position + i)) for i in range(len(q))])
         return mx.argmax(mx.log(q) + noise, axis=-1)
 
-    def draw(self, logits: mx.array, position: int, probs_fn=None) -> mx.array:
+    def draw(self, logits: mx.array, position: int) -> mx.array:
         """One plain step's token from logits (1, V) at `position` (lazy)."""
-        if self.exact:
-            return self.pick(logits, position, probs_fn)
-        return sample((probs_fn or self.probs_fn)(logits))
+        return self.pick(logits, position) if self.exact else sample(self.probs_fn(logits))
 
     def _key(self, position: int) -> mx.array:
         z = (self.seed * _MIX + position + 1) & (2**64 - 1)

@@ -5,12 +5,14 @@ from typing import Iterator, List, Optional, Union
 
 from ..errors import GenerationError
 from .drafters.base import Drafter
-from .engine import Stats, speculative_generate_step
+from .generate import speculative_generate_step
+from .stats import Stats
 
 
 @dataclass
 class Event:
-    """One generated token and the text it completed."""
+    """One generated token and the text it completed. (Not mlx-lm's `GenerationResponse`: the faces read the
+    generation's running `Stats` from each event, acceptance by position included, which that type has no room for.)"""
 
     token: int
     text: str  # the text this token completed (may be "" mid-character)

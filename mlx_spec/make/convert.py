@@ -9,7 +9,13 @@ from typing import Callable, Optional, Sequence
 from .. import __version__
 from ..errors import ConvertError, MlxSpecError, SourceError, UnsupportedError
 from .calibrated import quantize_calibrated, samples
-from .importance import PICKS, block_similarity, calibration_texts, calibration_tokens, most_important
+from .importance import (
+    PICKS,
+    block_similarity,
+    calibration_texts,
+    calibration_tokens,
+    most_important,
+)
 from .layers import check_layers, keep_layer_indices, kept_config
 from .paths import atomic_dir, ensure_free_space
 from .progress import progress
@@ -145,7 +151,14 @@ def convert_folder(
     """
     import mlx.core as mx
     from mlx.utils import tree_map_with_path
-    from mlx_lm.utils import dequantize_model, load_model, load_tokenizer, quantize_model, save_config, save_model
+    from mlx_lm.utils import (
+        dequantize_model,
+        load_model,
+        load_tokenizer,
+        quantize_model,
+        save_config,
+        save_model,
+    )
 
     check_options(out, dtype=dtype, quantize=quantize, group_size=group_size, head_bits=head_bits,
                   keep_layers=keep_layers, layers=layers, force=force, quant_mode=quant_mode, prune=prune,

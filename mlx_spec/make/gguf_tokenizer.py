@@ -80,7 +80,14 @@ def _merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list
 
 
 def _byte_level(info: GGUFFile, tokens: list[str]):
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import (
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+    )
 
     pre = info.get("tokenizer.ggml.pre", "default")
     if pre not in _PRE:

@@ -8,7 +8,7 @@ dense: pruning changes what the draft computes, not its size or speed (quantize 
 """
 
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Tuple
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten

@@ -12,8 +12,8 @@ import zipfile
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import recipes
 from ..errors import SourceError
+from . import recipes
 from .paths import atomic_dir, atomic_file, ensure_free_space, home, sha256_file
 from .progress import byte_progress, progress
 

@@ -20,7 +20,6 @@ import mlx.nn as nn
 from ..tunables import HEAD_IDS_STEP as IDS_STEP
 
 
-
 def _head(model):
     """The module that maps hidden states to logits, or None if the model is not laid out as expected."""
     if getattr(getattr(model, "args", None), "tie_word_embeddings", False) or not hasattr(model, "lm_head"):
@@ -44,11 +43,6 @@ def _rows(layer, h: mx.array, ids: Optional[mx.array]) -> mx.array:
     if bias is not None:
         out = out + (bias if ids is None else bias[ids])
     return out
-
-
-def output_logits(model, h: mx.array) -> mx.array:
-    """`model`'s head applied to the final-norm hidden state h."""
-    return _rows(_head(model), h, None)
 
 
 class SubsetHead:

@@ -71,9 +71,13 @@ class ModelDrafter(Drafter):
             self.drafted = None
 
     def behind(self, context: List[int]) -> int:
-        """Context tokens (all but the last, which drafting starts from) the cache does not hold yet."""
+        """Context tokens (all but the last, which drafting starts from) the cache does not hold yet: an estimate
+        from the tail (the cache holds a prefix of the context plus at most the drafts rejected last round)."""
         self.settle()
-        return len(context) - 1 - min(common_prefix(self.fed, context), len(context) - 1)
+        i = min(len(self.fed), len(context) - 1)
+        while i > 0 and self.fed[i - 1] != context[i - 1]:
+            i -= 1
+        return len(context) - 1 - i
 
     def propose(self, context: List[int], k: int, sampler=None) -> Draft:
         drafting = self.drafting()
@@ -169,7 +173,15 @@ class ModelDrafting(Drafting):
             greedy = m.sampler is None or m.sampler.temp == 0
             judge.append(self._judged(o, m.context, todo) if ready[-1] and greedy else 0)
         if any(drop):
-            self.rows.rewind(drop)
+            try:
+                self.rows.rewind(drop)
+            except ValueError:  # a cache that cannot go back that far (a sliding window): every row starts over
+                for o in [o for o in places if o is not None]:
+                    o.cache, o.fed, o.drafted = None, [], None
+                self.rows = Rows()
+                for m in members:
+                    self._join(m.part)
+                return self._draft(members, k, chunk)
         self.rows.start_round()
         need = [j + 1 if r else 0 for j, r in zip(judge, ready)]
         outs, state, cold = self._feed(feeds, need)

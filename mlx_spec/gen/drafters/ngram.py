@@ -3,9 +3,12 @@
 from typing import Dict, List, Optional, Tuple
 
 from ...errors import GenerationError
-from ..tunables import NGRAM_MIN_N as DEFAULT_MIN_N, NGRAM_MIN_TRUST as DEFAULT_MIN_TRUST, NGRAM_N as DEFAULT_N
-from ..tunables import NGRAM_TRUST_EMA as TRUST_EMA, NGRAM_TRUST_RECOVERY as TRUST_RECOVERY
+from ..tunables import NGRAM_MIN_N as DEFAULT_MIN_N
+from ..tunables import NGRAM_MIN_TRUST as DEFAULT_MIN_TRUST
+from ..tunables import NGRAM_N as DEFAULT_N
 from ..tunables import NGRAM_SYNC_TAIL as _SYNC_TAIL
+from ..tunables import NGRAM_TRUST_EMA as TRUST_EMA
+from ..tunables import NGRAM_TRUST_RECOVERY as TRUST_RECOVERY
 from .base import Draft, Drafter
 
 Gram = Tuple[int, ...]

@@ -19,7 +19,8 @@ import mlx.nn as nn
 
 from ...errors import ConvertError, GenerationError
 from ...make.quant import FP_MODES, parse_quantize
-from ..tunables import QUANT_SELF_FORMAT as DEFAULT_FORMAT, QUANT_SELF_GROUP as GROUP_SIZE
+from ..tunables import QUANT_SELF_FORMAT as DEFAULT_FORMAT
+from ..tunables import QUANT_SELF_GROUP as GROUP_SIZE
 from .self_draft import SelfDrafter
 
 

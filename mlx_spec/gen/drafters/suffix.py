@@ -22,8 +22,11 @@ import threading
 from typing import Dict, List, Optional, Tuple
 
 from ...errors import GenerationError
-from ..tunables import SUFFIX_ALPHA as ALPHA, SUFFIX_COUNT_WALK as COUNT_WALK, SUFFIX_MATCH_TAIL as MATCH_TAIL
-from ..tunables import SUFFIX_MEMORY_TOKENS as MEMORY_TOKENS, SUFFIX_MIN_MATCH as MIN_MATCH
+from ..tunables import SUFFIX_ALPHA as ALPHA
+from ..tunables import SUFFIX_COUNT_WALK as COUNT_WALK
+from ..tunables import SUFFIX_MATCH_TAIL as MATCH_TAIL
+from ..tunables import SUFFIX_MEMORY_TOKENS as MEMORY_TOKENS
+from ..tunables import SUFFIX_MIN_MATCH as MIN_MATCH
 from ..tunables import SUFFIX_MIN_SCORE as MIN_SCORE
 from .base import Draft, Drafter
 

@@ -1,0 +1,90 @@
+"""A generation of one request: the prompt prefilled into the caller's cache, then an engine of one row run to its end,
+as mlx-lm's `generate_step` yields tokens."""
+
+from typing import Iterator, Optional, Sequence
+
+import mlx.core as mx
+from mlx_lm.generate import generation_stream
+
+from ..errors import GenerationError
+from . import recurrent
+from .cache import cache_tokens, new_cache, prefill_cache, rewind
+from .engine import Engine
+from .planner import Planner
+from .registry import default_num_draft
+from .rows import Row, Step
+from .sampling import Sampler
+from .stats import Peak, Stats
+from .tunables import DEFAULT_MAX_TOKENS
+
+
+def speculative_generate_step(
+    prompt: Sequence[int],
+    model,
+    drafter=None,
+    *,
+    prompt_cache: Optional[list] = None,
+    planner: Optional[Planner] = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    temp: float = 0.0,
+    top_p: float = 0.0,
+    top_k: int = 0,
+    seed: Optional[int] = None,
+    num_draft: Optional[int] = None,
+    adaptive: bool = True,
+    eos_token_ids: Sequence[int] = (),
+    stats: Optional[Stats] = None,
+    accept: Optional[dict] = None,
+) -> Iterator[Step]:
+    """Yield `Step(token, from_draft, finish_reason)` exactly as the target alone would produce them: an engine of
+    one row, run to its end.
+
+    Greedy (temp 0): token-identical to plain greedy decoding (in float32; in half precision up to the rounding of a
+    pass over several positions against one, README). Sampling: the same distribution, by speculative sampling (with
+    a seed: the Gumbel-max rule, `Sampler`). The last step carries the finish reason: "stop" (an EOS token,
+    yielded), "length" (max_tokens) or "context" (the model's context is full).
+
+    prompt: the whole context. prompt_cache: the target's cache, owned by the caller (as in mlx-lm's generate_step);
+    it may already hold a prefix of `prompt`, and only the rest is prefilled. When the generator finishes or is
+    closed, even mid-round, the cache holds exactly the context minus its last token: prompt + the tokens yielded so
+    far, no rejected drafts. planner: decides each round (a caller may keep one across generations); num_draft: the
+    most tokens a round drafts. accept: the row's acceptance by source, kept by a caller across generations.
+    """
+    if num_draft is not None and num_draft <= 0:
+        raise GenerationError(f"--num-draft must be >= 1, got {num_draft}")
+    stats = stats if stats is not None else Stats()
+    row = Row.start(model, prompt, max_tokens, drafter=drafter, sampler=Sampler(temp, top_p, top_k, seed),
+                    eos=frozenset(eos_token_ids), k_max=num_draft or default_num_draft(drafter), stats=stats,
+                    accept=accept if accept is not None else {})
+    context = row.context
+    cache = recurrent.rewindable(prompt_cache) if prompt_cache is not None else new_cache(model)
+    cached = None if cache is None else cache_tokens(cache) if prompt_cache is not None else 0
+    if cached is None or cached > len(context) - 1:
+        raise GenerationError(f"the prompt cache holds {cached} tokens; it must hold a prefix of the prompt "
+                              f"({len(context)} tokens) and no more than all but its last token")
+    stats.prompt_tokens, stats.prompt_cached = len(context), cached
+    if row.budget == 0:
+        return
+    engine = Engine(model, planner if planner is not None else Planner(adaptive=adaptive))
+    peak, yielded = Peak(), len(context)
+    with mx.stream(generation_stream):
+        try:
+            prefill_cache(model, cache, context[cached:-1], None if engine.limit is None else engine.limit - cached)
+            engine.add(row, cache)
+        except BaseException:
+            rewind(cache, cached)  # an interrupted prefill leaves the cache as it came
+            raise
+    try:
+        while not row.done:
+            with mx.stream(generation_stream):
+                steps = engine.round()[0]
+            stats.peak_memory_gb = peak.gb()
+            for step in steps:
+                yielded += 1
+                yield step
+    finally:
+        del context[yielded:]  # closed mid-round: the tokens not yielded go too
+        with mx.stream(generation_stream):
+            engine.remove(row)  # whatever was queued or drafted past what was yielded goes
+        stats.costs = {s: c for (p, s), c in engine.planner.costs.items() if p == 1}
+        stats.peak_memory_gb = peak.gb()
