@@ -10,12 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import mlx_spec  # noqa: F401, I001  (first: puts the fast BLAS under MLX)  # isort: skip
 import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
-
-import mlx_spec  # noqa: F401  (first: puts the fast BLAS under MLX)
 
 CORPUS = [
     "def add(a, b):\n    return a + b\n",
