@@ -2,9 +2,9 @@
 model once into a DrafterSpec, build the drafter from it, and each kind's default K."""
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Union
 
-from ..errors import GenerationError
+from ..errors import ConvertError, GenerationError
 from . import tunables
 from .drafters.base import Drafter
 
@@ -13,8 +13,6 @@ DEFAULT_K = {"model": tunables.MODEL_K, "self": tunables.MODEL_K, "quant-self": 
              "ngram": tunables.NGRAM_K, "suffix": tunables.SUFFIX_K, "hybrid": tunables.SUFFIX_K}
 KINDS = ("none", "ngram", "suffix", "self", "quant-self", "hybrid", "model")
 NGRAM_N = (2, 16)  # the longest n-gram `ngram:N` may ask for
-
-Loader = Callable[[str], Tuple[object, object]]  # model spec -> (model, tokenizer)
 
 
 @dataclass(frozen=True)
@@ -80,48 +78,33 @@ def default_num_draft(drafter: Union[Drafter, Spec]) -> int:
     return DEFAULT_K.get(kind, tunables.MODEL_K)
 
 
-# Pure-Python standard library modules whose source joins the calibration text as the draft head's base vocabulary:
-# code and English docstrings that ship with every Python (about 1.2 MB, 11.5k Qwen2.5 tokens), read once per tokenizer.
-HEAD_MODULES = ("argparse", "dataclasses", "functools", "pathlib", "textwrap", "typing", "statistics", "string",
-                "heapq", "bisect", "random", "datetime", "json/encoder", "json/decoder", "collections/__init__", "csv",
-                "logging/__init__", "unittest/case", "shutil", "tempfile", "fractions", "difflib", "pprint", "enum",
-                "abc", "contextlib", "copy", "glob", "fnmatch", "os")
 _HEAD_IDS: Dict[tuple, List[int]] = {}
 
 
 def head_ids(tokenizer, real: int) -> List[int]:
-    """The base vocabulary subset of a draft head (`drafters.head`): the tokens of the calibration text and of
-    HEAD_MODULES, and EOS."""
-    import sysconfig
-    from pathlib import Path
-
-    from ..make.importance import calibration_texts
+    """The base vocabulary subset of a draft head (`drafters.head`): the tokens of the making layer's vocabulary texts
+    and EOS, found once per tokenizer."""
+    from ..make.importance import vocabulary_texts
 
     key = (getattr(tokenizer, "name_or_path", None) or id(tokenizer), real)
     if key not in _HEAD_IDS:
-        stdlib = Path(sysconfig.get_paths()["stdlib"])
-        texts = calibration_texts() + [p.read_text(errors="ignore") for m in HEAD_MODULES
-                                       if (p := stdlib / f"{m}.py").is_file()]
-        ids = {t for text in texts for t in tokenizer.encode(text)}
+        ids = {t for text in vocabulary_texts() for t in tokenizer.encode(text)}
         ids.update(getattr(tokenizer, "eos_token_ids", None) or [])
         _HEAD_IDS[key] = sorted(t for t in ids if 0 <= t < real)
     return _HEAD_IDS[key]
 
 
-def build(spec: Spec, target, tokenizer, *, load: Optional[Loader] = None,
+def build(spec: Spec, target, tokenizer, *, load: Optional[Callable[[str], tuple]] = None,
           subset_head: bool = True) -> Optional[Drafter]:
-    """The drafter for `spec` over `target`, or None for plain decoding.
-
-    load: turns a draft model spec into (model, tokenizer); the faces pass one that resolves recipe names and hub
-    ids (the generating layer itself loads folders only). subset_head: greedy draft steps of model and self
-    drafters score a vocabulary subset (`drafters.head`).
-    """
+    """The drafter for `spec` over `target`, or None for plain decoding. load: a draft model spec to (model,
+    tokenizer), default a folder's; subset_head: greedy draft steps score a vocabulary subset (`drafters.head`)."""
+    from ..make.layers import parse_layers
     from .drafters import suffix as _suffix
     from .drafters.hybrid import HybridDrafter
     from .drafters.model import ModelDrafter
     from .drafters.ngram import NGramDrafter
-    from .drafters.quant_self import DEFAULT_FORMAT, QuantSelfDrafter
-    from .drafters.self_draft import ImportanceSelfDrafter, SelfDrafter, parse_layers
+    from .drafters.quant_self import QuantSelfDrafter
+    from .drafters.self_draft import ImportanceSelfDrafter, SelfDrafter
     from .load import check_tokenizers, load_folder, vocab_width
 
     s = parse(spec)
@@ -138,16 +121,19 @@ def build(spec: Spec, target, tokenizer, *, load: Optional[Loader] = None,
         inner = build(s.inner, target, tokenizer, load=load, subset_head=subset_head)
         return HybridDrafter([_suffix.SuffixDrafter(), NGramDrafter()], inner)
     if s.kind == "quant-self":
-        return QuantSelfDrafter(target, s.arg or DEFAULT_FORMAT, width, real, head_ids=subset)
+        return QuantSelfDrafter(target, s.arg or tunables.QUANT_SELF_FORMAT, width, real, head_ids=subset)
     if s.kind == "self":
-        n = len(target.layers)
+        n, half = len(target.layers), max(1, len(target.layers) // 2)
         head, _, count = s.arg.partition(":")
         if head == "importance":  # self:importance[:K], the K blocks that matter most for the prompt
             if count and not (count.isdigit() and 1 <= int(count) <= n):
                 raise GenerationError(f"'{s}': K must be an integer in [1, {n}]")
-            return ImportanceSelfDrafter(target, int(count) if count else max(1, n // 2), width, real,
-                                         head_ids=subset)
-        return SelfDrafter(target, parse_layers(s.arg or str(max(1, n // 2)), n), width, real, head_ids=subset)
+            return ImportanceSelfDrafter(target, int(count) if count else half, width, real, head_ids=subset)
+        try:  # 'K' evenly spaced blocks, 'a-b', 'i,j,..': the making layer's rule
+            layers = parse_layers(s.arg or str(half), n)
+        except ConvertError as e:
+            raise GenerationError(f"self:{s.arg or half}: {e}") from None
+        return SelfDrafter(target, layers, width, real, head_ids=subset)
     draft, draft_tok = (load or (lambda p: load_folder(p)[:2]))(s.arg)
     real = check_tokenizers(tokenizer, draft_tok)
     return ModelDrafter(draft, width, real, head_ids=subset)

@@ -8,11 +8,13 @@ and stored dequantized in the model's float dtype, so a folder made with it show
 saves no memory and runs at float speed.
 """
 
+import copy
 from functools import lru_cache
 from statistics import NormalDist
 from typing import Optional, Tuple
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from ..errors import ConvertError
 
@@ -90,7 +92,6 @@ def nf4_roundtrip(w: mx.array, block: int = NF4_BLOCK) -> mx.array:
 
 def nf4_model(model) -> int:
     """Round every linear layer's weight to NF4 in place (embeddings stay as they are); returns the count."""
-    import mlx.nn as nn
     from mlx.utils import tree_unflatten
 
     count = 0
@@ -113,3 +114,31 @@ def check_mode(mode: str, group_size: int, default_group: int, head_bits: Option
         raise ConvertError("--head-bits does not apply to nf4 (it rounds linear layers, embeddings stay float)")
     if mode in CALIBRATED and head_bits is not None:
         raise ConvertError(f"--head-bits does not apply to {mode} (mlx-lm quantizes the embedding at the same bits)")
+
+
+def _structure(module):
+    """A copy of every container module (model, blocks, attention, MLP) that shares the weight arrays."""
+    if isinstance(module, nn.Module):
+        out = copy.copy(module)
+        for key, value in module.items():
+            out[key] = _structure(value)
+        return out
+    if isinstance(module, list):
+        return [_structure(v) for v in module]
+    if isinstance(module, dict):
+        return {k: _structure(v) for k, v in module.items()}
+    return module
+
+
+def quantized_copy(model, fmt: str, group_size: int):
+    """`model` with every linear and embedding layer quantized to the MLX kernel format `fmt` (group_size: affine
+    formats'), its other weights shared and `model` itself untouched (the quant-self drafter's copy)."""
+    bits, mode = parse_quantize(fmt)
+    if mode not in ("affine", *FP_MODES):
+        raise ConvertError(f"needs an MLX kernel format (int2-int8, {', '.join(FP_MODES)})")
+    group = FP_MODES[mode][0] if mode in FP_MODES else group_size
+    view = _structure(model)
+    # nn.quantize replaces leaf modules in the copied containers with new quantized ones; the model's stay.
+    nn.quantize(view, group_size=group, bits=bits, mode=mode,
+                class_predicate=lambda _p, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % group == 0)
+    return view
