@@ -1,14 +1,7 @@
-"""Rewinding recurrent layers (gated delta nets, Mamba, LFM2's short convolutions), which mlx-lm cannot trim, so that
-hybrid and recurrent models can be speculated on.
+"""Rewinding recurrent layers (gated delta nets, Mamba, LFM2's short convolutions), which mlx-lm cannot trim: each call
+keeps the state it started from and its input, and a trim restores that state and replays the token mixer on the part
+kept. The engine runs a recording view of the model over wrappers of the caller's caches, both left as they are."""
 
-Each call of a recurrent layer keeps the state it started from and its input (references, no copy); a trim restores
-the state before the call and replays only the layer's token mixer on the part kept. The engine runs a view of the
-model whose recurrent blocks record their calls (`recording`) over wrappers of the caller's `ArraysCache` objects
-(`rewindable`): the caller's model and caches keep their classes and their state. In a joint cache
-(`RewindableRows`) each row is rewound by its own count. Written here because no maintained library rewinds them.
-"""
-
-import copy
 import functools
 import inspect
 import weakref
@@ -19,6 +12,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
 from ..errors import UnsupportedError
+from ..make.layers import with_blocks
 from .tunables import RECURRENT_CALLS as MAX_CALLS
 from .tunables import RECURRENT_RECORD as MAX_RECORD
 
@@ -86,9 +80,8 @@ class RewindableCache(ArraysCache):
 
 
 class RewindableRows(RewindableCache):
-    """A joint recurrent cache (one row per generation, its state its own): per-row offsets (an array) and a per-row
-    rewind. After `trim_rows` each row keeps a reference to the call it was rewound in, so a row taken out
-    (`extract`) can still be trimmed within it. Rows keep it across `filter` and `extend` until `commit`."""
+    """A joint recurrent cache, one row per generation, each with its offset and rewound by its own count; each row
+    keeps the call it was last rewound in (until `commit`), so a row taken out can still be trimmed within it."""
 
     def __init__(self, inner: ArraysCache, offset: mx.array):
         super().__init__(inner, offset)
@@ -106,9 +99,8 @@ class RewindableRows(RewindableCache):
         self._rows = [None] * len(self._rows)
 
     def trim_rows(self, drop: List[int]) -> None:
-        """Drop row i's last `drop[i]` positions, which may span several recorded calls: each row's state is restored
-        to before the call its kept part ends in and that part replayed, the rows keeping the same count of a call
-        in one replay. Older calls are forgotten; each row keeps the call it ends in, for `extract`."""
+        """Drop row i's last `drop[i]` positions, across recorded calls: each row's state is restored to before the
+        call its kept part ends in and that part replayed, the rows keeping as many of a call in one replay."""
         left, parts, index = list(drop), [self.cache], list(range(len(drop)))
         count, last = len(drop), True
         self._rows = [None] * len(drop)
@@ -220,19 +212,14 @@ class Recorder(nn.Module):
 _VIEWS: Dict[int, object] = {}
 
 
-def _recurrent(model) -> List[int]:
-    """Indices of the blocks whose cache entry is a recurrent state."""
-    return [i for i, c in enumerate(make_prompt_cache(model)) if isinstance(c, ArraysCache)]
-
-
 def recording(model):
     """`model`, or where it has recurrent blocks a view of it whose recurrent blocks record their calls (made once per
     model; its weights, blocks and the model itself unchanged)."""
     key = id(model)
     if key not in _VIEWS:
-        layers = getattr(model, "layers", None)
-        idx = [i for i in _recurrent(model) if not isinstance(layers[i], Recorder)] if layers is not None else []
-        view = model
+        layers, view = getattr(model, "layers", None), model
+        idx = [i for i, c in enumerate(make_prompt_cache(model)) if isinstance(c, ArraysCache)
+               and not isinstance(layers[i], Recorder)] if layers is not None else []  # its recurrent blocks
         if idx:
             ids = [id(b) for b in layers]  # the module holding the blocks (`model.layers` may be a copy of its list)
             holder = next((n for n, m in model.children().items() if [id(b) for b in getattr(m, "layers", ())] == ids),
@@ -240,10 +227,7 @@ def recording(model):
             if holder is None:
                 raise UnsupportedError(f"{type(model).__name__}: recurrent layers rewind only in an mlx-lm model whose "
                                        "blocks a submodule holds (model.model.layers, model.backbone.layers)")
-            inner = copy.copy(model[holder])
-            inner.layers = [Recorder(b) if i in idx else b for i, b in enumerate(layers)]
-            view = copy.copy(model)
-            view[holder] = inner
+            view = with_blocks(model, [Recorder(b) if i in idx else b for i, b in enumerate(layers)], holder)
         _VIEWS[key] = view
         weakref.finalize(model, _VIEWS.pop, key, None)
     return _VIEWS[key]
@@ -267,6 +251,7 @@ def rewindable(cache: List) -> Optional[List]:
 
 
 def commit(cache: List) -> None:
+    """What every rewindable layer of `cache` holds now is final (its history is freed)."""
     for c in cache:
         if isinstance(c, RewindableCache):
             c.commit()

@@ -24,17 +24,18 @@ PER_LAYER_KEYS = ("layer_types", "mlp_layer_types", "no_rope_layers", "layer_rop
 PATTERN_TYPED = ("gemma3_text", "cohere2")
 
 
-def with_blocks(model, blocks: list):
-    """A model object that runs embed -> `blocks` -> norm -> head of `model`, sharing its weights.
+def with_blocks(model, blocks: list, holder: str = "model"):
+    """A model object that runs embed -> `blocks` -> norm -> head of `model`, sharing its weights (`holder`: the
+    submodule that holds the blocks).
 
     mlx-lm has no "run these blocks" entry point, so the outer and inner modules are copied shallowly and
     the inner copy gets its own block list; `model` itself is never changed, so a request running it at the
     same time is unaffected. Used for layer subsets (self drafting) and for probes around each block.
     """
-    inner = copy.copy(model.model)
+    inner = copy.copy(model[holder])
     inner.layers = blocks
     view = copy.copy(model)
-    view.model = inner
+    view[holder] = inner
     return view
 
 
