@@ -121,12 +121,11 @@ def test_chains_through_its_own_draft():
     assert d.propose([10, 11, 12, 13, 10], 6).tokens.tolist() == [11, 12, 13, 10, 11, 12]
 
 
-def test_learning_records_stats_and_leaves_trusted_levels_alone():
+def test_learning_leaves_trusted_levels_alone():
     d = NGramDrafter()
     d.reset([1, 2, 1, 2])
     before = d.propose([1, 2, 1, 2], 7).tokens.tolist()
     d.learn(7, 3)
-    assert (d.proposed_total, d.accepted_total) == (7, 3)
     assert d.propose([1, 2, 1, 2], 7).tokens.tolist() == before
 
 

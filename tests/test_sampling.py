@@ -117,5 +117,10 @@ def test_a_broken_acceptance_rule_fails_the_same_test(pair, monkeypatch, broken)
 
 def test_verify_sampling_all_accepted_and_rejected_paths():
     q = mx.array([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
-    assert verify.verify_sampling(q, [1, 2], None) == (2, 0)  # all accepted, bonus from the last row
-    assert verify.verify_sampling(q, [0, 2], None) == (0, 1)  # q(0)=0 rejects; residual is q's mass
+
+    def verify_sampling(draft):
+        accept, candidates = verify.sampling_targets(q, mx.array(draft, dtype=mx.uint32), None)
+        return verify.accept_sampling(accept.tolist(), candidates.tolist())
+
+    assert verify_sampling([1, 2]) == (2, 0)  # all accepted, bonus from the last row
+    assert verify_sampling([0, 2]) == (0, 1)  # q(0)=0 rejects; residual is q's mass

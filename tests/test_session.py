@@ -7,9 +7,9 @@ from mlx_lm.generate import generate_step
 from mlx_spec.errors import GenerationError
 from mlx_spec.gen import registry
 from mlx_spec.gen.cache import cache_tokens
-from mlx_spec.gen.drafters.model import common_prefix
 from mlx_spec.gen.generate import Stats, speculative_generate_step
 from mlx_spec.gen.session import Session
+from mlx_spec.gen.verify import common_prefix
 from mlx_spec.named import load_model
 
 DRAFTERS = ["none", "ngram", "self:2", "MODEL", "hybrid:MODEL", "hybrid"]

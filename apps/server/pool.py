@@ -2,8 +2,8 @@
 
 from typing import Callable, List
 
-from mlx_spec.gen.drafters.model import common_prefix
 from mlx_spec.gen.session import Session
+from mlx_spec.gen.verify import common_prefix
 
 IDLE_EXTRA = 2  # sessions kept beyond max_concurrency, so a few paused conversations keep their caches
 

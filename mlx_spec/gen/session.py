@@ -1,48 +1,33 @@
-"""A conversation: the target cache, the drafter with its state, the planner and the token history, kept across turns."""
+"""A conversation: the target cache, the drafter with its state, the planner and the token history, across turns."""
 
 from typing import Iterator, List, Optional, Tuple
 
-from mlx_lm.models.cache import can_trim_prompt_cache
-
 from .cache import cache_tokens, new_cache, prefill_cache, rewind
 from .drafters.base import Drafter
-from .drafters.model import common_prefix
 from .planner import Planner
 from .registry import default_num_draft
 from .stream import Event, stream_generate
+from .verify import common_prefix
 
 
 class Session:
-    """Generates turn after turn over one growing conversation without prefilling it again.
-
-    Each `generate` call takes the *whole* conversation's ids. The longest common prefix with what
-    the caches already hold is kept, whatever differs is trimmed, and only the rest is prefilled,
-    for the target and (through `Drafter.reset`) the drafter alike. The planner's measurements carry
-    over, so a later turn starts warm. Closing a turn's generator early (a client disconnects,
-    Ctrl-C) leaves everything consistent for the next turn.
-    """
+    """Generates turn after turn over one growing conversation: each turn takes the whole conversation's ids, keeps
+    what the caches share with it and prefills only the rest; a turn closed early leaves all consistent."""
 
     def __init__(self, model, tokenizer, drafter: Optional[Drafter] = None, *,
                  num_draft: Optional[int] = None, adaptive: bool = True):
         self.model, self.tokenizer = model, tokenizer
         self.cache = new_cache(model)
         self.tokens: List[int] = []  # what the target cache holds, token by token
-        self.drafter: Optional[Drafter] = None
         self.planner = Planner(adaptive)
         self.accept: dict = {}  # the conversation's acceptance of each draft source, kept across turns
-        self.num_draft = 1
-        self.set_drafter(drafter, num_draft, adaptive)
+        self.set_drafter(drafter, num_draft)
 
-    def set_drafter(self, drafter: Optional[Drafter], num_draft: Optional[int] = None,
-                    adaptive: Optional[bool] = None) -> None:
-        """Switch drafters (or None for plain decoding); the conversation and its cache stay.
-
-        The planner's measurements stay too; a new drafter's sources start unmeasured.
-        """
-        self.drafter = drafter
+    def set_drafter(self, drafter: Optional[Drafter], num_draft: Optional[int] = None) -> None:
+        """Switch drafters (or None for plain decoding); the conversation, its cache and the planner's measurements
+        stay."""
+        self.drafter: Optional[Drafter] = drafter
         self.num_draft = num_draft or default_num_draft(drafter)
-        if adaptive is not None:
-            self.planner.adaptive = adaptive
 
     def reset(self) -> None:
         """Forget the conversation (the drafter's own state is rebuilt on its next reset)."""
@@ -55,18 +40,16 @@ class Session:
         if held is None or held != len(self.tokens):  # an interrupted update we could not rewind
             self.reset()
         keep = min(common_prefix(self.tokens, ids), len(ids) - 1)
-        extra = len(self.tokens) - keep
-        if extra > 0:
-            if can_trim_prompt_cache(self.cache) and rewind(self.cache, keep):
+        if keep < len(self.tokens):
+            if rewind(self.cache, keep):
                 self.tokens = self.tokens[:keep]
             else:  # a sliding-window cache past its window, a recurrent layer's history that does not reach
                 self.reset()
 
     def prefill(self, prompt_ids: List[int], step: Optional[int] = None) -> Iterator[Tuple[bool, int]]:
-        """Make the cache hold the conversation `prompt_ids` minus its last token, for a generation that runs
-        elsewhere (a batch, `gen.batch`), one chunk of at most `step` tokens (default: all) per iteration. Each
-        iteration yields (done, the tokens that were cached already). Closed before it is done, it leaves an empty
-        conversation. Give the cache back with `restore`."""
+        """Make the cache hold `prompt_ids` but its last token for a generation elsewhere (a server's engine), a chunk
+        of at most `step` tokens (default: all) an iteration, each yielding (done, tokens cached before); closed
+        early, it leaves an empty conversation. Give the cache back with `restore`."""
         ids = list(prompt_ids)
         self._reuse(ids)
         cached = len(self.tokens)

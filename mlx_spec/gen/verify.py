@@ -1,21 +1,21 @@
-"""Verification: which draft tokens the target accepts, and the token it adds after them.
+"""Verification: which draft tokens the target accepts, and the token it adds after them. Each rule builds its draws
+lazily on the device (the engine reads a whole round in one synchronisation), then reads them on the host."""
 
-Each rule is split in two: a lazy part that builds everything on the device (so the engine reads a whole round
-in one host synchronisation), and a host part that reads the result.
-"""
-
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import mlx.core as mx
 
 from .sampling import sample
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of two token lists."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def accept_greedy(draft: Sequence[int], targets: Sequence[int]) -> Tuple[int, int]:
     """Accept the longest prefix of `draft` equal to the target's tokens; return (accepted, next token)."""
-    n = 0
-    while n < len(draft) and draft[n] == targets[n]:
-        n += 1
+    n = common_prefix(draft, targets)
     return n, targets[n]
 
 
@@ -26,14 +26,13 @@ def _residual(q: mx.array, p: mx.array) -> mx.array:
 
 
 def sampling_targets(q: mx.array, draft: mx.array, p: Optional[mx.array]) -> Tuple[mx.array, mx.array]:
-    """Speculative sampling, built lazily: (accept (n,), candidates (n+1,)). q: target, p: draft.
+    """Speculative sampling, built lazily: (accept (n,), candidates (n+1,)) for target q (n+1, V), draft (n,) and
+    the draft's p (n, V), None for a deterministic (one-hot) draft.
 
     Accept draft token x with probability min(1, q(x) / p(x)).
     On the first rejection, resample from normalize(max(q - p, 0)).
     If all n are accepted, sample a bonus token from q at position n.
-    q: (n+1, V) target distributions; draft: (n,) token ids; p: (n, V), or None for a deterministic draft
-    (one-hot p). candidates[i] is the token the round ends with if the first rejection is at i (i = n: the bonus);
-    every candidate is drawn, and the host keeps one, so the whole round needs one synchronisation.
+    candidates[i] is the round's last token if the first rejection is at i (i = n: the bonus); the host keeps one.
     """
     n = draft.size
     if n == 0:
@@ -54,19 +53,8 @@ def accept_sampling(accept: Sequence[bool], candidates: Sequence[int]) -> Tuple[
     return a, candidates[a]
 
 
-def verify_sampling(target_probs: mx.array, draft: List[int], draft_probs: Optional[mx.array]) -> Tuple[int, int]:
-    """Speculative sampling in one call (reads the device): (accepted, next token)."""
-    accept, candidates = sampling_targets(target_probs, mx.array(draft, dtype=mx.uint32), draft_probs)
-    mx.eval(accept, candidates)
-    return accept_sampling(accept.tolist(), candidates.tolist())
-
-
 def shadow_judgement(draft: Sequence[int], produced: Sequence[int]):
-    """(judged, matched) of a draft that was not verified, against the tokens the round produced: a token matches
-    where it equals the produced one (the verifier's own rule under greedy decoding; under sampling a fixed token is
-    accepted with the target's probability of it, the chance the sampled token equals it). Draft tokens beyond the
-    produced ones were never judged."""
-    m = 0
-    while m < len(draft) and m < len(produced) and draft[m] == produced[m]:
-        m += 1
+    """(judged, matched) of a draft that was not verified, against the tokens the round produced: greedy's rule (under
+    sampling, a fixed token matches with the target's probability of it); tokens beyond the produced go unjudged."""
+    m = common_prefix(draft, produced)
     return (len(draft) if m < len(produced) else m), m

@@ -6,25 +6,20 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
+from ..tunables import NGRAM_SYNC_TAIL as SYNC_TAIL
+
 
 @dataclass
 class Draft:
-    """Up to k proposed tokens continuing a context.
+    """Up to k proposed tokens continuing a context (a list given is made an array)."""
 
-    tokens: (n,) token ids (lazy for a model's draft: the engine reads it with the verify pass; a list given to the
-    constructor is made an array). probs: the (n, V) distributions the tokens were sampled from, after the row's
-    temperature/top-p/top-k transform; None means deterministic (one-hot). behind: context tokens the drafter fed
-    before drafting. hindsight: (predictions, tokens) when that catch-up also scored output the drafter sat out: its
-    lazy (m,) greedy predictions at those positions and the m tokens the target produced there. cold: a pass of a
-    shape this drafter never ran before (on a GPU: a kernel build, not a cost).
-    """
-
-    tokens: mx.array
-    probs: Optional[mx.array] = None
+    tokens: mx.array  # (n,) token ids, lazy for a model's draft: the engine reads them with the verify pass
+    probs: Optional[mx.array] = None  # (n, V) the row's distributions they were sampled from; None: one-hot
     source: str = ""
-    behind: int = 0
-    hindsight: Optional[Tuple[mx.array, List[int]]] = None
-    cold: bool = False
+    behind: int = 0  # context tokens the drafter fed before drafting
+    hindsight: Optional[Tuple[mx.array, List[int]]] = None  # a catch-up over output the drafter sat out: its lazy
+    # (m,) greedy predictions there and the m tokens the target produced
+    cold: bool = False  # a pass of a shape this drafter never ran before (on a GPU: a kernel build, not a cost)
 
     def __post_init__(self):
         if not isinstance(self.tokens, mx.array):
@@ -62,13 +57,8 @@ class Drafting:
 
 
 class Drafter:
-    """Proposes tokens that continue `context`; learns how many of its tokens the target accepted.
-
-    `context` is always the whole token list so far (prompt + output, ending with the token the target has not
-    consumed yet). A drafter keeps whatever state it needs (a KV cache, an n-gram table) and brings it up to date
-    from `context` itself. Cost is not its business: the engine's planner times every round and decides who
-    drafts and how many tokens.
-    """
+    """Proposes tokens continuing `context` (the prompt and the output so far, ending with the token the target has
+    not consumed), keeping its own state up to date from it; learns how many of its tokens the target accepted."""
 
     name = "drafter"
     free = False  # proposing is a table lookup: the engine asks every round and judges the draft against the output
@@ -85,10 +75,8 @@ class Drafter:
         return Drafting()
 
     def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
-        """A generation starts whose context begins with `prompt`; the target's cache holds `prompt[:-1]`.
-
-        State that still agrees with `prompt` (a session's earlier turns) is kept; the rest is rebuilt.
-        """
+        """A generation starts at `prompt` (the target's cache holds `prompt[:-1]`); state that still agrees with it
+        (a session's earlier turns) is kept."""
 
     def propose(self, context: List[int], k: int, sampler=None) -> Draft:
         """At most k tokens continuing `context`. sampler: the row's sampling rule (`sampling.Sampler`; None or
@@ -101,3 +89,9 @@ class Drafter:
     def behind(self, context: List[int]) -> int:
         """Context tokens this drafter would feed before drafting at `context` (0 for table lookups)."""
         return 0
+
+
+def extends(context: List[int], held: List[int]) -> bool:
+    """Whether `context` continues the tokens a drafter `held`, judged in O(1) by the first and the last few."""
+    n = len(held)
+    return context[: min(n, 1)] == held[:1] and context[max(0, n - SYNC_TAIL) : n] == held[-SYNC_TAIL:]

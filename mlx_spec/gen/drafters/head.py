@@ -1,16 +1,5 @@
-"""A draft head over a vocabulary subset: a drafted token reads a few thousand rows of the output layer, not all.
-
-The Qwen2.5-Coder 0.5B's tied embedding is 136M of its 494M parameters (27 %), and a draft step reads all of it
-to score 151,936 tokens, though the token it drafts is nearly always one of a few thousand: the tokens of the
-calibration corpus that ships with the project (`convert/calibration.txt`), of standard-library code, and of the
-current context. So a greedy draft step scores that subset only. Lossless regardless: the target verifies every
-drafted token, so a subset that misses the best token only costs acceptance. A sampled draft needs the whole
-distribution it was drawn from and scores every row.
-
-mlx-lm models end in `model.model` (hidden states after the final norm) and a head (`lm_head`, or the tied
-embedding's `as_linear`); a model whose own output differs from that (a logit soft-cap, a scale) is detected
-by a probe on two tokens and keeps its full head. Written here because mlx-lm has no partial output head.
-"""
+"""A draft head over a vocabulary subset: a greedy draft step scores a few thousand rows of the output layer, not all
+(lossless: the target verifies every token). mlx-lm has no partial output head."""
 
 from typing import Iterable, List, Optional, Sequence
 
@@ -46,10 +35,10 @@ def _rows(layer, h: mx.array, ids: Optional[mx.array]) -> mx.array:
 
 
 class SubsetHead:
-    """Hidden states from `model.model`, logits from all rows of the head or from a subset of them."""
+    """Logits of the states `model.model` gives from all rows of the model's head, or from a subset of them."""
 
     def __init__(self, model, base_ids: Iterable[int]):
-        self.model, self.layer = model, _head(model)
+        self.layer = _head(model)
         self._ids: List[int] = sorted(set(int(i) for i in base_ids))
         self._seen = set(self._ids)
         self._array: Optional[mx.array] = None
@@ -86,10 +75,6 @@ class SubsetHead:
             pad = -len(self._ids) % IDS_STEP
             self._array = mx.array(self._ids + self._ids[:1] * pad, dtype=mx.uint32)
         return self._array
-
-    def hidden(self, tokens: mx.array, cache) -> mx.array:
-        """The hidden states (B, L, d) of feeding `tokens` (B, L)."""
-        return self.model.model(tokens, cache=cache)
 
     def full(self, h: mx.array) -> mx.array:
         return _rows(self.layer, h, None)

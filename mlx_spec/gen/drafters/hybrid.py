@@ -6,13 +6,8 @@ from .base import Draft, Drafter
 
 
 class HybridDrafter(Drafter):
-    """The suffix automaton where the context has a match, the n-gram table where it has none, and a costly
-    source (a draft model, self, quant-self) the engine's planner weighs against them each round.
-
-    It does not choose: the engine asks the free parts in order (the first with a draft offers it, so the n-gram is
-    judged only where it could be chosen) and the planner weighs that draft against the costly part by their
-    measured acceptance and cost.
-    """
+    """Free parts (a suffix automaton, an n-gram table) the engine asks in order, and a costly part (a draft model,
+    self, quant-self) its planner weighs against their draft each round by measured acceptance and cost."""
 
     name = "hybrid"
 
@@ -27,10 +22,10 @@ class HybridDrafter(Drafter):
         for d in self._parts:
             d.reset(prompt, target_cache)
 
-    def propose(self, context: List[int], k: int, probs_fn=None) -> Draft:
+    def propose(self, context: List[int], k: int, sampler=None) -> Draft:
         """The first part's non-empty draft, in order (for callers outside the engine)."""
         for d in self._parts:
-            draft = d.propose(context, k, probs_fn)
+            draft = d.propose(context, k, sampler)
             if len(draft):
                 return draft
         return Draft([], source=self.name)

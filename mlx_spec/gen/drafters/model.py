@@ -11,33 +11,22 @@ from .. import recurrent, shapes
 from ..cache import new_cache
 from ..joint import Rows
 from ..sampling import sample
+from ..verify import common_prefix
 from ..tunables import HINDSIGHT_MAX, HINDSIGHT_MIN, PREFILL_STEP
 from .base import Draft, Drafter, Drafting, Member
 from .head import SubsetHead
 
 
-def common_prefix(a: List[int], b: List[int]) -> int:
-    """Length of the common prefix of two token lists."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class ModelDrafter(Drafter):
-    """Greedy or sampled drafts from a small model. Its cache holds `fed` (the tokens fed so far, plus the last
-    draft's tokens once read); at each draft it is rewound to what it shares with the context and the missing
-    context tokens are fed first. The prompt is fed when the planner first drafts with the model, not at `reset`,
-    so a draft model that does not pay costs nothing."""
+    """Greedy or sampled drafts from a small model whose cache holds `fed` (and the last draft's tokens until
+    `settle`), the prompt fed when the planner first drafts with it: a draft model that does not pay costs nothing."""
 
     name = "model"
 
     def __init__(self, model, vocab_size: int, real_vocab: Optional[int] = None,
                  head_ids: Optional[Iterable[int]] = None):
-        """vocab_size: the target's logits width; real_vocab: tokens the tokenizer really has (ids at or above it
-        are padding and are never drafted); head_ids: the base vocabulary subset of greedy draft steps
-        (`head.SubsetHead`; the context's tokens join it), None for the full head."""
+        """vocab_size: the target's logits width; real_vocab: ids at or above it are padding, never drafted;
+        head_ids: the base vocabulary subset of greedy draft steps (`head.SubsetHead`), None for the full head."""
         self.model = recurrent.recording(model)
         self.head = SubsetHead(self.model, head_ids or []) if SubsetHead.supports(self.model) else None
         self.subset = head_ids is not None and self.head is not None
@@ -51,14 +40,8 @@ class ModelDrafter(Drafter):
     def drafting(self) -> Drafting:
         return ModelDrafting(self)
 
-    def new_cache(self) -> list:
-        cache = new_cache(self.model)
-        if not can_trim_prompt_cache(cache):
-            raise GenerationError(f"{self.name} drafter: its KV cache cannot be trimmed, so drafts cannot be rewound")
-        return cache
-
     def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
-        """Keep the prefix of `prompt` the cache holds; the rest is fed when the planner first drafts."""
+        """The cache keeps what it shares with `prompt`; the rest is fed when the planner first drafts."""
         self.output_from = len(prompt)
         if self.subset:
             self.head.add(prompt)
@@ -71,8 +54,8 @@ class ModelDrafter(Drafter):
             self.drafted = None
 
     def behind(self, context: List[int]) -> int:
-        """Context tokens (all but the last, which drafting starts from) the cache does not hold yet: an estimate
-        from the tail (the cache holds a prefix of the context plus at most the drafts rejected last round)."""
+        """Context tokens but the last the cache does not hold yet, estimated from the tail (the cache holds a prefix
+        of the context plus at most the drafts rejected last round)."""
         self.settle()
         i = min(len(self.fed), len(context) - 1)
         while i > 0 and self.fed[i - 1] != context[i - 1]:
@@ -110,9 +93,8 @@ class ModelDrafter(Drafter):
 
 
 class ModelDrafting(Drafting):
-    """The rows drafting with one draft model, their caches as one (`joint.Rows`: a lone row's own cache as it is).
-    A round feeds every place the context it lacks (right-padded, padding dropped), then k - 1 of its drafts, one
-    position per pass; a place whose row was not asked for a draft runs along and keeps none of it."""
+    """The rows drafting with one draft model over their caches as one (`joint.Rows`): a round feeds each place the
+    context it lacks, then k - 1 drafts one position a pass; a place not asked runs along and keeps none of it."""
 
     def __init__(self, part: ModelDrafter):
         self.model, self.part = part.model, part
@@ -129,7 +111,9 @@ class ModelDrafting(Drafting):
     def _join(self, part: ModelDrafter) -> None:
         if not any(o is part for o in self.rows.owners):
             part.settle()
-            cache, part.cache = part.cache if part.cache is not None else part.new_cache(), None
+            cache, part.cache = part.cache if part.cache is not None else new_cache(self.model), None
+            if not can_trim_prompt_cache(cache):
+                raise GenerationError(f"{part.name} drafter: its KV cache cannot be trimmed, so drafts cannot rewind")
             self.rows.add(part, cache)
 
     def propose(self, members: Sequence[Member], k: int, target=None, chunk: Optional[int] = None) -> List[Draft]:
@@ -153,25 +137,12 @@ class ModelDrafting(Drafting):
         for o in self.rows.owners:
             if o is not None:
                 o.settle()
-        if self.rows.empty_places() * 2 > len(self.rows.owners):  # rows that left hold half the places: pack
+        if sum(o is None for o in self.rows.owners) * 2 > len(self.rows.owners):  # rows that left hold half: pack
             self.rows.pack([len(o.fed) for o in self.rows.owners if o is not None])
         part, places = self.part, self.rows.owners
         asked = {id(m.part): m for m in members}
-        feeds, drop, ready, judge = [], [], [], []
-        for o in places:  # each asked place rewinds to what it shares with its context and is fed the rest
-            m = asked.get(id(o)) if o is not None else None
-            if m is None:
-                feeds.append([]), drop.append(0), ready.append(False), judge.append(0)
-                continue
-            o.settle()
-            keep = min(common_prefix(o.fed, m.context), len(m.context) - 1)
-            todo = m.context[keep:]
-            drop.append(len(o.fed) - keep)
-            del o.fed[keep:]
-            ready.append(chunk is None or len(todo) <= chunk)  # others wait: a long catch-up goes a chunk a round
-            feeds.append(todo if ready[-1] else todo[:chunk])
-            greedy = m.sampler is None or m.sampler.temp == 0
-            judge.append(self._judged(o, m.context, todo) if ready[-1] and greedy else 0)
+        mine = [asked.get(id(o)) if o is not None else None for o in places]
+        feeds, drop, ready, judge = zip(*[_catch_up(o, m, chunk) for o, m in zip(places, mine)])
         if any(drop):
             try:
                 self.rows.rewind(drop)
@@ -183,44 +154,30 @@ class ModelDrafting(Drafting):
                     self._join(m.part)
                 return self._draft(members, k, chunk)
         self.rows.start_round()
-        need = [j + 1 if r else 0 for j, r in zip(judge, ready)]
-        outs, state, cold = self._feed(feeds, need)
+        outs, state, cold = self._feed(feeds, [j + 1 if r else 0 for j, r in zip(judge, ready)])
         seen = {i: (part.greedy(h[:-1]), feeds[i][-j:]) for i, (h, j) in enumerate(zip(outs, judge)) if j}
         if part.subset:  # judged on the subset as it was: the output must not credit itself
             for f in feeds:
                 part.head.add(f)
-        drafting = [asked.get(id(o)) if r else None for o, r in zip(places, ready)]
+        drafting = [m if r else None for m, r in zip(mine, ready)]
         tokens, probs = draft_steps(part, state, drafting, k, self.rows.layers)
         if k > 1 and not all(drafting):  # places that drafted for nobody keep none of it
             self.rows.rewind([0 if m is not None else k - 1 for m in drafting])
         out = {}
-        for i, (o, f, r) in enumerate(zip(places, feeds, ready)):
-            if id(o) not in asked:
+        for i, (o, m, f, r) in enumerate(zip(places, mine, feeds, ready)):
+            if m is None:
                 continue
             o.fed.extend(f)
             o.fed_total += len(f) + (k - 1 if r else 0)
-            if not r:
-                out[id(o)] = Draft([], source=part.name, behind=len(f))
-                continue
-            mine = tokens[i]
-            o.drafted = (mine, k - 1)
-            out[id(o)] = Draft(mine, probs[i], part.name, len(f) - 1, seen.get(i), cold)
+            o.drafted = (tokens[i], k - 1) if r else None  # the draft's own array: read once, with the verify pass
+            out[id(o)] = Draft(o.drafted[0], probs[i], part.name, len(f) - 1, seen.get(i), cold) if r else \
+                Draft([], source=part.name, behind=len(f))
         mx.async_eval([d.tokens for d in out.values() if len(d)])  # the device drafts while the host goes on
         return [out[id(m.part)] for m in members]
 
-    def _judged(self, o: ModelDrafter, context: List[int], todo: List[int]) -> int:
-        """How many of a catch-up's tokens to judge in hindsight: the target's output among them, but not the first
-        (the position before it was fed in an earlier pass), and only a catch-up of HINDSIGHT_MIN or more."""
-        if o.output_from is None:
-            return 0
-        n = min(len(todo) - 1, len(context) - o.output_from, HINDSIGHT_MAX)
-        return n if n >= HINDSIGHT_MIN else 0
-
     def _feed(self, feeds: List[List[int]], need: List[int]):
-        """Feed each place its tokens in passes over all places (right-padded, the padding dropped); returns (per
-        place the states of its last need[i] positions, every place's last state (P, d or V), whether a shape ran
-        for the first time). States are hidden with a split head, else logits. A lone place's long feed runs in
-        chunks, only the last scored."""
+        """Feed each place its tokens (a lone place's long feed in chunks): (per place the states of its last need[i]
+        positions, every place's last state (P, d or V), whether a shape ran for the first time)."""
         width = max(1, max(len(f) for f in feeds))
         tail = width if len(feeds) > 1 else (min(width, PREFILL_STEP) if self.part.head is not None else max(need))
         cold = False
@@ -233,8 +190,7 @@ class ModelDrafting(Drafting):
         return [h[i, a - n : a] if n else None for i, (a, n) in enumerate(zip(at, need))], state, cold or first
 
     def _pass(self, feeds: List[List[int]]):
-        """One pass over every place, right-padded, the padding dropped after: (its states (P, L, d or V), whether
-        its shape was new)."""
+        """One pass over every place, right-padded, the padding dropped: (its states (P, L, d or V), whether new)."""
         n = max(1, max(len(f) for f in feeds))
         size = shapes.padded(n) if shapes.builds_per_shape() and self.rows.paddable() else n
         x = mx.array([f + [f[-1] if f else 0] * (size - len(f)) for f in feeds], dtype=mx.uint32)  # (P, size)
@@ -243,9 +199,25 @@ class ModelDrafting(Drafting):
         return h, shapes.first_time(self.model, (len(feeds), size))
 
 
+def _catch_up(o: Optional[ModelDrafter], m: Optional[Member], chunk: Optional[int]):
+    """A place's (tokens to feed, positions to drop, whether it drafts, output tokens to judge in hindsight): an asked
+    place drops what its cache does not share with its context and is fed the rest, a chunk a round where others wait;
+    a greedy catch-up of HINDSIGHT_MIN or more output tokens (but its first) is judged."""
+    if m is None:
+        return [], 0, False, 0
+    keep = min(common_prefix(o.fed, m.context), len(m.context) - 1)
+    todo, drop = m.context[keep:], len(o.fed) - keep
+    del o.fed[keep:]
+    if chunk is not None and len(todo) > chunk:
+        return todo[:chunk], drop, False, 0
+    n = min(len(todo) - 1, len(m.context) - o.output_from, HINDSIGHT_MAX) if o.output_from is not None else 0
+    greedy = m.sampler is None or m.sampler.temp == 0
+    return todo, drop, True, n if greedy and n >= HINDSIGHT_MIN else 0
+
+
 def forward(part: ModelDrafter, x: mx.array, cache: list) -> mx.array:
     """States (B, L, d) of feeding x (B, L) with a split head, else logits (B, L, V)."""
-    return part.head.hidden(x, cache) if part.head is not None else part.model(x, cache=cache)
+    return part.model.model(x, cache=cache) if part.head is not None else part.model(x, cache=cache)
 
 
 def draft_steps(part: ModelDrafter, state: mx.array, members: List[Optional[Member]], k: int, cache: list):

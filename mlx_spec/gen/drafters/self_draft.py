@@ -4,24 +4,14 @@ from typing import List, Optional, Sequence
 
 import mlx.core as mx
 
-from ...errors import ConvertError, GenerationError, UnsupportedError
+from ...errors import GenerationError, UnsupportedError
 from ...make.layers import INDEX_DEPENDENT, with_blocks
-from ...make.layers import parse_layers as _parse
 from .. import recurrent
 from ..cache import rewind
 from ..joint import RaggedKVCache, Rows
 from ..tunables import IMPORTANCE_TOKENS
 from .base import Draft, Drafting, Member
 from .model import ModelDrafter, draft_steps, forward
-
-
-def parse_layers(spec: str, n_layers: int) -> List[int]:
-    """'K' (K evenly spaced layers, first and last included), 'a-b', 'i,j,..' (the making layer's rule);
-    `importance[:K]` is handled by the registry (ImportanceSelfDrafter)."""
-    try:
-        return _parse(spec, n_layers)
-    except ConvertError as e:
-        raise GenerationError(f"self:{spec}: {e}") from None
 
 
 def layer_view(model, layers: Sequence[int]):
@@ -32,12 +22,8 @@ def layer_view(model, layers: Sequence[int]):
 
 
 class SelfDrafter(ModelDrafter):
-    """Drafts with a subset of the target's own layers.
-
-    KV overwrite (QSpec §3.1): the chosen layers read and write the *target's* caches. After drafting, their
-    draft entries are trimmed away and the verify pass writes the target's exact entries for the same positions,
-    so the draft always continues from verified KV. The draft passes stay lazy until the engine reads the round.
-    """
+    """Drafts with a subset of the target's own layers in the target's cache, their entries trimmed after drafting so
+    the verify pass writes the target's own there (QSpec's KV overwrite, §3.1)."""
 
     name = "self"
     in_target_cache = True
@@ -65,8 +51,7 @@ class SelfDrafter(ModelDrafter):
         self.target_cache = recurrent.rewindable(target_cache)
         if self.target_cache is None:
             raise GenerationError(f"{self.name} drafter: the target's recurrent cache cannot be rewound")
-        if self.subset:
-            self.head.add(prompt)
+        super().reset(prompt)
 
     def behind(self, context: List[int]) -> int:
         return 0  # the target's cache is ours: nothing to catch up
@@ -80,10 +65,8 @@ class SelfDrafter(ModelDrafter):
 
 
 class SelfDrafting(Drafting):
-    """The rows drafting with one view of the target (a subset of its layers, a quantized copy of all of them) over
-    the engine's target cache: k passes of the view over every place, one position each from its last token (a
-    place it does not draft for runs along), its layers' entries for them trimmed after, so the verify pass writes
-    the target's own there. Beside other rows only attention layers take part."""
+    """The rows drafting with one view of the target over the engine's target cache: k passes over every place from
+    its last token, their entries trimmed after (a place not asked runs along; beside other rows, attention only)."""
 
     def __init__(self, part: SelfDrafter):
         self.part = part
@@ -116,14 +99,8 @@ class SelfDrafting(Drafting):
 
 
 class ImportanceSelfDrafter(SelfDrafter):
-    """Self drafting with the `keep` blocks that matter most for this context, re-chosen at every reset.
-
-    Training-free layer selection in the spirit of SWIFT and Draft & Verify: before each generation
-    the target runs the last IMPORTANCE_TOKENS prompt tokens once with probes on its blocks
-    (`make.importance.block_similarity`, on a shallow copy: the shared target is untouched), and the
-    blocks whose output changes their input least are skipped. A session's next turn ranks again on
-    its own, longer context.
-    """
+    """Self drafting with the `keep` blocks that change their input most on the last IMPORTANCE_TOKENS prompt tokens
+    (`make.importance.block_similarity`, as in SWIFT and Draft & Verify), ranked again at every reset."""
 
     def __init__(self, model, keep: int, vocab_size: int, real_vocab: Optional[int] = None, head_ids=None):
         from ...make.layers import keep_layer_indices
@@ -139,6 +116,4 @@ class ImportanceSelfDrafter(SelfDrafter):
             self.layers = most_important(block_similarity(self.target, [tail]), self.keep)
             self.model = layer_view(self.target, self.layers)
             self.blocks = [id(b) for b in self.model.model.layers]
-            if self.head is not None:
-                self.head.model = self.model
         super().reset(prompt, target_cache)

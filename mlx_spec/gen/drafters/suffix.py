@@ -1,45 +1,23 @@
-"""Suffix drafting in the style of SuffixDecoding (arXiv 2411.04975): the longest match, the most frequent way on.
-
-The context (prompt and output so far) is indexed by a suffix automaton, built online in amortised
-O(1) per token. Each round the drafter takes the longest suffix of the context that occurred before
-(any length, not just the last N-1 tokens an n-gram table keys on), and follows the most frequent
-continuation of that match token by token, for up to ALPHA times the match length (SuffixDecoding's
-max_spec = alpha * match_length) and at most K tokens. It stops early where the continuation's
-empirical probability (occurrences of the longer string over occurrences of the shorter) multiplied
-along the draft falls under MIN_SCORE. On code edits, where the answer copies long stretches of the
-input, a long sure match drafts long.
-
-Memory across requests (vLLM's suffix decoding and llama.cpp's ngram-mod have it, mlx-lm has not): with
-`memory` (`suffix:shared` uses the process's `PROCESS_MEMORY`), every finished generation's output joins a
-second automaton shared by all drafters of the process, and a round drafts from whichever of the context and
-the memory holds the longer match. A server answering similar requests drafts from its earlier answers.
-
-No maintained Python library builds a suffix automaton incrementally with occurrence counts over
-integer tokens, so it is written here (the textbook construction, plus a counter walk).
-"""
+"""Suffix drafting as in SuffixDecoding (arXiv 2411.04975): a suffix automaton over the context, and optionally over
+earlier outputs (`SuffixMemory`), drafts the most frequent continuation of the longest earlier match."""
 
 import threading
 from typing import Dict, List, Optional, Tuple
 
-from ...errors import GenerationError
 from ..tunables import SUFFIX_ALPHA as ALPHA
 from ..tunables import SUFFIX_COUNT_WALK as COUNT_WALK
 from ..tunables import SUFFIX_MATCH_TAIL as MATCH_TAIL
 from ..tunables import SUFFIX_MEMORY_TOKENS as MEMORY_TOKENS
 from ..tunables import SUFFIX_MIN_MATCH as MIN_MATCH
 from ..tunables import SUFFIX_MIN_SCORE as MIN_SCORE
-from .base import Draft, Drafter
+from .base import Draft, Drafter, extends
 
 SEPARATOR = -1  # between the outputs in a memory: no match runs across two, and no draft past one
 
 
 class SuffixIndex:
-    """An online suffix automaton over a token list, with occurrence counts per state.
-
-    State 0 is the root. `length[v]` is the longest string of state v, `link[v]` its suffix link,
-    `next[v]` its transitions, `count[v]` how many end positions its strings have (exact while the
-    counter walk of each new token reaches the root, which COUNT_WALK bounds).
-    """
+    """An online suffix automaton over a token list (the textbook construction): `length[v]`, `link[v]`, `next[v]`
+    and `count[v]` are state v's longest string, suffix link, transitions and end positions (state 0: the root)."""
 
     def __init__(self):
         self.tokens: List[int] = []
@@ -57,6 +35,7 @@ class SuffixIndex:
         return len(self.length) - 1
 
     def extend(self, token: int) -> None:
+        """Append a token, in amortised O(1)."""
         self.tokens.append(token)
         cur = self._state(self.length[self.last] + 1, 0, {}, 0)
         p = self.last
@@ -95,8 +74,10 @@ class SuffixIndex:
                 v, n = self.next[v][t], n + 1
         return (v, n) if n else (0, 0)
 
-    def continuation(self, state: int, k: int) -> List[int]:
-        """Up to k tokens following `state` by the most frequent transition each step, while sure enough."""
+    def draft(self, state: int, length: int, k: int) -> List[int]:
+        """Up to min(k, ALPHA x length) tokens after a match, by the most frequent transition each step, while the
+        product of their empirical probabilities stays at or above MIN_SCORE; none for a match under MIN_MATCH."""
+        k = min(k, max(1, int(ALPHA * length))) if length >= MIN_MATCH else 0
         out, score = [], 1.0
         while len(out) < k and self.next[state]:
             token, child = max(self.next[state].items(), key=lambda kv: self.count[kv[1]])
@@ -115,6 +96,7 @@ class SuffixMemory:
         self.max_tokens, self.index, self._lock = max_tokens, SuffixIndex(), threading.Lock()
 
     def add(self, output: List[int]) -> None:
+        """Remember an output; past `max_tokens` the older half of the outputs goes."""
         if not output:
             return
         with self._lock:
@@ -128,28 +110,25 @@ class SuffixMemory:
             for t in list(output[-self.max_tokens // 2:]) + [SEPARATOR]:
                 self.index.extend(t)
 
-    def draft(self, context: List[int], k: int, min_match: int, alpha: float) -> Tuple[int, List[int]]:
+    def draft(self, context: List[int], k: int) -> Tuple[int, List[int]]:
         """(match length, draft) from the memory for the context's suffix."""
         with self._lock:
             state, length = self.index.match_tail(context[-MATCH_TAIL:])
-            if length < min_match:
-                return length, []
-            return length, self.index.continuation(state, min(k, max(1, int(alpha * length))))
+            return length, self.index.draft(state, length, k)
 
 
 PROCESS_MEMORY = SuffixMemory()  # what `suffix:shared` remembers
 
 
 class SuffixDrafter(Drafter):
-    """Drafts the most frequent continuation of the longest earlier match of the context's suffix."""
+    """Drafts the most frequent continuation of the longest earlier match of the context's suffix, in the context or
+    in `memory`, whichever match is longer."""
 
     name = "suffix"
     free = True  # dictionary walks: microseconds against a forward pass
 
-    def __init__(self, alpha: float = ALPHA, min_match: int = MIN_MATCH, memory: Optional[SuffixMemory] = None):
-        if alpha <= 0 or min_match < 1:
-            raise GenerationError("suffix: alpha must be > 0 and min_match >= 1")
-        self.alpha, self.min_match, self.memory = alpha, min_match, memory
+    def __init__(self, memory: Optional[SuffixMemory] = None):
+        self.memory = memory
         self.index = SuffixIndex()
         self._prompt_len: Optional[int] = None  # where the current generation's output starts in the index
 
@@ -161,24 +140,16 @@ class SuffixDrafter(Drafter):
 
     def _sync(self, context: List[int]) -> None:
         """Index what the context adds; start over when it is not an extension (a session's edited turn)."""
-        have = self.index.tokens
-        if len(context) < len(have) or context[len(have) - 1 : len(have)] != have[-1:] or \
-                context[max(0, len(have) - 8) : len(have)] != have[-8:]:
+        if not extends(context, self.index.tokens):
             self.index = SuffixIndex()
-            have = self.index.tokens
-        for token in context[len(have):]:
+        for token in context[len(self.index.tokens):]:
             self.index.extend(token)
 
-    def _draft(self, context: List[int], k: int) -> List[int]:
+    def propose(self, context: List[int], k: int, sampler=None) -> Draft:
         self._sync(context)
         state, length = self.index.match()
         if self.memory is not None:
-            remembered, draft = self.memory.draft(context, k, self.min_match, self.alpha)
+            remembered, draft = self.memory.draft(context, k)
             if remembered > length:
-                return draft
-        if length < self.min_match:
-            return []
-        return self.index.continuation(state, min(k, max(1, int(self.alpha * length))))
-
-    def propose(self, context: List[int], k: int, probs_fn=None) -> Draft:
-        return Draft(self._draft(context, k) if k > 0 else [], source=self.name)
+                return Draft(draft, source=self.name)
+        return Draft(self.index.draft(state, length, k), source=self.name)
