@@ -444,8 +444,8 @@ def test_the_one_adapter_of_mlx_lms_batch_cache_agrees_with_it(target):
         their_logits = target(mx.array(fed), cache=theirs)
         assert mx.allclose(mine_logits, their_logits, atol=1e-5).item()
         for a, b in zip(rows.layers, theirs):
-            assert a.columns == b.size() and mx.array_equal(a.offset, b.offset).item()
+            assert a.size() == b.size() and mx.array_equal(a.offset, b.offset).item()
             assert all(mx.array_equal(x, y).item() for x, y in zip(a.keys_and_values(), b.keys_and_values()))
     for c in rows.layers + theirs:
         c.trim(1)
-    assert [a.columns for a in rows.layers] == [b.size() for b in theirs]
+    assert [a.size() for a in rows.layers] == [b.size() for b in theirs]

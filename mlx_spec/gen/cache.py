@@ -13,16 +13,12 @@ from .tunables import PREFILL_STEP
 def cache_tokens(cache: List) -> Optional[int]:
     """Tokens held by every layer of `cache`, or None if the layers disagree (an interrupted update)."""
     offsets = {getattr(c, "offset", None) for c in cache}
-    if len(offsets) != 1 or None in offsets:
-        return None
-    return offsets.pop()
+    return offsets.pop() if len(offsets) == 1 and None not in offsets else None
 
 
 def rewind(cache: List, n_tokens: int) -> bool:
-    """Trim every layer back to `n_tokens` tokens (layers may be at different offsets after an
-    interrupted forward pass). False if some layer can no longer be trimmed that far (a sliding-window
-    cache past its window, a recurrent layer whose history does not reach): the cache is then unusable
-    and must be rebuilt."""
+    """Trim every layer back to `n_tokens` tokens (they may differ after an interrupted pass); False where a layer
+    cannot go back that far (a sliding window, a recurrent history too short): the cache must then be rebuilt."""
     ok = True
     for c in cache:
         extra = getattr(c, "offset", 0) - n_tokens

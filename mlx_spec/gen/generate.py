@@ -18,37 +18,18 @@ from .stats import Peak, Stats
 from .tunables import DEFAULT_MAX_TOKENS
 
 
-def speculative_generate_step(
-    prompt: Sequence[int],
-    model,
-    drafter=None,
-    *,
-    prompt_cache: Optional[list] = None,
-    planner: Optional[Planner] = None,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    temp: float = 0.0,
-    top_p: float = 0.0,
-    top_k: int = 0,
-    seed: Optional[int] = None,
-    num_draft: Optional[int] = None,
-    adaptive: bool = True,
-    eos_token_ids: Sequence[int] = (),
-    stats: Optional[Stats] = None,
-    accept: Optional[dict] = None,
-) -> Iterator[Step]:
-    """Yield `Step(token, from_draft, finish_reason)` exactly as the target alone would produce them: an engine of
-    one row, run to its end.
+def speculative_generate_step(prompt: Sequence[int], model, drafter=None, *, prompt_cache: Optional[list] = None,
+                              planner: Optional[Planner] = None, max_tokens: int = DEFAULT_MAX_TOKENS,
+                              temp: float = 0.0, top_p: float = 0.0, top_k: int = 0, seed: Optional[int] = None,
+                              num_draft: Optional[int] = None, adaptive: bool = True,
+                              eos_token_ids: Sequence[int] = (), stats: Optional[Stats] = None,
+                              accept: Optional[dict] = None) -> Iterator[Step]:
+    """Yield `Step(token, from_draft, finish_reason)` as the target alone would produce them (greedy: the same
+    tokens; sampling: the same law), the last with its finish reason: an engine of one row, run to its end.
 
-    Greedy (temp 0): token-identical to plain greedy decoding (in float32; in half precision up to the rounding of a
-    pass over several positions against one, README). Sampling: the same distribution, by speculative sampling (with
-    a seed: the Gumbel-max rule, `Sampler`). The last step carries the finish reason: "stop" (an EOS token,
-    yielded), "length" (max_tokens) or "context" (the model's context is full).
-
-    prompt: the whole context. prompt_cache: the target's cache, owned by the caller (as in mlx-lm's generate_step);
-    it may already hold a prefix of `prompt`, and only the rest is prefilled. When the generator finishes or is
-    closed, even mid-round, the cache holds exactly the context minus its last token: prompt + the tokens yielded so
-    far, no rejected drafts. planner: decides each round (a caller may keep one across generations); num_draft: the
-    most tokens a round drafts. accept: the row's acceptance by source, kept by a caller across generations.
+    prompt_cache: the caller's cache (as in mlx-lm's generate_step), holding a prefix of `prompt`; finished or closed,
+    it holds exactly the tokens so far but the last. planner and accept (the acceptance by source) may be kept by a
+    caller across generations; num_draft: the most tokens a round drafts.
     """
     if num_draft is not None and num_draft <= 0:
         raise GenerationError(f"--num-draft must be >= 1, got {num_draft}")

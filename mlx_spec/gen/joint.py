@@ -1,7 +1,5 @@
-"""The cache of the rows generating together: a lone row's own cache as it is, several rows' in one joint cache
-(mlx-lm's `BatchKVCache` whose rows may have masked gaps, so each row is rewound by its own count without moving
-keys; recurrent layers as `recurrent.RewindableRows`). A row that leaves leaves its place, which runs along until a
-new row takes it or the rows are packed."""
+"""The cache of the rows generating together: a lone row's own cache as it is, several rows' in one joint cache (mlx-lm's
+`BatchKVCache` with masked gaps, so each row rewinds by its own count; recurrent layers as `RewindableRows`)."""
 
 from typing import List, Optional, Sequence
 
@@ -24,10 +22,6 @@ class RaggedKVCache(BatchKVCache):
     def of(cls, cache: KVCache) -> "RaggedKVCache":
         """A joint cache of one row holding a copy of `cache`'s positions."""
         return cls.merge([cache]) if cache.keys is not None else cls([0])
-
-    @property
-    def columns(self) -> int:
-        return self._idx
 
     def _gaps(self, width: int) -> mx.array:
         """The gaps over the first `width` columns (False past what is recorded)."""
@@ -90,7 +84,7 @@ class RaggedKVCache(BatchKVCache):
         return self.keys is not None and cache.keys is not None and cache.offset <= self._idx
 
     def put(self, i: int, cache: KVCache) -> None:
-        """Row i becomes `cache`'s positions (at most `columns` of them), right-aligned; what row i held is gone."""
+        """Row i becomes `cache`'s positions (at most `_idx` of them), right-aligned; what row i held is gone."""
         n = cache.offset
         self.keys[i : i + 1, :, self._idx - n : self._idx, :] = cache.keys[..., :n, :]
         self.values[i : i + 1, :, self._idx - n : self._idx, :] = cache.values[..., :n, :]
@@ -151,18 +145,13 @@ class Rows:
     def index(self, owner) -> int:
         return next(i for i, o in enumerate(self.owners) if o is owner)
 
-    def empty_places(self) -> int:
-        return sum(o is None for o in self.owners)
-
     def paddable(self) -> bool:
         """Whether dummy positions may pad a pass (attention caches only: they are dropped like any position)."""
-        return self.joint and all(type(c) is RaggedKVCache for c in self.layers) or \
-            not self.joint and all(type(c) is KVCache for c in self.layers)
+        return all(type(c) is (RaggedKVCache if self.joint else KVCache) for c in self.layers)
 
     def columns(self) -> int:
         """The longest row's columns (1 where no layer is attention)."""
-        return max([c.columns if isinstance(c, RaggedKVCache) else c.offset for c in self.layers
-                    if isinstance(c, (KVCache, BatchKVCache))], default=1)
+        return max([c.size() for c in self.layers if isinstance(c, (KVCache, BatchKVCache))], default=1)
 
     def add(self, owner, cache: List) -> None:
         """A row whose `cache` holds its context minus the last token: alone, its cache is used as it is; beside
@@ -216,7 +205,10 @@ class Rows:
         """Drop each place's last `drop[i]` positions (of the passes since `start_round`): a recurrent layer replays
         each row's kept part; an attention layer trims the part common to all and leaves the rest as a gap."""
         if not self.joint:
-            return _trim_alone(self.layers, drop[0])
+            for c in self.layers:
+                if drop[0] and c.trim(drop[0]) < drop[0]:
+                    raise ValueError(f"the cache cannot be trimmed back {drop[0]} tokens")
+            return
         common = min(drop)
         extra = [n - common for n in drop]
         for c in self.layers:
@@ -227,9 +219,3 @@ class Rows:
                 c.trim(common)
             if any(extra):
                 c.drop(extra)
-
-
-def _trim_alone(cache: List, n: int) -> None:
-    for c in cache:
-        if n and c.trim(n) < n:
-            raise ValueError(f"the cache cannot be trimmed back {n} tokens")

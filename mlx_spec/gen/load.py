@@ -17,28 +17,21 @@ def load_folder(folder) -> Tuple[object, object, Path]:
         model, tokenizer = load(str(folder))
     except MlxSpecError:
         raise
-    except ValueError as e:
-        raise SourceError(f"{folder}: cannot load: {str(e).splitlines()[0]}") from None
     except Exception as e:  # corrupt safetensors, missing tokenizer files ...
-        raise SourceError(f"{folder}: cannot load: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        what = f"{type(e).__name__}: " if not isinstance(e, ValueError) else ""
+        raise SourceError(f"{folder}: cannot load: {what}{(str(e).splitlines() or [''])[0]}") from None
     return model, tokenizer, folder
 
 
 def vocab_width(model) -> int:
     """Width of the model's logits (its padded vocabulary)."""
-    args = getattr(model, "args", None)
-    v = getattr(args, "vocab_size", None)
-    if v is None:
-        v = model.model.embed_tokens.weight.shape[0]
-    return v
+    v = getattr(getattr(model, "args", None), "vocab_size", None)
+    return v if v is not None else model.model.embed_tokens.weight.shape[0]
 
 
 def check_tokenizers(target_tok, draft_tok) -> int:
-    """Raise unless the two tokenizers map the same strings to the same ids; return the real vocab size.
-
-    Vocab sizes alone are not enough: padded vocabularies (151936 vs 152064) are fine, while two
-    tokenizers of equal size but different merges or ids are not.
-    """
+    """Raise unless the two tokenizers map the same strings to the same ids and split text alike (padded logits may
+    differ); return the real vocab size."""
     tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
     if tv != dv:
         diff = [t for t in tv if dv.get(t) != tv[t]]
@@ -49,5 +42,6 @@ def check_tokenizers(target_tok, draft_tok) -> int:
         )
     probe = "def f(x):\n    return x  # héllo 世界"
     if target_tok.encode(probe) != draft_tok.encode(probe):
-        raise GenerationError("the draft's tokenizer splits text differently from the target's (same vocab, other merges)")
+        raise GenerationError("the draft's tokenizer splits text differently from the target's (same vocab, other "
+                              "merges)")
     return len(tv)

@@ -23,8 +23,6 @@ class Step(NamedTuple):
     finish_reason: Optional[str]  # on the last token: one of FINISH_REASONS
 
 
-
-
 @dataclass
 class Row:
     """One generation: `context` is the prompt and the tokens delivered so far, ending with the token the target

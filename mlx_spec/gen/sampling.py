@@ -24,12 +24,8 @@ def validate(temp: float, top_p: float = 0.0, top_k: int = 0) -> None:
 
 
 def make_probs_fn(temp: float = 0.0, top_p: float = 0.0, top_k: int = 0) -> Optional[ProbsFn]:
-    """logits (..., V) -> the distribution mlx-lm's `make_sampler(temp, top_p, top_k)` samples from.
-
-    None means greedy (temp == 0). Filters run on log-probabilities before the temperature,
-    in mlx-lm's order, using mlx-lm's own filter functions, so plain and speculative
-    sampling draw from exactly the same distribution.
-    """
+    """logits (..., V) -> the distribution mlx-lm's `make_sampler(temp, top_p, top_k)` samples from, by its own
+    filters in its order (None: greedy), so plain and speculative sampling draw from the same law."""
     validate(temp, top_p, top_k)
     if temp == 0:
         return None
@@ -53,12 +49,9 @@ def sample(probs: mx.array) -> mx.array:
 
 @dataclass(frozen=True)
 class Sampler:
-    """A row's sampling rule: greedy (temp 0), speculative sampling, or with a seed, the Gumbel-max rule.
-
-    With a seed, the token at position t is argmax(log q_t + g_t), g_t Gumbel noise drawn from a key of (seed, t)
-    alone: an exact sample of q_t, fixed by the seed and the position, so a seeded row produces the same tokens
-    whatever its rounds drafted and whatever ran beside it. A draft is then accepted where it equals that token, and
-    a draft model drafts with the same noise over its own distribution."""
+    """A row's sampling rule: greedy (temp 0), speculative sampling, or with a seed the Gumbel-max rule: the token at
+    position t is argmax(log q_t + g_t), g_t drawn from a key of (seed, t) alone, an exact sample of q_t whatever was
+    drafted or ran beside; a draft is accepted where it equals that token."""
 
     temp: float = 0.0
     top_p: float = 0.0

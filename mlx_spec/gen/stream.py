@@ -11,8 +11,8 @@ from .stats import Stats
 
 @dataclass
 class Event:
-    """One generated token and the text it completed. (Not mlx-lm's `GenerationResponse`: the faces read the
-    generation's running `Stats` from each event, acceptance by position included, which that type has no room for.)"""
+    """One generated token and the text it completed, with the generation's running `Stats` (which mlx-lm's
+    `GenerationResponse` has no room for)."""
 
     token: int
     text: str  # the text this token completed (may be "" mid-character)
@@ -21,18 +21,10 @@ class Event:
     finish_reason: Optional[str] = None  # on the last event: "stop", "length" or "context"
 
 
-def stream_generate(
-    model,
-    tokenizer,
-    prompt: Union[str, List[int]],
-    drafter: Optional[Drafter] = None,
-    **kwargs,
-) -> Iterator[Event]:
-    """Text events for `prompt` (a string is tokenized as is; apply a chat template first if needed).
-
-    kwargs go to `speculative_generate_step`, which alone decides when to stop; every finish
-    finalizes the detokenizer, so no trailing text is lost.
-    """
+def stream_generate(model, tokenizer, prompt: Union[str, List[int]], drafter: Optional[Drafter] = None,
+                    **kwargs) -> Iterator[Event]:
+    """Text events for `prompt` (a string is tokenized as is) by `speculative_generate_step` with kwargs; the finish
+    finalizes the detokenizer, so no trailing text is lost."""
     if isinstance(prompt, str):
         prompt = tokenizer.encode(prompt)
     stats = kwargs.pop("stats", None) or Stats()
@@ -65,15 +57,11 @@ class Response:
 
 def collect(events: Iterator[Event]) -> Response:
     """Run an event stream to its end and gather text, tokens, flags and stats."""
-    text, tokens, flags, finish, stats = [], [], [], None, None
-    for ev in events:
-        text.append(ev.text)
-        tokens.append(ev.token)
-        flags.append(ev.from_draft)
-        finish, stats = ev.finish_reason, ev.stats
-    if stats is None:
+    evs = list(events)
+    if not evs:
         raise GenerationError("nothing was generated (max_tokens is 0?)")
-    return Response("".join(text), tokens, flags, stats, finish)
+    return Response("".join(e.text for e in evs), [e.token for e in evs], [e.from_draft for e in evs], evs[-1].stats,
+                    evs[-1].finish_reason)
 
 
 def generate(model, tokenizer, prompt, drafter: Optional[Drafter] = None, **kwargs) -> Response:
