@@ -21,8 +21,7 @@ from test_batch import asks, fixed, measured, row, run, sample_first_row
 from mlx_spec.gen import verify
 from mlx_spec.gen.drafters.hybrid import HybridDrafter
 from mlx_spec.gen.drafters.model import ModelDrafter
-from mlx_spec.gen.drafters.quant_self import QuantSelfDrafter
-from mlx_spec.gen.drafters.self_draft import SelfDrafter
+from mlx_spec.gen.drafters.self_draft import QuantSelfDrafter, SelfDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.engine import Engine
 from mlx_spec.gen.generate import speculative_generate_step

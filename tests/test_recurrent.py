@@ -11,8 +11,7 @@ from mlx_spec.gen.cache import new_cache, rewind
 from mlx_spec.gen.drafters.hybrid import HybridDrafter
 from mlx_spec.gen.drafters.model import ModelDrafter
 from mlx_spec.gen.drafters.ngram import NGramDrafter
-from mlx_spec.gen.drafters.quant_self import QuantSelfDrafter
-from mlx_spec.gen.drafters.self_draft import SelfDrafter
+from mlx_spec.gen.drafters.self_draft import QuantSelfDrafter, SelfDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.session import Session
 from mlx_spec.named import load_model

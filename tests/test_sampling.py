@@ -12,8 +12,7 @@ from mlx_spec.gen.drafters.base import Draft, Drafter
 from mlx_spec.gen.drafters.hybrid import HybridDrafter
 from mlx_spec.gen.drafters.model import ModelDrafter
 from mlx_spec.gen.drafters.ngram import NGramDrafter
-from mlx_spec.gen.drafters.quant_self import QuantSelfDrafter
-from mlx_spec.gen.drafters.self_draft import SelfDrafter
+from mlx_spec.gen.drafters.self_draft import QuantSelfDrafter, SelfDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.sampling import make_probs_fn
 

@@ -14,8 +14,7 @@ from mlx_spec.gen.drafters.base import Draft, Drafter
 from mlx_spec.gen.drafters.hybrid import HybridDrafter
 from mlx_spec.gen.drafters.model import ModelDrafter, ModelDrafting
 from mlx_spec.gen.drafters.ngram import NGramDrafter
-from mlx_spec.gen.drafters.quant_self import QuantSelfDrafter
-from mlx_spec.gen.drafters.self_draft import ImportanceSelfDrafter, SelfDrafter
+from mlx_spec.gen.drafters.self_draft import ImportanceSelfDrafter, QuantSelfDrafter, SelfDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.generate import Stats, speculative_generate_step
 from mlx_spec.gen.load import check_tokenizers

@@ -1,22 +1,25 @@
-"""The target drafts for itself through a subset of its own layers: no extra weights, no extra KV cache."""
+"""The target drafts for itself in its own cache: through a subset of its layers (no extra weights), or through a
+weight-quantized copy of all of them (QSpec's drafting half, qspec-complementary-quantization)."""
 
-from typing import List, Optional, Sequence
+import weakref
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
+import mlx.nn as nn
 
-from ...errors import GenerationError, UnsupportedError
+from ...errors import ConvertError, GenerationError, UnsupportedError
 from ...make.layers import INDEX_DEPENDENT, with_blocks
+from ...make.quant import quantized_copy
 from .. import recurrent
 from ..cache import rewind
 from ..joint import RaggedKVCache, Rows
-from ..tunables import IMPORTANCE_TOKENS
+from ..tunables import IMPORTANCE_TOKENS, QUANT_SELF_GROUP
 from .base import Draft, Drafting, Member
 from .model import ModelDrafter, draft_steps, forward
 
 
 def layer_view(model, layers: Sequence[int]):
-    """A model object that runs embed -> `layers` -> norm -> head of `model`, sharing its weights (its recurrent
-    blocks recording, `recurrent.recording`)."""
+    """A view running embed -> `layers` -> norm -> head of `model`, sharing its weights, recurrent blocks recording."""
     view = recurrent.recording(model)
     return with_blocks(view, [view.model.layers[i] for i in layers])
 
@@ -117,3 +120,33 @@ class ImportanceSelfDrafter(SelfDrafter):
             self.model = layer_view(self.target, self.layers)
             self.blocks = [id(b) for b in self.model.model.layers]
         super().reset(prompt, target_cache)
+
+
+_COPIES: Dict[Tuple[int, str], Tuple[weakref.ref, object]] = {}  # (id(target), format) -> (target, its copy)
+
+
+def shared_copy(model, fmt: str):
+    """`model` quantized to `fmt`, made once per live target and format: every quant-self drafter of a target drafts
+    with the same weights (one copy's memory, and a batch's rows draft together)."""
+    key = (id(model), fmt)
+    hit = _COPIES.get(key)
+    if hit is None or hit[0]() is not model:
+        if any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules()):
+            raise GenerationError("quant-self: the target is already quantized; draft from a float target")
+        try:
+            copy = quantized_copy(model, fmt, QUANT_SELF_GROUP)
+        except ConvertError as e:
+            raise GenerationError(f"quant-self:{fmt}: {e}") from None
+        hit = (weakref.ref(model, lambda _ref, key=key: _COPIES.pop(key, None)), copy)
+        _COPIES[key] = hit
+    return hit[1]
+
+
+class QuantSelfDrafter(SelfDrafter):
+    """Drafts with a quantized copy of all the target's layers (one per target and format), in the target's cache."""
+
+    name = "quant-self"
+
+    def __init__(self, model, fmt: str, vocab_size: int, real_vocab: Optional[int] = None, head_ids=None):
+        self.format = fmt
+        super().__init__(shared_copy(model, fmt), range(len(model.model.layers)), vocab_size, real_vocab, head_ids)
