@@ -32,10 +32,10 @@ def with_blocks(model, blocks: list, holder: str = "model"):
     the inner copy gets its own block list; `model` itself is never changed, so a request running it at the
     same time is unaffected. Used for layer subsets (self drafting) and for probes around each block.
     """
-    inner = copy.copy(model[holder])
+    inner = copy.copy(getattr(model, holder))
     inner.layers = blocks
     view = copy.copy(model)
-    view[holder] = inner
+    setattr(view, holder, inner)
     return view
 
 
