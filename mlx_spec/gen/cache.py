@@ -1,5 +1,4 @@
-"""Small helpers over mlx-lm's per-layer caches: filling them with a prompt, how many tokens they hold, rewinding all
-layers together, the context they may hold."""
+"""Helpers over mlx-lm's per-layer caches: prefill, tokens held, rewinding all layers, the context limit."""
 
 from typing import List, Optional
 
@@ -23,11 +22,8 @@ def rewind(cache: List, n_tokens: int) -> bool:
     for c in cache:
         extra = getattr(c, "offset", 0) - n_tokens
         if extra > 0:
-            if c.is_trimmable():
-                trimmed = c.trim(extra)
-                ok = ok and (trimmed is None or trimmed >= extra)
-            else:
-                ok = False
+            trimmed = c.trim(extra) if c.is_trimmable() else 0
+            ok = ok and (trimmed is None or trimmed >= extra)
     return ok
 
 
@@ -52,6 +48,5 @@ def prefill_cache(model, cache, tokens: List[int], room: Optional[int]) -> None:
         if room is not None and i + size > room:
             size = len(chunk)
         model(mx.array(chunk + chunk[-1:] * (size - len(chunk)))[None], cache=cache)
-        if size > len(chunk):
-            trim_prompt_cache(cache, size - len(chunk))
+        trim_prompt_cache(cache, size - len(chunk))  # the dummy positions
         mx.eval([c.state for c in cache])

@@ -25,15 +25,13 @@ class RaggedKVCache(BatchKVCache):
 
     def _gaps(self, width: int) -> mx.array:
         """The gaps over the first `width` columns (False past what is recorded)."""
-        g = self.gaps if self.gaps is not None else mx.zeros((self.offset.shape[0], 0), dtype=mx.bool_)
-        g = g[:, :width]
+        g = (self.gaps if self.gaps is not None else mx.zeros((self.offset.shape[0], 0), dtype=mx.bool_))[:, :width]
         return mx.pad(g, [(0, 0), (0, width - g.shape[1])]) if g.shape[1] < width else g
 
     def drop(self, extra: List[int]) -> None:
         """Row i gives up its last `extra[i]` positions: they become a gap at the end of its columns."""
         e = mx.array(extra)
-        cols = mx.arange(self._idx)[None]
-        self.gaps = self._gaps(self._idx) | (cols >= self._idx - e[:, None])
+        self.gaps = self._gaps(self._idx) | (mx.arange(self._idx)[None] >= self._idx - e[:, None])
         self.offset = self.offset - e
 
     def trim(self, n):
@@ -44,15 +42,11 @@ class RaggedKVCache(BatchKVCache):
 
     def make_mask(self, N: int, return_array: bool = False, **kwargs):
         mask = create_causal_mask(N, offset=self._idx, left_padding=self.left_padding, **kwargs)
-        if self.gaps is None:
-            return mask
-        return mask & ~self._gaps(self._idx + N)[:, None, None, :]
+        return mask if self.gaps is None else mask & ~self._gaps(self._idx + N)[:, None, None, :]
 
     def _columns(self, i: int) -> List[int]:
         """Row i's columns that hold its positions, in order."""
         start = self.left_padding[i].item()
-        if self.gaps is None:
-            return list(range(start, self._idx))
         gap = self._gaps(self._idx)[i].tolist()
         return [j for j in range(start, self._idx) if not gap[j]]
 
@@ -80,9 +74,6 @@ class RaggedKVCache(BatchKVCache):
         self.left_padding = mx.array([width - len(c) for c in cols])
         self._idx, self.gaps = width, None
 
-    def fits(self, cache: KVCache) -> bool:
-        return self.keys is not None and cache.keys is not None and cache.offset <= self._idx
-
     def put(self, i: int, cache: KVCache) -> None:
         """Row i becomes `cache`'s positions (at most `_idx` of them), right-aligned; what row i held is gone."""
         n = cache.offset
@@ -95,20 +86,17 @@ class RaggedKVCache(BatchKVCache):
             self.gaps = self.gaps & ~rows[:, None]
 
     def extend(self, other):
-        a, b = self._idx, other._idx
-        ragged = other.gaps is not None
-        if self.gaps is None and not ragged:
+        if self.gaps is None and other.gaps is None:
             return super().extend(other)
-        mine = self._gaps(a)  # taken before the rows are joined (`_gaps` sizes by the rows)
-        theirs = other._gaps(b) if ragged else mx.zeros((other.offset.shape[0], b), dtype=mx.bool_)
+        a, b = self._idx, other._idx
+        mine, theirs = self._gaps(a), other._gaps(b)  # taken before the rows are joined (`_gaps` sizes by the rows)
         super().extend(other)
         m = self._idx
         self.gaps = mx.concatenate([mx.pad(mine, [(0, 0), (m - a, 0)]), mx.pad(theirs, [(0, 0), (m - b, 0)])])
 
 
 def batchable(cache: Sequence) -> bool:
-    """Whether a generation's cache can join others: plain KV caches and rewindable recurrent ones (no sliding
-    window, no recurrent state of unknown length)."""
+    """Whether a generation's cache can join others: plain KV caches and rewindable recurrent ones."""
     return all(type(c) is KVCache or (isinstance(c, RewindableCache) and not isinstance(c, RewindableRows))
                for c in cache)
 
@@ -162,8 +150,8 @@ class Rows:
         if not self.joint:
             self.layers = _merge(self.layers)
         free = next((i for i, o in enumerate(self.owners) if o is None), None)
-        if free is not None and all(isinstance(c, RaggedKVCache) and type(o) is KVCache and c.fits(o)
-                                    for c, o in zip(self.layers, cache)):
+        if free is not None and all(isinstance(c, RaggedKVCache) and type(o) is KVCache and c.keys is not None and
+                                    o.keys is not None and o.offset <= c.size() for c, o in zip(self.layers, cache)):
             for c, o in zip(self.layers, cache):
                 c.put(free, o)
             self.owners[free] = owner

@@ -30,8 +30,7 @@ def vocab_width(model) -> int:
 
 
 def check_tokenizers(target_tok, draft_tok) -> int:
-    """Raise unless the two tokenizers map the same strings to the same ids and split text alike (padded logits may
-    differ); return the real vocab size."""
+    """Raise unless the two tokenizers map strings to the same ids and split text alike; return the vocab size."""
     tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
     if tv != dv:
         diff = [t for t in tv if dv.get(t) != tv[t]]

@@ -186,8 +186,7 @@ def _signature(fn) -> inspect.Signature:
 
 
 class Recorder(nn.Module):
-    """A recurrent block as the engine runs it: each call over a rewindable cache records its input, then the
-    block (unchanged) runs."""
+    """A recurrent block that records each call over a rewindable cache, then runs unchanged."""
 
     def __init__(self, block):
         super().__init__()
@@ -213,8 +212,7 @@ _VIEWS: Dict[int, object] = {}
 
 
 def recording(model):
-    """`model`, or where it has recurrent blocks a view of it whose recurrent blocks record their calls (made once per
-    model; its weights, blocks and the model itself unchanged)."""
+    """`model`, or a view of it whose recurrent blocks record their calls (made once per model, the model unchanged)."""
     key = id(model)
     if key not in _VIEWS:
         layers, view = getattr(model, "layers", None), model

@@ -17,8 +17,7 @@ NGRAM_N = (2, 16)  # the longest n-gram `ngram:N` may ask for
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    """A parsed drafter spec: kind in KINDS, its argument (layers, a format, a model spec), and for a hybrid the
-    parsed spec of the source it falls back on (`inner`)."""
+    """A parsed drafter spec: kind in KINDS, its argument, and a hybrid's parsed fallback (`inner`)."""
 
     kind: str
     arg: str = ""
@@ -47,27 +46,19 @@ def parse(spec: Spec) -> DrafterSpec:
     spec = (spec or "").strip()
     if spec in ("", "none", "off"):
         return DrafterSpec("none")
-    if spec in ("ngram", "suffix"):
-        return DrafterSpec(spec)
     head, sep, arg = spec.partition(":")
-    if head == "suffix":  # suffix:shared, with the process's memory of earlier outputs
-        if arg != "shared":
-            raise GenerationError(f"'{spec}': the suffix drafter takes ':shared' or nothing")
-        return DrafterSpec("suffix", arg)
-    if head == "ngram":  # ngram:N, the longest n-gram (ANPD's N)
-        if not (arg.isdigit() and NGRAM_N[0] <= int(arg) <= NGRAM_N[1]):
-            raise GenerationError(f"'{spec}': N must be an integer in [{NGRAM_N[0]}, {NGRAM_N[1]}] (e.g. 'ngram:5')")
-        return DrafterSpec("ngram", arg)
-    if head in ("self", "quant-self", "hybrid"):
-        if sep and not arg:
-            raise GenerationError(f"'{spec}': nothing after ':' (try '{head}' alone)")
-        if head == "hybrid":
-            inner = parse(arg or "self")
-            if inner.kind in ("hybrid", "ngram", "suffix", "none"):
-                raise GenerationError(f"hybrid needs a model or self drafter to fall back on, got '{arg}'")
-            return DrafterSpec(head, arg, inner)
-        return DrafterSpec(head, arg)
-    return DrafterSpec("model", spec)
+    if head == "suffix" and sep and arg != "shared":  # suffix:shared, with the process's memory of earlier outputs
+        raise GenerationError(f"'{spec}': the suffix drafter takes ':shared' or nothing")
+    if head == "ngram" and sep and not (arg.isdigit() and NGRAM_N[0] <= int(arg) <= NGRAM_N[1]):  # ANPD's N
+        raise GenerationError(f"'{spec}': N must be an integer in [{NGRAM_N[0]}, {NGRAM_N[1]}] (e.g. 'ngram:5')")
+    if head in ("self", "quant-self", "hybrid") and sep and not arg:
+        raise GenerationError(f"'{spec}': nothing after ':' (try '{head}' alone)")
+    if head == "hybrid":
+        inner = parse(arg or "self")
+        if inner.kind in ("hybrid", "ngram", "suffix", "none"):
+            raise GenerationError(f"hybrid needs a model or self drafter to fall back on, got '{arg}'")
+        return DrafterSpec(head, arg, inner)
+    return DrafterSpec(head, arg) if head in KINDS[1:-1] else DrafterSpec("model", spec)
 
 
 def default_num_draft(drafter: Union[Drafter, Spec]) -> int:
@@ -82,8 +73,7 @@ _HEAD_IDS: Dict[tuple, List[int]] = {}
 
 
 def head_ids(tokenizer, real: int) -> List[int]:
-    """The base vocabulary subset of a draft head (`drafters.head`): the tokens of the making layer's vocabulary texts
-    and EOS, found once per tokenizer."""
+    """A draft head's base vocabulary: the tokens of `make.importance.vocabulary_texts` and EOS, once per tokenizer."""
     from ..make.importance import vocabulary_texts
 
     key = (getattr(tokenizer, "name_or_path", None) or id(tokenizer), real)
@@ -103,8 +93,7 @@ def build(spec: Spec, target, tokenizer, *, load: Optional[Callable[[str], tuple
     from .drafters.hybrid import HybridDrafter
     from .drafters.model import ModelDrafter
     from .drafters.ngram import NGramDrafter
-    from .drafters.quant_self import QuantSelfDrafter
-    from .drafters.self_draft import ImportanceSelfDrafter, SelfDrafter
+    from .drafters.self_draft import ImportanceSelfDrafter, QuantSelfDrafter, SelfDrafter
     from .load import check_tokenizers, load_folder, vocab_width
 
     s = parse(spec)

@@ -1,5 +1,4 @@
-"""A generation as the engine runs it (a row): its context, drafter, sampling rule, budget, stats, and the steps it
-delivers with the one finish rule."""
+"""A generation as the engine runs it (a row): its context, budget and stats, and the one finish rule."""
 
 import time
 from dataclasses import dataclass, field
@@ -25,8 +24,7 @@ class Step(NamedTuple):
 
 @dataclass
 class Row:
-    """One generation: `context` is the prompt and the tokens delivered so far, ending with the token the target
-    has not consumed yet."""
+    """One generation: `context` is the prompt and the tokens so far, its last not consumed by the target yet."""
 
     context: List[int]
     drafter: Optional[Drafter] = None

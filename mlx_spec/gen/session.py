@@ -24,8 +24,7 @@ class Session:
         self.set_drafter(drafter, num_draft)
 
     def set_drafter(self, drafter: Optional[Drafter], num_draft: Optional[int] = None) -> None:
-        """Switch drafters (or None for plain decoding); the conversation, its cache and the planner's measurements
-        stay."""
+        """Switch drafters (None: plain decoding); the conversation, cache and planner's measurements stay."""
         self.drafter: Optional[Drafter] = drafter
         self.num_draft = num_draft or default_num_draft(drafter)
 

@@ -13,8 +13,7 @@ _SEEN: Dict[int, Set[int]] = {}
 
 
 def first_time(model, size) -> bool:
-    """Whether `model` runs a pass of this shape for the first time in this process (noted now) on a device that
-    builds kernels per shape: there that pass's time is a build, not a cost."""
+    """Whether `model` runs this shape for the first time (noted now) on a device that builds kernels per shape."""
     if id(model) not in _SEEN:
         weakref.finalize(model, _SEEN.pop, id(model), None)
     seen = _SEEN.setdefault(id(model), set())
@@ -29,14 +28,12 @@ def builds_per_shape() -> bool:
 
 
 def paddable(cache) -> bool:
-    """Whether dummy positions can be written to `cache` and trimmed at once: plain attention caches only (a
-    recurrent layer's state or a rotating window would have to be rewound through them)."""
+    """Whether dummy positions can be written to `cache` and trimmed at once: plain attention caches only."""
     return all(type(c) is KVCache for c in cache)
 
 
 def padded(n: int) -> int:
-    """The size a pass of n positions runs at where the device builds per shape and dummies are allowed: the
-    next of `SIZES`, above them the next power of two up to PREFILL_STEP, else n."""
+    """The next of `SIZES` at or above n, above them the next power of two up to PREFILL_STEP, else n."""
     size = next((s for s in SIZES if s >= n), 1 << (n - 1).bit_length())
     return size if size <= PREFILL_STEP else n
 

@@ -63,13 +63,10 @@ class Stats:
         return [a / p if p else 0.0 for a, p in zip(self.accepted_by_position, self.proposed_by_position)]
 
     def as_dict(self) -> dict:
-        d = dict(self.__dict__)
-        if d["trace"] is None:
-            del d["trace"]
-        for k in ("prefill_tokens", "prompt_tps", "generation_tps", "acceptance_rate", "mean_accepted", "draft_share"):
-            d[k] = getattr(self, k)
-        d["acceptance_by_position"] = self.acceptance_by_position()
-        return d
+        d = {k: v for k, v in self.__dict__.items() if k != "trace" or v is not None}
+        d.update({k: getattr(self, k) for k in ("prefill_tokens", "prompt_tps", "generation_tps", "acceptance_rate",
+                                                "mean_accepted", "draft_share")})
+        return dict(d, acceptance_by_position=self.acceptance_by_position())
 
     def record(self, n: int, a: int) -> None:
         """A round that verified n draft tokens and accepted a."""
@@ -78,10 +75,9 @@ class Stats:
             return
         self.spec_rounds += 1
         self.proposed, self.accepted = self.proposed + n, self.accepted + a
-        grow = n - len(self.proposed_by_position)
-        if grow > 0:
-            self.proposed_by_position += [0] * grow
-            self.accepted_by_position += [0] * grow
+        grow = max(0, n - len(self.proposed_by_position))
+        self.proposed_by_position += [0] * grow
+        self.accepted_by_position += [0] * grow
         for i in range(n):
             self.proposed_by_position[i] += 1
             self.accepted_by_position[i] += i < a

@@ -11,8 +11,7 @@ from .stats import Stats
 
 @dataclass
 class Event:
-    """One generated token and the text it completed, with the generation's running `Stats` (which mlx-lm's
-    `GenerationResponse` has no room for)."""
+    """One generated token, the text it completed and the generation's running `Stats`."""
 
     token: int
     text: str  # the text this token completed (may be "" mid-character)
@@ -23,8 +22,7 @@ class Event:
 
 def stream_generate(model, tokenizer, prompt: Union[str, List[int]], drafter: Optional[Drafter] = None,
                     **kwargs) -> Iterator[Event]:
-    """Text events for `prompt` (a string is tokenized as is) by `speculative_generate_step` with kwargs; the finish
-    finalizes the detokenizer, so no trailing text is lost."""
+    """Text events for `prompt` (a string is tokenized as is) by `speculative_generate_step` with kwargs."""
     if isinstance(prompt, str):
         prompt = tokenizer.encode(prompt)
     stats = kwargs.pop("stats", None) or Stats()

@@ -30,8 +30,7 @@ class Draft:
 
 
 class Member(NamedTuple):
-    """A row a drafter drafts for: its drafter part, its context, its sampling rule (`sampling.Sampler`, None:
-    greedy), and its place in the target's cache."""
+    """A row a drafter drafts for: its part, context, sampling rule (None: greedy) and place in the target's cache."""
 
     part: "Drafter"
     context: List[int]
@@ -40,8 +39,7 @@ class Member(NamedTuple):
 
 
 class Drafting:
-    """Drafts for several rows at once, one per source in an engine. This one asks each row's drafter in turn (a
-    table lookup); a draft model or a view of the target drafts for all its rows in one pass per position."""
+    """Drafts for several rows at once, one per source in an engine; this one asks each row's drafter in turn."""
 
     def takes(self, part: "Drafter") -> bool:
         """Whether a row drafting with `part` can draft here."""
@@ -75,12 +73,10 @@ class Drafter:
         return Drafting()
 
     def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
-        """A generation starts at `prompt` (the target's cache holds `prompt[:-1]`); state that still agrees with it
-        (a session's earlier turns) is kept."""
+        """A generation starts at `prompt`, the target's cache holding `prompt[:-1]`; state agreeing with it is kept."""
 
     def propose(self, context: List[int], k: int, sampler=None) -> Draft:
-        """At most k tokens continuing `context`. sampler: the row's sampling rule (`sampling.Sampler`; None or
-        greedy: greedy drafts); a model drafter samples from it and returns the distributions."""
+        """At most k tokens continuing `context`, sampled by the row's `sampler` if it samples (None: greedy)."""
         raise NotImplementedError
 
     def learn(self, proposed: int, accepted: int) -> None:
@@ -92,6 +88,6 @@ class Drafter:
 
 
 def extends(context: List[int], held: List[int]) -> bool:
-    """Whether `context` continues the tokens a drafter `held`, judged in O(1) by the first and the last few."""
+    """Whether `context` extends what a drafter `held`, judged in O(1) by its first and last few tokens."""
     n = len(held)
     return context[: min(n, 1)] == held[:1] and context[max(0, n - SYNC_TAIL) : n] == held[-SYNC_TAIL:]

@@ -25,8 +25,7 @@ class ModelDrafter(Drafter):
 
     def __init__(self, model, vocab_size: int, real_vocab: Optional[int] = None,
                  head_ids: Optional[Iterable[int]] = None):
-        """vocab_size: the target's logits width; real_vocab: ids at or above it are padding, never drafted;
-        head_ids: the base vocabulary subset of greedy draft steps (`head.SubsetHead`), None for the full head."""
+        """vocab_size: the target's logits width; ids from real_vocab on are padding; head_ids: `head.SubsetHead`'s."""
         self.model = recurrent.recording(model)
         self.head = SubsetHead(self.model, head_ids or []) if SubsetHead.supports(self.model) else None
         self.subset = head_ids is not None and self.head is not None
@@ -54,8 +53,7 @@ class ModelDrafter(Drafter):
             self.drafted = None
 
     def behind(self, context: List[int]) -> int:
-        """Context tokens but the last the cache does not hold yet, estimated from the tail (the cache holds a prefix
-        of the context plus at most the drafts rejected last round)."""
+        """Context tokens but the last its cache lacks, from the tail (`fed` is a prefix plus rejected drafts)."""
         self.settle()
         i = min(len(self.fed), len(context) - 1)
         while i > 0 and self.fed[i - 1] != context[i - 1]:

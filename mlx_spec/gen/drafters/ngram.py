@@ -57,8 +57,7 @@ class NGramDrafter(Drafter):
                     best[gram[:-1]] = (tok, c)
 
     def _sync(self, context: List[int]) -> None:
-        """Index the tokens of `context` not indexed yet, or all of it if it does not extend them (a rewrite it misses
-        only lowers draft quality: the verifier keeps the output lossless)."""
+        """Index the tokens of `context` not indexed yet, or all of them where it does not extend what is indexed."""
         if not extends(context, self._tokens):
             self._rebuild(context)
         elif len(context) > len(self._tokens):
@@ -94,7 +93,6 @@ class NGramDrafter(Drafter):
         return Draft(out, source=self.name)
 
     def learn(self, proposed: int, accepted: int) -> None:
-        """Each judged token's level learns whether it was accepted (per-level trust is our addition to ANPD; tokens
-        after the first rejection were never judged)."""
+        """Each judged token's match level learns whether it was accepted (per-level trust is our addition to ANPD)."""
         for i, level in enumerate(self._levels[: min(accepted + 1, proposed)]):
             self.trust[level] = (1 - TRUST_EMA) * self.trust[level] + TRUST_EMA * (i < accepted)

@@ -121,8 +121,7 @@ PROCESS_MEMORY = SuffixMemory()  # what `suffix:shared` remembers
 
 
 class SuffixDrafter(Drafter):
-    """Drafts the most frequent continuation of the longest earlier match of the context's suffix, in the context or
-    in `memory`, whichever match is longer."""
+    """The most frequent continuation of the longest earlier match of the context's suffix (context or `memory`)."""
 
     name = "suffix"
     free = True  # dictionary walks: microseconds against a forward pass
