@@ -223,3 +223,50 @@ def test_a_draft_model_that_pays_drafts_long_drafts_once_its_rounds_are_timed():
     p = Planner()
     plans = Machine(draft={"model": STEP * 0.05}, accept={"model": 0.98}).run(p, {"model": 15}, 60)
     assert sum(x.k for x in plans[-20:]) / 20 >= 7
+
+
+class Queued(Machine):
+    """A machine whose plain steps are queued ahead, as the engine runs them: a plain round after a plain round costs a
+    step, the first after a drafting round two (it queues the next), and a drafting round after a plain one
+    verifies after the queued step. `offered(i)`: whether the lookup offers its draft in round i."""
+
+    def run_queued(self, planner, n, rounds, offered, verify=flat):
+        queued, plain_rounds = False, 0
+        for i in range(rounds):
+            ask = self.ask({"ngram": n} if offered(i) else {}, free=("ngram",))
+            plan = planner.plan([ask], 1, False, queued)
+            a = 0
+            while a < plan.k and self.rng.random() < self.rates.get("ngram", 0.0):
+                a += 1
+            seconds = verify(plan.size) if plan.k else (STEP if queued else 2 * STEP)
+            timed = bool(plan.k) or queued
+            planner.record(plan, 1, seconds, [Outcome(self.accept, plan.source(0), plan.k, a)], timed,
+                           planner.promised(plan, [ask]) if plan.k else 0.0)
+            queued = not plan.k
+            self.time, self.tokens = self.time + seconds, self.tokens + a + 1
+        return self.tokens / self.time * STEP  # speed against plain decoding
+
+
+@pytest.mark.parametrize("every", [2, 3])
+def test_a_weak_lookup_now_and_then_does_not_interrupt_queued_plain_steps(every):
+    """Each drafting round between queued plain steps costs the step that restarts the queue: a lookup offered every
+    few rounds, half its tokens accepted, is not worth it, and the planner stays at plain decoding's speed."""
+    p, m = Planner(), Queued(accept={"ngram": 0.5})
+    p.record(PLAIN, 1, STEP, [Outcome(m.accept)])
+    assert m.run_queued(p, 2, 600, lambda i: i % every == 0) >= 0.97
+
+    class Unpriced(Planner):  # the broken rule: a drafting round priced as if no step were queued ahead
+        def plan(self, asks, places=None, pad=False, queued=False):
+            return super().plan(asks, places, pad, False)
+
+    p, m = Unpriced(), Queued(accept={"ngram": 0.5})
+    p.record(PLAIN, 1, STEP, [Outcome(m.accept)])
+    assert m.run_queued(p, 2, 600, lambda i: i % every == 0) < 0.97
+
+
+def test_a_weak_lookup_offered_every_round_still_drafts_round_after_round():
+    """The restart is paid once a stretch of drafting rounds: a lookup offered every round, half its tokens
+    accepted, drafts on a launch-bound machine and beats plain decoding."""
+    p, m = Planner(), Queued(accept={"ngram": 0.5})
+    p.record(PLAIN, 1, STEP, [Outcome(m.accept)])
+    assert m.run_queued(p, 2, 600, lambda i: True) > 1.3

@@ -211,8 +211,8 @@ def test_trim_then_regenerate_gives_the_same_tokens(target, draft_model, name):
 class Padding(Planner):
     """Verifies every draft at nine dummy positions more than it needs, whatever it costs."""
 
-    def plan(self, asks, places=None, pad=False):
-        p = super().plan(asks, places, pad)
+    def plan(self, asks, places=None, pad=False, queued=False):
+        p = super().plan(asks, places, pad, queued)
         return Plan(p.k, p.sources, p.k + 10) if p.k else p
 
 
@@ -389,10 +389,10 @@ def test_a_draft_model_is_fed_its_prompt_only_when_first_drafted(target):
     ref = plain_greedy(model, prompt, 30)
     drafter = ModelDrafter(model, model.args.vocab_size)  # the target as its own draft: every draft accepted
     drafter.reset(prompt, None)
-    assert drafter.fed_total == 0 and drafter.behind(prompt) == len(prompt) - 1  # deferred
+    assert drafter.behind(prompt) == len(prompt) - 1  # deferred: all of the prompt is still to feed
     out, stats = spec(model, prompt, drafter, max_tokens=30, adaptive=False)  # drafts every round, whatever the timing
     assert out == ref and stats.draft_share > 0.5
-    assert drafter.fed_total >= len(prompt) - 1 and drafter.behind(prompt + out) <= 2
+    assert drafter.behind(prompt + out) <= 2  # fed when it drafted
 
 
 def test_a_draft_model_too_slow_to_pay_is_tried_once_then_left_alone(target, draft_model):
@@ -413,12 +413,12 @@ def test_quant_self_drafts_in_the_target_cache_and_leaves_the_target_alone(targe
     drafter = QuantSelfDrafter(model, "int8", model.args.vocab_size)
     prompt = tok.encode(PROMPTS[0])
     ref = plain_greedy(model, prompt, 30)
-    cache = make_prompt_cache(model)
+    cache, drafted = make_prompt_cache(model), Stats()
     out = [s.token for s in speculative_generate_step(prompt, model, drafter, prompt_cache=cache, max_tokens=30,
-                                                      adaptive=False)]
+                                                      adaptive=False, stats=drafted)]
     assert out == ref
     assert drafter.cache is None  # no cache of its own: it drafted in the target's
-    assert drafter.fed_total > 0 and drafter.model.model.layers[0].mlp.up_proj.bits == 8
+    assert drafted.proposed > 0 and drafter.model.model.layers[0].mlp.up_proj.bits == 8
     assert not hasattr(model.model.layers[0].mlp.up_proj, "bits")  # the target stays float
     after = dict(tree_flatten(model.parameters()))
     assert before.keys() == after.keys() and all(before[k] is after[k] for k in before)

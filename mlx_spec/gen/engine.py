@@ -143,7 +143,7 @@ class Engine:
             for r in rows:
                 r.stats.fallback = r.stats.fallback or "target cache not trimmable: plain decoding from here"
             return PLAIN, False
-        plan = self.planner.plan(asks, len(self.cache.owners), self.cache.paddable())
+        plan = self.planner.plan(asks, len(self.cache.owners), self.cache.paddable(), self.pending is not None)
         if plan.k and self.limit is not None:  # no position, dummies included, past the model's context
             fit = min(self.limit - len(r.context) for r in rows) + 1  # positions a row's pass may span
             plan = Plan(min(plan.k, fit - 1), plan.sources, min(plan.size, fit), plan.probe) if fit > 1 else PLAIN
@@ -214,6 +214,7 @@ class Engine:
             mine = {id(r): b if r.sampler.exact else b[1] for r, b in zip(rows, built)}
             tokens = mx.concatenate([mine[id(r)][:1] if r is not None else mx.zeros((1,), dtype=mx.uint32)
                                      for r in self.cache.owners]).astype(mx.uint32)
+            mx.async_eval(tokens)  # its own event: the round's read then waits for this step, not the queued one
         logits = self.model(tokens[:, None], cache=self.cache.layers)[:, -1]  # (places, V)
         if all(r is None or r.sampler.temp == 0 for r in self.cache.owners):
             nxt = mx.argmax(logits, axis=-1)

@@ -2,7 +2,8 @@
 
 A round drafting k tokens for a row yields E(k) = 1 + p (1 - a^k) / (1 - a) tokens (the geometric model of Leviathan
 et al., the first token's acceptance p apart, each row's own acceptance by source). It costs the measured target pass
-at its size (`costs.py`) plus a costly source's part. The planner takes the plan with the most expected tokens per
+at its size (`costs.py`) plus a costly source's part, and where it interrupts plain steps queued ahead, the step
+that restarts the queue after it. The planner takes the plan with the most expected tokens per
 second among those that do not lower the rows' throughput below plain decoding's, and drafts only where that
 promises MARGIN more. What an extra token saves depends on whether a new row takes a row's place when it ends
 (`refill`, learned) or the rows drain. A costly source passed over probes once its earned budget covers the loss.
@@ -132,6 +133,9 @@ class Planner(Costs):
     open: int = 0  # rows that left whose place no row has taken yet
     kept_w: float = PRIOR_TRIALS  # discounted extra tokens drafting rounds delivered, and what they promised
     promised_w: float = PRIOR_TRIALS
+    queued: bool = False  # the round being planned follows a plain step queued ahead
+    drafted_w: float = PRIOR_TRIALS  # discounted drafting rounds, and those of them that followed a queued step:
+    started_w: float = PRIOR_TRIALS / 2  # a stretch of drafting rounds is taken as two rounds long until measured
 
     # --- choosing ---
 
@@ -145,10 +149,12 @@ class Planner(Costs):
         """Extra tokens the drafting rounds delivered per extra token the rows' estimates promised."""
         return self.kept_w / self.promised_w
 
-    def plan(self, asks: Sequence[Ask], places: Optional[int] = None, pad: bool = False) -> Plan:
+    def plan(self, asks: Sequence[Ask], places: Optional[int] = None, pad: bool = False,
+             queued: bool = False) -> Plan:
         """The next round for rows that could draft as `asks` say, in a pass over `places` rows (default: one per
-        ask; more where rows that left still hold places). pad: dummy positions may pad the pass."""
-        b, n = places or len(asks), len(asks)
+        ask; more where rows that left still hold places). pad: dummy positions may pad the pass. queued: a plain
+        step is queued ahead (a drafting round then verifies after it, and plain decoding restarts its queue)."""
+        b, n, self.queued = places or len(asks), len(asks), queued
         if not any(a.offer[1] or (a.costly and a.cap) for a in asks):
             return PLAIN
         if not self.adaptive:
@@ -181,7 +187,7 @@ class Planner(Costs):
                     continue
                 size = self.size(b, k, pad)
                 rows = [a for a, s in zip(asks, sources) if s and s == option]
-                seconds = self.cost(b, size)
+                seconds = self._verify_cost(b, size)
                 if rows:
                     horizon = min(min(a.left for a in rows), CATCH_UP_HORIZON)
                     behind = sum(a.behind * min(1.0, g / horizon) for a, g in zip(asks, gains) if a in rows)
@@ -258,7 +264,14 @@ class Planner(Costs):
 
     def _probe_cost(self, source: str, rows: Sequence[Ask], places: int, pad: bool, k: int) -> float:
         behind = sum(a.behind * min(1.0, 1.0 / min(a.left, CATCH_UP_HORIZON)) for a in rows)
-        return self.cost(places, self.size(places, k, pad)) + self.draft_cost(source, len(rows), k, behind)
+        return self._verify_cost(places, self.size(places, k, pad)) + self.draft_cost(source, len(rows), k, behind)
+
+    def _verify_cost(self, places: int, size: int) -> float:
+        """Seconds of a drafting round's verify pass; after a plain step queued ahead, plus the step that queues
+        again when plain decoding resumes (the queued one only spared the pass a position), spread over the rounds
+        a stretch of drafting rounds lasts."""
+        restart = self.cost(places, 1) * self.started_w / self.drafted_w if self.queued else 0.0
+        return self.cost(places, size) + restart
 
     # --- learning ---
 
@@ -273,6 +286,9 @@ class Planner(Costs):
                 o.accept.setdefault(o.judged[0], SourceStats()).observe(*o.judged[1:])
             if o.hindsight is not None:
                 o.accept.setdefault(o.source, SourceStats()).hindsight(*o.hindsight)
+        if plan.k:
+            self.drafted_w = DISCOUNT * self.drafted_w + 1
+            self.started_w = DISCOUNT * self.started_w + self.queued
         if plan.k and promised:
             self.kept_w = DISCOUNT * self.kept_w + sum(o.accepted for o in outcomes)
             self.promised_w = DISCOUNT * self.promised_w + promised
