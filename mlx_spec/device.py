@@ -1,4 +1,5 @@
-"""Which device MLX computes on: its backend (Metal, CUDA or the CPU), the GPU or CPU's name, the NVIDIA driver."""
+"""Which device MLX computes on: its backend (Metal, CUDA or the CPU), the GPU or CPU's name, the NVIDIA driver;
+whether it builds kernels per input shape; the peak memory MLX allocated on it during a run."""
 
 import functools
 import re
@@ -7,6 +8,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Optional
+
+import mlx.core as mx
 
 from . import blas as _blas
 
@@ -32,8 +35,6 @@ class Device:
 
 def info() -> Device:
     """The device MLX's default stream runs on now (mx.set_default_device changes it)."""
-    import mlx.core as mx
-
     dev = mx.default_device()
     name = str(mx.device_info(dev).get("device_name") or "unknown")
     if dev.type == mx.cpu:
@@ -46,6 +47,24 @@ def info() -> Device:
 def describe() -> str:
     """`info()` as one line, for a face to print."""
     return str(info())
+
+
+def builds_per_shape() -> bool:
+    """Whether the device in use builds kernels per input shape (MLX's GPU backends: Metal, CUDA)."""
+    return mx.default_device().type == mx.DeviceType.gpu
+
+
+class Peak:
+    """MLX's peak allocation above what was in use when made, without resetting the process-wide peak (the caller's)."""
+
+    def __init__(self):
+        self.base, self.peak0, self.seen = mx.get_active_memory(), mx.get_peak_memory(), 0
+
+    def gb(self) -> float:
+        self.seen = max(self.seen, mx.get_active_memory())
+        peak = mx.get_peak_memory()
+        top = peak if peak > self.peak0 else self.seen  # a new process-wide peak happened during the run
+        return max(0, top - self.base) / 1e9
 
 
 def _blas_name() -> str:

@@ -5,6 +5,7 @@ from typing import List, Optional
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
+from ..device import builds_per_shape
 from . import recurrent, shapes
 from .tunables import PREFILL_STEP
 
@@ -41,7 +42,7 @@ def context_limit(model) -> Optional[int]:
 def prefill_cache(model, cache, tokens: List[int], room: Optional[int]) -> None:
     """Feed `tokens` in chunks; where the device builds per shape, the last chunk runs at a padded size (dummy
     positions trimmed at once) so a new prompt length is not a new shape. room: positions left in the context."""
-    pad, model = shapes.builds_per_shape() and shapes.paddable(cache), recurrent.recording(model)
+    pad, model = builds_per_shape() and shapes.paddable(cache), recurrent.recording(model)
     for i in range(0, len(tokens), PREFILL_STEP):
         chunk = tokens[i : i + PREFILL_STEP]
         size = shapes.padded(len(chunk)) if pad else len(chunk)

@@ -6,6 +6,7 @@ from typing import Iterator, Optional, Sequence
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
 
+from ..device import Peak
 from ..errors import GenerationError
 from . import recurrent
 from .cache import cache_tokens, new_cache, prefill_cache, rewind
@@ -14,7 +15,7 @@ from .planner import Planner
 from .registry import default_num_draft
 from .rows import Row, Step
 from .sampling import Sampler
-from .stats import Peak, Stats
+from .stats import Stats
 from .tunables import DEFAULT_MAX_TOKENS
 
 

@@ -7,6 +7,7 @@ from typing import Dict, Iterable, Optional, Set
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from ..device import builds_per_shape
 from .tunables import PREFILL_STEP, SIZES
 
 _SEEN: Dict[int, Set[int]] = {}
@@ -20,11 +21,6 @@ def first_time(model, size) -> bool:
     new = size not in seen
     seen.add(size)
     return new and builds_per_shape()
-
-
-def builds_per_shape() -> bool:
-    """Whether the device in use builds kernels per input shape (MLX's GPU backends: Metal, CUDA)."""
-    return mx.default_device().type == mx.DeviceType.gpu
 
 
 def paddable(cache) -> bool:

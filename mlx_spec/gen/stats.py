@@ -3,8 +3,6 @@
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-import mlx.core as mx
-
 
 @dataclass
 class Stats:
@@ -81,16 +79,3 @@ class Stats:
         for i in range(n):
             self.proposed_by_position[i] += 1
             self.accepted_by_position[i] += i < a
-
-
-class Peak:
-    """The peak allocation above the start, without resetting the process-wide peak (the caller's)."""
-
-    def __init__(self):
-        self.base, self.peak0, self.seen = mx.get_active_memory(), mx.get_peak_memory(), 0
-
-    def gb(self) -> float:
-        self.seen = max(self.seen, mx.get_active_memory())
-        peak = mx.get_peak_memory()
-        top = peak if peak > self.peak0 else self.seen  # a new process-wide peak happened during the run
-        return max(0, top - self.base) / 1e9
