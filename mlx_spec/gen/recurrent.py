@@ -170,14 +170,14 @@ def _take(mask, rows: List[int], keep: int):
 
 def _replay(layer, x, mask, cache) -> None:
     """Run `layer`'s token mixer on `x` from the restored state: the cache ends at the state after `x`."""
+    run, inputs = layer, x  # an unknown block: the whole block, its output dropped
     for mixer_name, norm_name in MIXERS:
         mixer, norm = getattr(layer, mixer_name, None), getattr(layer, norm_name, None)
         if callable(mixer) and callable(norm):
-            names = _signature(type(mixer).__call__).parameters
-            mixer(norm(x), **({"mask": mask} if "mask" in names else {}), cache=cache)
-            return
-    names = _signature(type(layer).__call__).parameters  # an unknown block: the whole block, its output dropped
-    layer(x, **({"mask": mask} if "mask" in names else {}), cache=cache)
+            run, inputs = mixer, norm(x)
+            break
+    masked = "mask" in _signature(type(run).__call__).parameters
+    run(inputs, **({"mask": mask} if masked else {}), cache=cache)
 
 
 @functools.lru_cache(maxsize=None)

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Union
 
 from ..errors import ConvertError, GenerationError
+from ..make.importance import vocabulary_texts
 from . import tunables
 from .drafters.base import Drafter
 
@@ -74,8 +75,6 @@ _HEAD_IDS: Dict[tuple, List[int]] = {}
 
 def head_ids(tokenizer, real: int) -> List[int]:
     """A draft head's base vocabulary: the tokens of `make.importance.vocabulary_texts` and EOS, once per tokenizer."""
-    from ..make.importance import vocabulary_texts
-
     key = (getattr(tokenizer, "name_or_path", None) or id(tokenizer), real)
     if key not in _HEAD_IDS:
         ids = {t for text in vocabulary_texts() for t in tokenizer.encode(text)}

@@ -39,11 +39,9 @@ class Session:
         if held is None or held != len(self.tokens):  # an interrupted update we could not rewind
             self.reset()
         keep = min(common_prefix(self.tokens, ids), len(ids) - 1)
-        if keep < len(self.tokens):
-            if rewind(self.cache, keep):
-                self.tokens = self.tokens[:keep]
-            else:  # a sliding-window cache past its window, a recurrent layer's history that does not reach
-                self.reset()
+        if keep < len(self.tokens) and not rewind(self.cache, keep):
+            self.reset()  # a sliding-window cache past its window, a recurrent layer's history that does not reach
+        self.tokens = self.tokens[:keep]
 
     def prefill(self, prompt_ids: List[int], step: Optional[int] = None) -> Iterator[Tuple[bool, int]]:
         """Make the cache hold `prompt_ids` but its last token for a generation elsewhere (a server's engine), a chunk

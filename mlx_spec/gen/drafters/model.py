@@ -6,13 +6,14 @@ from typing import Iterable, List, Optional, Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache
 
+from ...device import builds_per_shape
 from ...errors import GenerationError
 from .. import recurrent, shapes
 from ..cache import new_cache
 from ..joint import Rows
 from ..sampling import sample
-from ..verify import common_prefix
 from ..tunables import HINDSIGHT_MAX, HINDSIGHT_MIN, PREFILL_STEP
+from ..verify import common_prefix
 from .base import Draft, Drafter, Drafting, Member
 from .head import SubsetHead
 
@@ -30,7 +31,6 @@ class ModelDrafter(Drafter):
         self.head = SubsetHead(self.model, head_ids or []) if SubsetHead.supports(self.model) else None
         self.subset = head_ids is not None and self.head is not None
         self.vocab_size, self.real_vocab = vocab_size, real_vocab
-        self.fed_total = 0  # every token fed through the model
         self.cache: Optional[list] = None  # its own cache (None while an engine's drafting holds it)
         self.fed: List[int] = []
         self.drafted: Optional[tuple] = None  # the last draft (lazy tokens, how many of them the cache holds)
@@ -67,8 +67,10 @@ class ModelDrafter(Drafter):
         finally:
             drafting.leave(self)
 
-    def align(self, logits: mx.array) -> mx.array:
-        """Pad or cut the draft's logits (..., V) to the target's width and mask padding ids."""
+    def full(self, h: mx.array) -> mx.array:
+        """The logits of states h (..., d with a split head, else logits already), cut or padded to the target's
+        width, padding ids masked."""
+        logits = self.head.full(h) if self.head is not None else h
         v = logits.shape[-1]
         if v > self.vocab_size:
             logits = logits[..., : self.vocab_size]
@@ -78,10 +80,6 @@ class ModelDrafter(Drafter):
         if self.real_vocab is not None and self.real_vocab < self.vocab_size:
             logits = mx.where(mx.arange(self.vocab_size) >= self.real_vocab, -mx.inf, logits)
         return logits
-
-    def full(self, h: mx.array) -> mx.array:
-        """The target-width logits of states h (..., d with a split head, else logits already)."""
-        return self.align(self.head.full(h) if self.head is not None else h)
 
     def greedy(self, h: mx.array) -> mx.array:
         """The greedy draft token at each row of h (lazy): over the vocabulary subset where there is one."""
@@ -166,7 +164,6 @@ class ModelDrafting(Drafting):
             if m is None:
                 continue
             o.fed.extend(f)
-            o.fed_total += len(f) + (k - 1 if r else 0)
             o.drafted = (tokens[i], k - 1) if r else None  # the draft's own array: read once, with the verify pass
             out[id(o)] = Draft(o.drafted[0], probs[i], part.name, len(f) - 1, seen.get(i), cold) if r else \
                 Draft([], source=part.name, behind=len(f))
@@ -190,7 +187,7 @@ class ModelDrafting(Drafting):
     def _pass(self, feeds: List[List[int]]):
         """One pass over every place, right-padded, the padding dropped: (its states (P, L, d or V), whether new)."""
         n = max(1, max(len(f) for f in feeds))
-        size = shapes.padded(n) if shapes.builds_per_shape() and self.rows.paddable() else n
+        size = shapes.padded(n) if builds_per_shape() and self.rows.paddable() else n
         x = mx.array([f + [f[-1] if f else 0] * (size - len(f)) for f in feeds], dtype=mx.uint32)  # (P, size)
         h = forward(self.part, x, self.rows.layers)
         self.rows.rewind([size - len(f) for f in feeds])

@@ -10,8 +10,6 @@ from ..tunables import NGRAM_TRUST_EMA as TRUST_EMA
 from ..tunables import NGRAM_TRUST_RECOVERY as TRUST_RECOVERY
 from .base import Draft, Drafter, extends
 
-Gram = Tuple[int, ...]
-
 
 class NGramDrafter(Drafter):
     """Drafts by chained most-frequent N-gram lookups over the context itself, one table for every level n in
@@ -37,8 +35,8 @@ class NGramDrafter(Drafter):
 
     def _rebuild(self, prompt: List[int]) -> None:
         """INITIALIZE (paper Sec 3.1): forget the tables and index the prompt tokens."""
-        self._counts: Dict[Gram, int] = {}
-        self._best: Dict[Gram, Tuple[int, int]] = {}
+        self._counts: Dict[Tuple[int, ...], int] = {}  # n-gram -> occurrences
+        self._best: Dict[Tuple[int, ...], Tuple[int, int]] = {}  # its first n-1 tokens -> (most frequent next, count)
         self._tokens: List[int] = []  # our own copy of what is indexed, so caller mutation can't desync us
         self._index(prompt)
 

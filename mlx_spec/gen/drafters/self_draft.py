@@ -8,7 +8,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ...errors import ConvertError, GenerationError, UnsupportedError
-from ...make.layers import INDEX_DEPENDENT, with_blocks
+from ...make.importance import block_similarity, most_important
+from ...make.layers import INDEX_DEPENDENT, keep_layer_indices, with_blocks
 from ...make.quant import quantized_copy
 from .. import recurrent
 from ..cache import rewind
@@ -94,7 +95,6 @@ class SelfDrafting(Drafting):
                     c.trim(k)
             else:
                 rewind(cache, held)
-        part.fed_total += k * len(members)
         if part.subset:
             part.head.add([m.context[-1] for m in members])
         mx.async_eval(tokens)
@@ -106,14 +106,10 @@ class ImportanceSelfDrafter(SelfDrafter):
     (`make.importance.block_similarity`, as in SWIFT and Draft & Verify), ranked again at every reset."""
 
     def __init__(self, model, keep: int, vocab_size: int, real_vocab: Optional[int] = None, head_ids=None):
-        from ...make.layers import keep_layer_indices
-
         self.target, self.keep = model, keep
         super().__init__(model, keep_layer_indices(len(model.model.layers), keep), vocab_size, real_vocab, head_ids)
 
     def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
-        from ...make.importance import block_similarity, most_important
-
         tail = list(prompt[-IMPORTANCE_TOKENS:])
         if len(tail) >= 2:
             self.layers = most_important(block_similarity(self.target, [tail]), self.keep)
