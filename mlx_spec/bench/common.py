@@ -179,6 +179,27 @@ def time_stream(make: Callable[[], Iterable[Tuple[int, bool]]], max_tokens: int,
     return Timing(tokens, flags, ttft, total, mx.get_peak_memory() / 1e9, before, finish)
 
 
+def warm(model, sizes: Optional[Iterable[int]] = None) -> None:
+    """Build `model`'s kernels for passes of each size (default: every size the engine pads to, as a verify, a
+    catch-up or a prompt's last chunk runs) on a scratch cache, so that no timing includes a build; where the device
+    does not build per shape, this does nothing."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from ..gen.shapes import first_time, padded
+    from ..gen.tunables import PREFILL_STEP
+
+    if not device.builds_per_shape():
+        return
+    sizes = sorted({padded(n) for n in range(1, PREFILL_STEP + 1)}) if sizes is None else sizes
+    cache = make_prompt_cache(model)
+    for size in sizes:
+        mx.eval(model(mx.zeros((1, size), dtype=mx.uint32), cache=cache))
+        for c in cache:
+            c.trim(size)
+        first_time(model, size)  # the engine does not take this shape's next pass for a build
+
+
 def ours_stream(prompt: List[int], model, drafter=None, stats=None, **kwargs) -> Iterator[Tuple[int, bool]]:
     """Our engine's (token, from_draft) stream."""
     from ..gen.generate import speculative_generate_step

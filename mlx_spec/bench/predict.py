@@ -12,7 +12,7 @@ against its measured speed-up with the same draft. Every other row is a predicti
 import time
 from typing import Callable, Dict, List
 
-from .common import median, params_gb
+from .common import median, params_gb, warm
 from .report import aligned_table
 
 K_MAX = 15  # the drafts the acceptance is measured at: every shorter K's acceptance is a prefix of it
@@ -39,7 +39,6 @@ def costs(model, sizes=(2, 3, 4, 6, 8, 12, 16)) -> dict:
     from mlx_lm.models.cache import make_prompt_cache
 
     from ..gen.generate import Stats, speculative_generate_step
-    from ..gen.shapes import warm
 
     warm(model, (1, CONTEXT, *sizes))
     prompt = list(range(1, CONTEXT + 1))

@@ -29,6 +29,7 @@ from .common import (
     params_gb,
     rounds_from_flags,
     time_stream,
+    warm,
 )
 from .prompts import WARMUP_PROMPT, build, chat_ids
 from .report import M3MAX_COLUMNS, _acceptance, aligned_table, improvement
@@ -123,7 +124,6 @@ class TableRun:
     def target(self, t) -> None:
         from ..gen.load import check_tokenizers
         from ..gen.planner import Planner
-        from ..gen.shapes import warm
         from ..named import draft_model, load_model, make_drafter, quantization
 
         s = self.suite
