@@ -40,8 +40,7 @@ def context_limit(model) -> Optional[int]:
 
 
 def prefill_cache(model, cache, tokens: List[int], room: Optional[int]) -> None:
-    """Feed `tokens` in chunks; where the device builds per shape, the last chunk runs at a padded size (dummy
-    positions trimmed at once) so a new prompt length is not a new shape. room: positions left in the context."""
+    """Feed `tokens` in chunks, the last padded to a size built before where that is possible (room: context left)."""
     pad, model = builds_per_shape() and shapes.paddable(cache), recurrent.recording(model)
     for i in range(0, len(tokens), PREFILL_STEP):
         chunk = tokens[i : i + PREFILL_STEP]

@@ -1,5 +1,4 @@
-"""A generation of one request: the prompt prefilled into the caller's cache, then an engine of one row run to its end,
-as mlx-lm's `generate_step` yields tokens."""
+"""A generation of one request: the prompt prefilled into the caller's cache, then an engine of one row."""
 
 from typing import Iterator, Optional, Sequence
 
@@ -25,13 +24,9 @@ def speculative_generate_step(prompt: Sequence[int], model, drafter=None, *, pro
                               num_draft: Optional[int] = None, adaptive: bool = True,
                               eos_token_ids: Sequence[int] = (), stats: Optional[Stats] = None,
                               accept: Optional[dict] = None) -> Iterator[Step]:
-    """Yield `Step(token, from_draft, finish_reason)` as the target alone would produce them (greedy: the same
-    tokens; sampling: the same law), the last with its finish reason: an engine of one row, run to its end.
-
-    prompt_cache: the caller's cache (as in mlx-lm's generate_step), holding a prefix of `prompt`; finished or closed,
-    it holds exactly the tokens so far but the last. planner and accept (the acceptance by source) may be kept by a
-    caller across generations; num_draft: the most tokens a round drafts.
-    """
+    """Yield `Step(token, from_draft, finish_reason)` as the target alone would (greedy: the same tokens; sampling:
+    the same law): an engine of one row. prompt_cache: the caller's (as in mlx-lm), holding a prefix of `prompt`;
+    finished or closed, it holds all tokens but the last. planner and accept may be kept across generations."""
     if num_draft is not None and num_draft <= 0:
         raise GenerationError(f"--num-draft must be >= 1, got {num_draft}")
     stats = stats if stats is not None else Stats()

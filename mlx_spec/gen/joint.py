@@ -1,5 +1,5 @@
-"""The cache of the rows generating together: a lone row's own cache as it is, several rows' in one joint cache (mlx-lm's
-`BatchKVCache` with masked gaps, so each row rewinds by its own count; recurrent layers as `RewindableRows`)."""
+"""The cache of the rows generating together: a lone row's own cache as it is, several rows' in one joint cache
+(mlx-lm's `BatchKVCache` with masked gaps, so each row rewinds by its own count; recurrent layers: `RewindableRows`)."""
 
 from typing import List, Optional, Sequence
 
@@ -107,8 +107,7 @@ def _merge(cache: Sequence) -> List:
 
 
 def _extract(joint: List, i: int, tokens: int) -> List:
-    """Row i's cache as a generation's own, holding its first `tokens` tokens (copied now: a pending copy would hold
-    the joint buffers, and the next pass, unable to write into them in place, would copy them whole)."""
+    """Row i's cache as a generation's own, its first `tokens` tokens, copied now (not holding the joint buffers)."""
     out = [c.extract(i) for c in joint]
     for c in out:
         n = c.offset - tokens
@@ -119,8 +118,7 @@ def _extract(joint: List, i: int, tokens: int) -> List:
 
 
 class Rows:
-    """The cache the model runs the rows over (`layers`) and which row is in each of its places (`owners`; None
-    where a row left and its place runs along)."""
+    """The cache the rows run over (`layers`) and the row in each of its places (`owners`; None: a row left)."""
 
     def __init__(self):
         self.layers: Optional[List] = None

@@ -35,10 +35,8 @@ def check_tokenizers(target_tok, draft_tok) -> int:
     if tv != dv:
         diff = [t for t in tv if dv.get(t) != tv[t]]
         example = f" (e.g. {diff[0]!r}: target id {tv[diff[0]]}, draft id {dv.get(diff[0])})" if diff else ""
-        raise GenerationError(
-            f"the draft's tokenizer differs from the target's: {len(diff) or abs(len(tv) - len(dv))} of "
-            f"{len(tv)} tokens differ{example}"
-        )
+        raise GenerationError(f"the draft's tokenizer differs from the target's: "
+                              f"{len(diff) or abs(len(tv) - len(dv))} of {len(tv)} tokens differ{example}")
     probe = "def f(x):\n    return x  # héllo 世界"
     if target_tok.encode(probe) != draft_tok.encode(probe):
         raise GenerationError("the draft's tokenizer splits text differently from the target's (same vocab, other "

@@ -1,6 +1,5 @@
-"""Rewinding recurrent layers (gated delta nets, Mamba, LFM2's short convolutions), which mlx-lm cannot trim: each call
-keeps the state it started from and its input, and a trim restores that state and replays the token mixer on the part
-kept. The engine runs a recording view of the model over wrappers of the caller's caches, both left as they are."""
+"""Rewinding recurrent layers (gated delta nets, Mamba, LFM2's convolutions), which mlx-lm cannot trim: a trim restores
+a recorded call's starting state and replays the token mixer on the part kept; the caller's model and caches stay."""
 
 import functools
 import inspect
@@ -27,8 +26,7 @@ def _through(name: str):
 
 
 class RewindableCache(ArraysCache):
-    """A recurrent layer's cache as the engine sees it: the state of an mlx-lm `ArraysCache` (`inner`), the tokens
-    it holds (`offset`) and the calls since the last `commit`, which `trim` rewinds through."""
+    """A recurrent layer's cache as the engine sees it: an mlx-lm `ArraysCache`'s state, its tokens, its calls."""
 
     cache, left_padding, lengths = _through("cache"), _through("left_padding"), _through("lengths")
 
@@ -232,9 +230,8 @@ def recording(model):
 
 
 def rewindable(cache: List) -> Optional[List]:
-    """The engine's view of a cache: the same list where every recurrent entry is rewindable already, else a new
-    list whose recurrent entries wrap the caller's (the caller's objects unchanged). None where a recurrent state
-    holds tokens of unknown count (made and used outside mlx-spec)."""
+    """The engine's view of a cache: the list itself, or a new one whose recurrent entries wrap the caller's; None
+    where a recurrent state holds tokens of unknown count (made and used outside mlx-spec)."""
     if all(not isinstance(c, ArraysCache) or isinstance(c, RewindableCache) for c in cache):
         return cache
     out = []

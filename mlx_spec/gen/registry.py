@@ -1,5 +1,4 @@
-"""Drafter specs: parse `ngram[:N]`, `suffix[:shared]`, `self[:LAYERS]`, `quant-self[:FORMAT]`, `hybrid[:D]` or a
-model once into a DrafterSpec, build the drafter from it, and each kind's default K."""
+"""Drafter specs: parse one once into a DrafterSpec, build the drafter from it, and each kind's default K."""
 
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Union

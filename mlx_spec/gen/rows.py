@@ -44,8 +44,7 @@ class Row:
 
     @classmethod
     def start(cls, model, prompt: Sequence[int], max_tokens: int, **fields) -> "Row":
-        """A row generating after `prompt` on `model`: at most `max_tokens`, or the room left in the model's context
-        (then "context" is its finish at the end); a prompt that is empty or fills the context is refused."""
+        """A row after `prompt`: at most `max_tokens` or the context's room; an empty or too long prompt is refused."""
         if max_tokens < 0:
             raise GenerationError(f"--max-tokens must be >= 0, got {max_tokens}")
         if not prompt:

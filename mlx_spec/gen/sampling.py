@@ -49,9 +49,8 @@ def sample(probs: mx.array) -> mx.array:
 
 @dataclass(frozen=True)
 class Sampler:
-    """A row's sampling rule: greedy (temp 0), speculative sampling, or with a seed the Gumbel-max rule: the token at
-    position t is argmax(log q_t + g_t), g_t drawn from a key of (seed, t) alone, an exact sample of q_t whatever was
-    drafted or ran beside; a draft is accepted where it equals that token."""
+    """A row's sampling rule: greedy (temp 0), speculative sampling, or with a seed the Gumbel-max rule: the token at t
+    is argmax(log q_t + g_t), g_t keyed by (seed, t) alone; a draft is accepted where it equals that token."""
 
     temp: float = 0.0
     top_p: float = 0.0

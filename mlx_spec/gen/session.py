@@ -44,9 +44,8 @@ class Session:
         self.tokens = self.tokens[:keep]
 
     def prefill(self, prompt_ids: List[int], step: Optional[int] = None) -> Iterator[Tuple[bool, int]]:
-        """Make the cache hold `prompt_ids` but its last token for a generation elsewhere (a server's engine), a chunk
-        of at most `step` tokens (default: all) an iteration, each yielding (done, tokens cached before); closed
-        early, it leaves an empty conversation. Give the cache back with `restore`."""
+        """Make the cache hold `prompt_ids` but its last for a generation elsewhere (given back with `restore`), `step`
+        tokens (default: all) an iteration, each yielding (done, tokens cached before); closed early, it forgets all."""
         ids = list(prompt_ids)
         self._reuse(ids)
         cached = len(self.tokens)

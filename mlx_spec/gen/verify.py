@@ -26,9 +26,8 @@ def _residual(q: mx.array, p: mx.array) -> mx.array:
 
 
 def sampling_targets(q: mx.array, draft: mx.array, p: Optional[mx.array]) -> Tuple[mx.array, mx.array]:
-    """Speculative sampling, built lazily: (accept (n,), candidates (n+1,)) for target q (n+1, V), draft (n,) and
-    the draft's p (n, V), None for a deterministic (one-hot) draft.
-
+    """Speculative sampling, built lazily: (accept (n,), candidates (n+1,)) for target q (n+1, V), draft (n,) and its
+    p (n, V), None for a deterministic (one-hot) draft.
     Accept draft token x with probability min(1, q(x) / p(x)).
     On the first rejection, resample from normalize(max(q - p, 0)).
     If all n are accepted, sample a bonus token from q at position n.

@@ -1,5 +1,4 @@
-"""The one interface every drafter implements: propose for a list of rows, learn what was accepted, say how far
-behind it is; and what a drafter declares it can do."""
+"""The one interface every drafter implements (propose, learn, say how far behind), and what it declares."""
 
 from dataclasses import dataclass
 from typing import List, NamedTuple, Optional, Sequence, Tuple
@@ -55,8 +54,7 @@ class Drafting:
 
 
 class Drafter:
-    """Proposes tokens continuing `context` (the prompt and the output so far, ending with the token the target has
-    not consumed), keeping its own state up to date from it; learns how many of its tokens the target accepted."""
+    """Proposes tokens continuing `context` (prompt + output so far), keeping its state from it; learns verdicts."""
 
     name = "drafter"
     free = False  # proposing is a table lookup: the engine asks every round and judges the draft against the output

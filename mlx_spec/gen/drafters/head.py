@@ -1,5 +1,4 @@
-"""A draft head over a vocabulary subset: a greedy draft step scores a few thousand rows of the output layer, not all
-(lossless: the target verifies every token). mlx-lm has no partial output head."""
+"""A draft head over a vocabulary subset: a greedy draft step scores a few thousand rows of the output layer."""
 
 from typing import Iterable, List, Optional, Sequence
 
@@ -19,19 +18,16 @@ def _head(model):
 
 def _rows(layer, h: mx.array, ids: Optional[mx.array]) -> mx.array:
     """h @ W[ids].T for a (quantized) linear or embedding layer; every row when ids is None."""
+    pick = (lambda a: a[ids]) if ids is not None else (lambda a: a)
     if isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
-        pick = (lambda a: a[ids]) if ids is not None else (lambda a: a)
         biases = layer.get("biases")
         out = mx.quantized_matmul(h, pick(layer.weight), pick(layer.scales),
                                   pick(biases) if biases is not None else None, transpose=True,
                                   group_size=layer.group_size, bits=layer.bits, mode=getattr(layer, "mode", "affine"))
     else:
-        w = layer.weight if ids is None else layer.weight[ids]
-        out = h @ w.T
+        out = h @ pick(layer.weight).T
     bias = layer.get("bias") if isinstance(layer, nn.Linear) else None
-    if bias is not None:
-        out = out + (bias if ids is None else bias[ids])
-    return out
+    return out + pick(bias) if bias is not None else out
 
 
 class SubsetHead:

@@ -6,8 +6,7 @@ from .base import Draft, Drafter
 
 
 class HybridDrafter(Drafter):
-    """Free parts (a suffix automaton, an n-gram table) the engine asks in order, and a costly part (a draft model,
-    self, quant-self) its planner weighs against their draft each round by measured acceptance and cost."""
+    """Free parts (suffix, n-gram) the engine asks in order and a costly one its planner weighs against them."""
 
     name = "hybrid"
 

@@ -1,5 +1,4 @@
-"""A separate small model drafts with its own KV cache (e.g. the 0.5B for the 1.5B), for every row of an engine in
-one pass per draft position, lazily: the engine reads the drafts with its verify pass."""
+"""A separate small model drafts with its own KV cache, for every row of an engine in one pass a position."""
 
 from typing import Iterable, List, Optional, Sequence
 
@@ -195,9 +194,8 @@ class ModelDrafting(Drafting):
 
 
 def _catch_up(o: Optional[ModelDrafter], m: Optional[Member], chunk: Optional[int]):
-    """A place's (tokens to feed, positions to drop, whether it drafts, output tokens to judge in hindsight): an asked
-    place drops what its cache does not share with its context and is fed the rest, a chunk a round where others wait;
-    a greedy catch-up of HINDSIGHT_MIN or more output tokens (but its first) is judged."""
+    """A place's (tokens to feed, positions to drop, whether it drafts, output tokens to judge in hindsight): the rest
+    of its context, a chunk a round where others wait; a greedy catch-up over HINDSIGHT_MIN outputs is judged."""
     if m is None:
         return [], 0, False, 0
     keep = min(common_prefix(o.fed, m.context), len(m.context) - 1)
@@ -216,9 +214,8 @@ def forward(part: ModelDrafter, x: mx.array, cache: list) -> mx.array:
 
 
 def draft_steps(part: ModelDrafter, state: mx.array, members: List[Optional[Member]], k: int, cache: list):
-    """k draft tokens for every place from its state (P, d or V), each fed back through `cache` but the last:
-    greedy, seeded or sampled by its member's rule (a place with none: greedy). Returns (tokens (P, k), each place's
-    distributions (k, V) or None)."""
+    """(tokens (P, k), each place's distributions (k, V) or None): k drafts from each place's state (P, d or V) by its
+    member's rule (none: greedy), each but the last fed back through `cache`."""
     sampled = any(m is not None and m.sampler is not None and m.sampler.temp for m in members)
     tokens, dists = [], []
     for j in range(k):

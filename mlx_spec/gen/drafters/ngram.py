@@ -19,8 +19,7 @@ class NGramDrafter(Drafter):
     free = True  # dictionary lookups: microseconds against a forward pass
 
     def __init__(self, n: int = DEFAULT_N, min_n: int = DEFAULT_MIN_N, min_trust: float = DEFAULT_MIN_TRUST):
-        """n: longest n-gram (key = last n-1 tokens); min_n: shortest level; min_trust: stop drafting at a token
-        whose match level is accepted less often than this (0 disables it and gives the paper's drafter exactly)."""
+        """n: longest n-gram; min_n: shortest; min_trust: a level accepted less often stops a draft (0: the paper's)."""
         if n < 2:
             raise GenerationError(f"ngram: n must be >= 2, got {n}")
         if not 2 <= min_n <= n:

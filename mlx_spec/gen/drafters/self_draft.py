@@ -26,8 +26,7 @@ def layer_view(model, layers: Sequence[int]):
 
 
 class SelfDrafter(ModelDrafter):
-    """Drafts with a subset of the target's own layers in the target's cache, their entries trimmed after drafting so
-    the verify pass writes the target's own there (QSpec's KV overwrite, §3.1)."""
+    """Drafts with a subset of the target's layers in its cache, the entries trimmed after (QSpec's KV overwrite)."""
 
     name = "self"
     in_target_cache = True
@@ -102,8 +101,7 @@ class SelfDrafting(Drafting):
 
 
 class ImportanceSelfDrafter(SelfDrafter):
-    """Self drafting with the `keep` blocks that change their input most on the last IMPORTANCE_TOKENS prompt tokens
-    (`make.importance.block_similarity`, as in SWIFT and Draft & Verify), ranked again at every reset."""
+    """Self drafting with the `keep` blocks that change their input most on the prompt's tail, ranked at each reset."""
 
     def __init__(self, model, keep: int, vocab_size: int, real_vocab: Optional[int] = None, head_ids=None):
         self.target, self.keep = model, keep

@@ -1,5 +1,4 @@
-"""Suffix drafting as in SuffixDecoding (arXiv 2411.04975): a suffix automaton over the context, and optionally over
-earlier outputs (`SuffixMemory`), drafts the most frequent continuation of the longest earlier match."""
+"""Suffix drafting as in SuffixDecoding (arXiv 2411.04975), over the context and optionally earlier outputs."""
 
 import threading
 from typing import Dict, List, Optional, Tuple
@@ -100,14 +99,12 @@ class SuffixMemory:
         if not output:
             return
         with self._lock:
-            text = self.index.tokens
-            if len(text) + len(output) + 1 > self.max_tokens:  # keep the newer half (whole outputs)
+            text, keep = self.index.tokens, []
+            if len(text) + len(output) + 1 > self.max_tokens:  # start over from the newer half (whole outputs)
                 keep = text[len(text) // 2:]
                 keep = keep[keep.index(SEPARATOR) + 1:] if SEPARATOR in keep else []
                 self.index = SuffixIndex()
-                for t in keep:
-                    self.index.extend(t)
-            for t in list(output[-self.max_tokens // 2:]) + [SEPARATOR]:
+            for t in keep + list(output[-self.max_tokens // 2:]) + [SEPARATOR]:
                 self.index.extend(t)
 
     def draft(self, context: List[int], k: int) -> Tuple[int, List[int]]:
