@@ -3,7 +3,7 @@
 from typing import List, Optional
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import KVCache, make_prompt_cache, trim_prompt_cache
 
 from ..device import builds_per_shape
 from . import recurrent, shapes
@@ -17,8 +17,7 @@ def cache_tokens(cache: List) -> Optional[int]:
 
 
 def rewind(cache: List, n_tokens: int) -> bool:
-    """Trim every layer back to `n_tokens` tokens (they may differ after an interrupted pass); False where a layer
-    cannot go back that far (a sliding window, a recurrent history too short): the cache must then be rebuilt."""
+    """Trim every layer back to `n_tokens` tokens; False where one cannot go that far (rebuild the cache then)."""
     ok = True
     for c in cache:
         extra = getattr(c, "offset", 0) - n_tokens
@@ -41,7 +40,8 @@ def context_limit(model) -> Optional[int]:
 
 def prefill_cache(model, cache, tokens: List[int], room: Optional[int]) -> None:
     """Feed `tokens` in chunks, the last padded to a size built before where that is possible (room: context left)."""
-    pad, model = builds_per_shape() and shapes.paddable(cache), recurrent.recording(model)
+    pad = builds_per_shape() and all(type(c) is KVCache for c in cache)  # dummies trimmed at once: attention only
+    model = recurrent.recording(model)
     for i in range(0, len(tokens), PREFILL_STEP):
         chunk = tokens[i : i + PREFILL_STEP]
         size = shapes.padded(len(chunk)) if pad else len(chunk)

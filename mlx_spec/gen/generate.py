@@ -24,9 +24,8 @@ def speculative_generate_step(prompt: Sequence[int], model, drafter=None, *, pro
                               num_draft: Optional[int] = None, adaptive: bool = True,
                               eos_token_ids: Sequence[int] = (), stats: Optional[Stats] = None,
                               accept: Optional[dict] = None) -> Iterator[Step]:
-    """Yield `Step(token, from_draft, finish_reason)` as the target alone would (greedy: the same tokens; sampling:
-    the same law): an engine of one row. prompt_cache: the caller's (as in mlx-lm), holding a prefix of `prompt`;
-    finished or closed, it holds all tokens but the last. planner and accept may be kept across generations."""
+    """Yield `Step(token, from_draft, finish_reason)` as the target alone would (greedy: the same tokens; sampling: the
+    same law). prompt_cache: the caller's, with a prefix of `prompt`; finished or closed, all tokens but the last."""
     if num_draft is not None and num_draft <= 0:
         raise GenerationError(f"--num-draft must be >= 1, got {num_draft}")
     stats = stats if stats is not None else Stats()

@@ -1,5 +1,4 @@
-"""The cache of the rows generating together: a lone row's own cache as it is, several rows' in one joint cache
-(mlx-lm's `BatchKVCache` with masked gaps, so each row rewinds by its own count; recurrent layers: `RewindableRows`)."""
+"""The rows' cache: a lone row's own, or one joint `BatchKVCache` with gaps, so each row rewinds by its own count."""
 
 from typing import List, Optional, Sequence
 
@@ -140,8 +139,7 @@ class Rows:
         return max([c.size() for c in self.layers if isinstance(c, (KVCache, BatchKVCache))], default=1)
 
     def add(self, owner, cache: List) -> None:
-        """A row whose `cache` holds its context minus the last token: alone, its cache is used as it is; beside
-        others, copied into the place of a row that left where it fits, else into a new place."""
+        """A row whose `cache` holds its context but the last: alone as it is, else copied into a free or new place."""
         if not self.owners:
             self.layers, self.owners = cache, [owner]
             return

@@ -198,12 +198,9 @@ class Recorder(nn.Module):
         return self.block(x, *args, **kwargs)
 
     def __getattr__(self, name):
-        try:
+        if name == "block" or name in self:  # an mlx Module keeps its children in itself, a dict
             return super().__getattr__(name)
-        except AttributeError:
-            if name == "block":
-                raise
-            return getattr(self["block"], name)  # what the model reads of its blocks (e.g. `is_linear`)
+        return getattr(self["block"], name)  # what the model reads of its blocks (e.g. `is_linear`)
 
 
 _VIEWS: Dict[int, object] = {}
@@ -230,8 +227,7 @@ def recording(model):
 
 
 def rewindable(cache: List) -> Optional[List]:
-    """The engine's view of a cache: the list itself, or a new one whose recurrent entries wrap the caller's; None
-    where a recurrent state holds tokens of unknown count (made and used outside mlx-spec)."""
+    """The engine's view of a cache, recurrent entries wrapped to rewind; None where a state's length is unknown."""
     if all(not isinstance(c, ArraysCache) or isinstance(c, RewindableCache) for c in cache):
         return cache
     out = []

@@ -84,8 +84,7 @@ def head_ids(tokenizer, real: int) -> List[int]:
 
 def build(spec: Spec, target, tokenizer, *, load: Optional[Callable[[str], tuple]] = None,
           subset_head: bool = True) -> Optional[Drafter]:
-    """The drafter for `spec` over `target`, or None for plain decoding. load: a draft model spec to (model,
-    tokenizer), default a folder's; subset_head: greedy draft steps score a vocabulary subset (`drafters.head`)."""
+    """The drafter for `spec` over `target` (None: plain decoding); load: a draft model spec -> (model, tokenizer)."""
     from ..make.layers import parse_layers
     from .drafters import suffix as _suffix
     from .drafters.hybrid import HybridDrafter

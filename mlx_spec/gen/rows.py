@@ -71,8 +71,7 @@ class Row:
         self.pace += (tokens - self.pace) / self.paced
 
     def deliver(self, tokens: List[int], drafted: int) -> List[Step]:
-        """The round's new tokens (the first `drafted` from its draft), each with the finish reason where it ends:
-        "stop" (an EOS, delivered), or at the budget "length" or "context". The one place a generation ends."""
+        """The round's tokens (the first `drafted` drafted) as Steps, the last with its finish: where a row ends."""
         steps, now = [], time.perf_counter()
         if self.first_at is None:
             self.first_at, self.stats.prompt_time = now, now - self.started

@@ -11,14 +11,12 @@ from .verify import common_prefix
 
 
 class Session:
-    """Generates turn after turn over one growing conversation: each turn takes the whole conversation's ids, keeps
-    what the caches share with it and prefills only the rest; a turn closed early leaves all consistent."""
+    """Turn after turn over one growing conversation, each prefilling only what the caches do not hold yet."""
 
     def __init__(self, model, tokenizer, drafter: Optional[Drafter] = None, *,
                  num_draft: Optional[int] = None, adaptive: bool = True):
         self.model, self.tokenizer = model, tokenizer
-        self.cache = new_cache(model)
-        self.tokens: List[int] = []  # what the target cache holds, token by token
+        self.reset()
         self.planner = Planner(adaptive)
         self.accept: dict = {}  # the conversation's acceptance of each draft source, kept across turns
         self.set_drafter(drafter, num_draft)
@@ -30,8 +28,7 @@ class Session:
 
     def reset(self) -> None:
         """Forget the conversation (the drafter's own state is rebuilt on its next reset)."""
-        self.cache = new_cache(self.model)
-        self.tokens = []
+        self.cache, self.tokens = new_cache(self.model), []  # tokens: what the target cache holds, token by token
 
     def _reuse(self, ids: List[int]) -> None:
         """Trim the target cache to the longest prefix it shares with `ids` (keeping >= 1 token to feed)."""

@@ -3,8 +3,6 @@
 import weakref
 from typing import Dict, Set
 
-from mlx_lm.models.cache import KVCache
-
 from ..device import builds_per_shape
 from .tunables import PREFILL_STEP, SIZES
 
@@ -19,11 +17,6 @@ def first_time(model, size) -> bool:
     new = size not in seen
     seen.add(size)
     return new and builds_per_shape()
-
-
-def paddable(cache) -> bool:
-    """Whether dummy positions can be written to `cache` and trimmed at once: plain attention caches only."""
-    return all(type(c) is KVCache for c in cache)
 
 
 def padded(n: int) -> int:

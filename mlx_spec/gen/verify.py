@@ -1,5 +1,4 @@
-"""Verification: which draft tokens the target accepts, and the token it adds after them. Each rule builds its draws
-lazily on the device (the engine reads a whole round in one synchronisation), then reads them on the host."""
+"""Verification: which draft tokens the target accepts and the token it adds, built lazily, then read on the host."""
 
 from typing import Optional, Sequence, Tuple
 

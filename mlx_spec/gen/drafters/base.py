@@ -45,8 +45,7 @@ class Drafting:
         return True
 
     def propose(self, members: Sequence[Member], k: int, target=None, chunk: Optional[int] = None) -> List[Draft]:
-        """At most k tokens for each member. target: the engine's `joint.Rows` (the rows' target cache); chunk: the
-        most catch-up tokens a member is fed this round where other rows wait for it (None: all)."""
+        """At most k tokens a member; target: the engine's `joint.Rows`; chunk: the most catch-up a member is fed."""
         return [m.part.propose(m.context, k, m.sampler) for m in members]
 
     def leave(self, part: "Drafter") -> None:

@@ -11,8 +11,7 @@ from ..tunables import HEAD_IDS_STEP as IDS_STEP
 def _head(model):
     """The module that maps hidden states to logits, or None if the model is not laid out as expected."""
     if getattr(getattr(model, "args", None), "tie_word_embeddings", False) or not hasattr(model, "lm_head"):
-        inner = getattr(model, "model", None)
-        return getattr(inner, "embed_tokens", None)
+        return getattr(getattr(model, "model", None), "embed_tokens", None)
     return model.lm_head
 
 

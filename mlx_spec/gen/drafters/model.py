@@ -18,8 +18,7 @@ from .head import SubsetHead
 
 
 class ModelDrafter(Drafter):
-    """Greedy or sampled drafts from a small model whose cache holds `fed` (and the last draft's tokens until
-    `settle`), the prompt fed when the planner first drafts with it: a draft model that does not pay costs nothing."""
+    """Drafts from a small model whose cache holds `fed`, the prompt fed when it first drafts, not before."""
 
     name = "model"
 
@@ -67,8 +66,7 @@ class ModelDrafter(Drafter):
             drafting.leave(self)
 
     def full(self, h: mx.array) -> mx.array:
-        """The logits of states h (..., d with a split head, else logits already), cut or padded to the target's
-        width, padding ids masked."""
+        """Target-width logits of states h (hidden with a split head, else logits already), padding ids masked."""
         logits = self.head.full(h) if self.head is not None else h
         v = logits.shape[-1]
         if v > self.vocab_size:
@@ -82,14 +80,11 @@ class ModelDrafter(Drafter):
 
     def greedy(self, h: mx.array) -> mx.array:
         """The greedy draft token at each row of h (lazy): over the vocabulary subset where there is one."""
-        if self.subset:
-            return self.head.ids()[mx.argmax(self.head.subset(h), axis=-1)]
-        return mx.argmax(self.full(h), axis=-1)
+        return self.head.ids()[mx.argmax(self.head.subset(h), -1)] if self.subset else mx.argmax(self.full(h), -1)
 
 
 class ModelDrafting(Drafting):
-    """The rows drafting with one draft model over their caches as one (`joint.Rows`): a round feeds each place the
-    context it lacks, then k - 1 drafts one position a pass; a place not asked runs along and keeps none of it."""
+    """The rows drafting with one draft model over their caches as one (`joint.Rows`): catch-up, then k - 1 passes."""
 
     def __init__(self, part: ModelDrafter):
         self.model, self.part = part.model, part
@@ -114,8 +109,6 @@ class ModelDrafting(Drafting):
     def propose(self, members: Sequence[Member], k: int, target=None, chunk: Optional[int] = None) -> List[Draft]:
         if k <= 0:
             return [Draft([], source=self.part.name) for _ in members]
-        for m in members:
-            self._join(m.part)
         try:
             return self._draft(members, k, chunk)
         except BaseException:  # interrupted mid-pass: every drafter gets its cache back as far as it can be rewound
@@ -129,6 +122,8 @@ class ModelDrafting(Drafting):
             raise
 
     def _draft(self, members: Sequence[Member], k: int, chunk: Optional[int]) -> List[Draft]:
+        for m in members:
+            self._join(m.part)
         for o in self.rows.owners:
             if o is not None:
                 o.settle()
@@ -145,8 +140,6 @@ class ModelDrafting(Drafting):
                 for o in [o for o in places if o is not None]:
                     o.cache, o.fed, o.drafted = None, [], None
                 self.rows = Rows()
-                for m in members:
-                    self._join(m.part)
                 return self._draft(members, k, chunk)
         self.rows.start_round()
         outs, state, cold = self._feed(feeds, [j + 1 if r else 0 for j, r in zip(judge, ready)])
@@ -170,8 +163,7 @@ class ModelDrafting(Drafting):
         return [out[id(m.part)] for m in members]
 
     def _feed(self, feeds: List[List[int]], need: List[int]):
-        """Feed each place its tokens (a lone place's long feed in chunks): (per place the states of its last need[i]
-        positions, every place's last state (P, d or V), whether a shape ran for the first time)."""
+        """Feed each place its tokens: (per place its last need[i] states, each place's last state, whether new)."""
         width = max(1, max(len(f) for f in feeds))
         tail = width if len(feeds) > 1 else (min(width, PREFILL_STEP) if self.part.head is not None else max(need))
         cold = False

@@ -1,5 +1,4 @@
-"""The target drafts for itself in its own cache: through a subset of its layers (no extra weights), or through a
-weight-quantized copy of all of them (QSpec's drafting half, qspec-complementary-quantization)."""
+"""The target drafts for itself in its own cache: through a subset of its layers, or a quantized copy (QSpec)."""
 
 import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -31,8 +30,7 @@ class SelfDrafter(ModelDrafter):
     name = "self"
     in_target_cache = True
 
-    def __init__(self, model, layers: Sequence[int], vocab_size: int, real_vocab: Optional[int] = None,
-                 head_ids=None):
+    def __init__(self, model, layers: Sequence[int], vocab_size: int, real_vocab: Optional[int] = None, head_ids=None):
         model_type = getattr(getattr(model, "args", None), "model_type", "")
         if not hasattr(model, "model") or not hasattr(model.model, "layers"):
             raise UnsupportedError(f"{self.name} drafting needs an mlx-lm model with model.model.layers")
@@ -120,8 +118,7 @@ _COPIES: Dict[Tuple[int, str], Tuple[weakref.ref, object]] = {}  # (id(target), 
 
 
 def shared_copy(model, fmt: str):
-    """`model` quantized to `fmt`, made once per live target and format: every quant-self drafter of a target drafts
-    with the same weights (one copy's memory, and a batch's rows draft together)."""
+    """`model` quantized to `fmt`, made once per live target and format: its quant-self drafters share the weights."""
     key = (id(model), fmt)
     hit = _COPIES.get(key)
     if hit is None or hit[0]() is not model:
