@@ -89,7 +89,7 @@ class PlainThenModel(Planner):
         super().__init__()
         self.wait, self.rounds, self.seen = wait, 0, []
 
-    def plan(self, asks, places=None, pad=False):
+    def plan(self, asks, places=None, pad=False, queued=False):
         self.rounds += 1
         k = min(2, asks[0].cap)
         return PLAIN if self.rounds <= self.wait or not k else Plan(k, ("model",), k + 1)
