@@ -250,3 +250,35 @@ def test_the_planner_runs_the_draft_model_only_where_its_passes_pay():
     measured(lookups, lambda b, t: 0.010, places=(1, 4), sizes=(1, 2, 3, 9))
     plan = lookups.plan(asks(0.8, [3] * 4), 4)  # no row has a draft model: the lookups draft
     assert plan.k and "model" not in plan.sources
+
+
+def test_an_interrupt_inside_a_views_drafting_beside_other_rows_keeps_every_rows_cache(target):
+    """Ctrl-C lands in the second draft pass of a view of the target drafting for two rows: only the entries its
+    passes wrote are dropped, so the rows continue to their solo greedy runs."""
+    e, outs, rows = fixed(target), {}, []
+    plan = [(REPEATING, 12), ([2, 2, 1, 0, 2, 2, 1], 12)]
+    for p, m in plan:
+        r, cache = row(target, p, SelfDrafter(target, [0, 1], V), m, k=3)
+        e.add(r, cache)
+        rows.append(r)
+    run(e, outs, rounds=1)
+    layer, calls = target.model.layers[1], {"n": 0}
+    original = type(layer).__call__
+
+    class Boom(type(layer)):
+        def __call__(self, *a, **kw):
+            calls["n"] += 1
+            if calls["n"] == 3:  # the view's pass from the last token, its first draft pass, then this one
+                raise KeyboardInterrupt
+            return original(self, *a, **kw)
+
+    layer.__class__ = Boom
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            e.round()
+    finally:
+        layer.__class__ = type(layer).__mro__[1]
+    assert calls["n"] == 3
+    run(e, outs)
+    for r, (p, m) in zip(rows, plan):
+        assert outs[id(r)] == plain_greedy(target, p, m)

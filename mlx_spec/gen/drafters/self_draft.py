@@ -82,14 +82,14 @@ class SelfDrafting(Drafting):
             return [Draft([], source=part.name) for _ in members]
         at = {m.place: m for m in members}
         last = mx.array([[at[i].context[-1] if i in at else 0] for i in range(len(target.owners))], dtype=mx.uint32)
-        held = cache[0].offset
+        held, sizes = cache[0].offset, [c.size() for c in cache]
         try:
             state = forward(part, last, cache)[:, -1]
             tokens, probs = draft_steps(part, state, [at.get(i) for i in range(len(target.owners))], k, cache)
-        finally:  # drop the draft's entries, even if interrupted: the verify pass writes these positions
+        finally:  # drop the draft's entries, as many as were written even if interrupted: the verify pass writes them
             if target.joint:
-                for c in cache:
-                    c.trim(k)
+                for c, n in zip(cache, sizes):
+                    c.trim(c.size() - n)
             else:
                 rewind(cache, held)
         if part.subset:
