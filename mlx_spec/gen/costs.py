@@ -8,12 +8,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Deque, Dict, List, Optional, Tuple
 
-from .tunables import EMA, MARGIN, SIZES, TIMINGS
+from .tunables import CATCH_UP_RATIO, EMA, MARGIN, SIZES, TIMINGS
 
 
 class _Fit:
-    """seconds = d n + c b by decayed least squares (a weak prior puts a catch-up token at an eighth of a drafted
-    position, so one round with a long catch-up splits; later rounds outweigh it)."""
+    """seconds = d n + c b by decayed least squares (a weak prior, d = CATCH_UP_RATIO c, splits one round with a
+    long catch-up; later rounds outweigh it)."""
 
     def __init__(self):
         self.f, self.d, self.c = [0.0] * 5, 0.0, 0.0
@@ -22,8 +22,8 @@ class _Fit:
         f = self.f
         for i, v in enumerate((n * n, n * b, b * b, n * seconds, b * seconds)):
             f[i] = (1 - EMA) * f[i] + v
-        ridge = 1e-3 * (f[0] + f[2])  # the prior: d - 8 c = 0
-        a11, a12, a22 = f[0] + ridge, f[1] - 8 * ridge, f[2] + 64 * ridge
+        ridge, r = 1e-3 * (f[0] + f[2]), CATCH_UP_RATIO  # the prior: d - r c = 0
+        a11, a12, a22 = f[0] + ridge, f[1] - r * ridge, f[2] + r * r * ridge
         det = a11 * a22 - a12 * a12
         d, c = (f[3] * a22 - f[4] * a12) / det, (f[4] * a11 - f[3] * a12) / det
         if c < 0:

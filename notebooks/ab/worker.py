@@ -13,7 +13,7 @@ eos = list(tok.eos_token_ids)
 print(json.dumps({"ready": mlx_spec.__file__}), flush=True)
 for line in sys.stdin:
     req = json.loads(line)
-    spec = req["draft"]
+    spec = "none" if req["draft"] == "control" else req["draft"]  # control: plain decoding again, the noise floor
     m = named.registry.parse(spec).model if spec != "none" else None
     if m and m not in loaded:
         loaded[m] = named.load_model(m)[:2]
