@@ -11,7 +11,8 @@ from .stats import Stats
 
 @dataclass
 class Event:
-    """One generated token, the text it completed and the generation's running `Stats`."""
+    """One generated token, the text it completed and the generation's running `Stats` (not mlx-lm's
+    `GenerationResponse`, which has no room for the stats the faces read from each event)."""
 
     token: int
     text: str  # the text this token completed (may be "" mid-character)

@@ -1,4 +1,5 @@
-"""A draft head over a vocabulary subset: a greedy draft step scores a few thousand rows of the output layer."""
+"""A draft head over a vocabulary subset: a greedy draft step scores a few thousand rows of the output layer
+(written here: mlx-lm has no partial output head)."""
 
 from typing import Iterable, List, Optional, Sequence
 

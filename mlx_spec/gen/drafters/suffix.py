@@ -1,4 +1,5 @@
-"""Suffix drafting as in SuffixDecoding (arXiv 2411.04975), over the context and optionally earlier outputs."""
+"""Suffix drafting as in SuffixDecoding (arXiv 2411.04975), over the context and optionally earlier outputs (written
+here: no maintained Python library builds a suffix automaton online with counts over integer tokens)."""
 
 import threading
 from typing import Dict, List, Optional, Tuple
