@@ -92,6 +92,21 @@ def test_eight_concurrent_clients_each_get_their_lone_output(served_pair, always
         assert ask(srv.url, PROMPTS[0], stream=True) == alone[0]  # still healthy afterwards
 
 
+def test_a_second_wave_of_concurrent_clients_shares_rounds_as_the_first_did(served_pair):
+    """The planner's measured costs decide whether requests batch: once it has timed passes, a request that finds
+    the batch empty still opens it, and those arriving beside it join (no fixture forcing the batch)."""
+    with Running(build_app(served_pair, max_concurrency=4, max_tokens=24)) as srv:
+        for wave in range(2):
+            threads = [threading.Thread(target=ask, args=(srv.url, PROMPTS[i], False)) for i in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(90)
+            h = wait_for(srv, lambda h: h["active"] == 0)
+            assert h["completed"] == 4 * (wave + 1) and h["failed"] == 0
+            assert sum(q["batched"] > 0 for q in h["requests"][-4:]) >= 2, wave  # they shared rounds
+
+
 def test_a_seeded_request_gives_the_same_tokens_alone_and_beside_three_others(served_pair, always_batch):
     """Sampling with a seed: the reply is fixed by the seed, whatever runs beside it; without one, a fresh draw."""
     def seeded(url, i, seed):

@@ -145,6 +145,7 @@ class Costs:
         self.copies = (self.copies + [seconds / max(1, positions)])[-TIMINGS:]
 
     def pays(self, rows: int) -> bool:
-        """Whether one pass over `rows` rows costs MARGIN less than as many passes over one (True until timed)."""
+        """Whether one pass over `rows` rows costs MARGIN less than as many passes over one (True until timed; one row
+        alone: True)."""
         batched, alone = self.cost(rows, 1), self.cost(1, 1)
-        return batched is None or alone is None or batched < (1 - MARGIN) * rows * alone
+        return rows <= 1 or batched is None or alone is None or batched < (1 - MARGIN) * rows * alone

@@ -4,7 +4,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--target"); ap.add_argument("--rows"); ap.add_argument("--humaneval", type=int, default=0)
 ap.add_argument("--edit", type=int, default=0); ap.add_argument("--prose", type=int, default=0)
 ap.add_argument("--max-tokens", type=int, default=128); ap.add_argument("--out"); ap.add_argument("--repeats", type=int, default=1)
-ap.add_argument("--sides", default="new,old")
+ap.add_argument("--sides", default="new,old"); ap.add_argument("--start", type=int, default=0)  # skip the first prompts
 a = ap.parse_args()
 sides = {"new": ("/work/main/.venv/bin/python", "/work/main"), "old": ("/work/base/.venv/bin/python", "/work/base")}
 sides = {k: sides[k] for k in a.sides.split(",")}
@@ -18,7 +18,7 @@ from mlx_spec.bench.prompts import build, WARMUP_PROMPT, chat_ids
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_spec.make.resolve import resolve
 tok = load_tokenizer(resolve(a.target))
-prompts = build(tok, a.humaneval, a.edit, n_prose=a.prose)
+prompts = build(tok, a.humaneval, a.edit, n_prose=a.prose)[a.start:]
 rows = ["none"] + [r for r in a.rows.split(",") if r]
 def ask(side, ids, draft):
     procs[side].stdin.write(json.dumps({"ids": ids, "draft": draft, "max_tokens": a.max_tokens}) + "\n"); procs[side].stdin.flush()
