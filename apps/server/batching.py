@@ -14,6 +14,7 @@ from typing import Dict, Iterator, List, Tuple
 
 from mlx_spec.gen.engine import Engine
 from mlx_spec.gen.joint import batchable
+from mlx_spec.gen.planner import Planner
 from mlx_spec.gen.rows import Row
 from mlx_spec.gen.sampling import Sampler
 from mlx_spec.gen.stream import Event
@@ -43,8 +44,11 @@ class Batcher:
 
     def __init__(self, pair, batch: bool = True, chunk: int = PREFILL_STEP):
         self.pair, self.batch, self.chunk = pair, batch, chunk
-        self.shared = Engine(pair.target)
-        self.shared.planner.adaptive = pair.adaptive
+        self.shared = Engine(pair.target, Planner(adaptive=pair.adaptive))
+        # Engines of one row take turns: a row's queued step runs while the others' rounds do, so the seconds its
+        # rounds measure are not a pass's cost. They learn in a planner of their own, apart from the costs that
+        # decide whether a request joins the shared engine (`Planner.pays`).
+        self.solo = Planner(adaptive=pair.adaptive)
         self.members: Dict[object, Member] = {}  # job -> member
         self.joining: Dict[object, Joining] = {}  # job -> its prefill under way, in arrival order
 
@@ -76,7 +80,7 @@ class Batcher:
                         eos=frozenset(self.pair.tokenizer.eos_token_ids))
         rows = len(self.shared.rows) + sum(j.engine is self.shared for j in self.joining.values()) + 1
         together = self.batch and batchable(job.session.cache) and self.shared.planner.pays(rows)
-        engine = self.shared if together else Engine(self.pair.target, self.shared.planner)
+        engine = self.shared if together else Engine(self.pair.target, self.solo)
         engine.hold = True  # no step queued ahead: the row joins between two rounds
         self.joining[job] = Joining(row, job.session.prefill(job.ids, self.chunk), engine)
         return together
