@@ -289,6 +289,10 @@ def test_the_planner_drafts_for_a_batch_where_a_pass_costs_its_launches_and_not_
     assert steep.plan(asks(0.7, [8] * 4)) == PLAIN  # plain batched decoding
     assert flat.pays(4) and not steep.pays(4)  # there, requests take turns, an engine each
     assert flat.pays(1) and steep.pays(1)  # the first request into an empty batch: as alone either way
+    stale = Planner()
+    for b, seconds in ((1, 0.010), (2, 0.030), (8, 0.020)):  # two rows timed once in a slow spell, eight since
+        stale.record(PLAIN, b, seconds, [])
+    assert stale.pays(2)  # eight rows in a pass pay: two rows are let in (else two rows are never timed again)
     assert Planner().pays(4)  # until measured: batch, and measure
     fresh = Planner()
     assert fresh.plan(asks(0.5, [5] * 16)) == PLAIN  # plain first, then no wider than twice the positions timed

@@ -145,7 +145,8 @@ class Costs:
         self.copies = (self.copies + [seconds / max(1, positions)])[-TIMINGS:]
 
     def pays(self, rows: int) -> bool:
-        """Whether one pass over `rows` rows costs MARGIN less than as many passes over one (True until timed; one row
-        alone: True)."""
-        batched, alone = self.cost(rows, 1), self.cost(1, 1)
-        return rows <= 1 or batched is None or alone is None or batched < (1 - MARGIN) * rows * alone
+        """Whether one pass over `rows` rows, or over as many as any plain pass timed (a width refused is not timed
+        again), costs MARGIN less than as many passes over one (True until timed; one row alone: True)."""
+        alone, widths = self.cost(1, 1), [rows] + [p for p, s in self.costs if s == 1 and p > 1]
+        return rows <= 1 or alone is None or any((c := self.cost(w, 1)) is None or c < (1 - MARGIN) * w * alone
+                                                 for w in widths)
