@@ -250,7 +250,7 @@ class Planner(Costs):
             self.credit[s] = self.credit.get(s, 0.0) + PROBE_BUDGET * seconds
             rows = [a for a in asks if a.costly == s and a.cap]
             tokens = len(asks) + sum(a.stats(s).expected(1) - 1 for a in rows)
-            lose = max(0.0, self._probe_cost(s, rows, places, pad, 1, alone=True) - tokens / rate)
+            lose = max(0.0, self._probe_cost(s, rows, places, pad, 1) - tokens / rate)
             if self.idle[s] >= PROBE_MIN and self._hopeful(s, rows, asks, places, pad) and self.credit[s] >= lose:
                 return self._probe(s, asks, places, pad)
         return None
@@ -262,19 +262,18 @@ class Planner(Costs):
         return any((len(asks) + len(rows) * k) / self._probe_cost(source, rows, places, pad, k)
                    > (1 + MARGIN) * len(asks) / plain for k in self._lengths(cap, pad))
 
-    def _probe_cost(self, source: str, rows: Sequence[Ask], places: int, pad: bool, k: int,
-                    alone: bool = False) -> float:
+    def _probe_cost(self, source: str, rows: Sequence[Ask], places: int, pad: bool, k: int) -> float:
         """Seconds of a round in which `source` drafts k tokens for `rows`: its catch-up and the restart of queued
-        plain steps are spread over the rounds that would follow, or paid whole by a round `alone` (a probe)."""
-        behind = sum(a.behind * (1.0 if alone else min(1.0, 1.0 / min(a.left, CATCH_UP_HORIZON))) for a in rows)
-        verify = self._verify_cost(places, self.size(places, k, pad), alone)
+        plain steps are spread over the rounds that would follow."""
+        behind = sum(a.behind * min(1.0, 1.0 / min(a.left, CATCH_UP_HORIZON)) for a in rows)
+        verify = self._verify_cost(places, self.size(places, k, pad))
         return verify + self.draft_cost(source, len(rows), k, behind)
 
-    def _verify_cost(self, places: int, size: int, alone: bool = False) -> float:
+    def _verify_cost(self, places: int, size: int) -> float:
         """Seconds of a drafting round's verify pass; after a plain step queued ahead, plus the step that queues
         again when plain decoding resumes (the queued one only spared the pass a position), spread over the rounds
-        a stretch of drafting rounds lasts, or whole for a round `alone`."""
-        share = 1.0 if alone else self.started_w / self.drafted_w
+        a stretch of drafting rounds lasts."""
+        share = self.started_w / self.drafted_w
         return self.cost(places, size) + (self.cost(places, 1) * share if self.queued else 0.0)
 
     # --- learning ---
