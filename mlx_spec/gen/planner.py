@@ -266,15 +266,14 @@ class Planner(Costs):
         """Seconds of a round in which `source` drafts k tokens for `rows`: its catch-up and the restart of queued
         plain steps are spread over the rounds that would follow."""
         behind = sum(a.behind * min(1.0, 1.0 / min(a.left, CATCH_UP_HORIZON)) for a in rows)
-        verify = self._verify_cost(places, self.size(places, k, pad))
-        return verify + self.draft_cost(source, len(rows), k, behind)
+        return self._verify_cost(places, self.size(places, k, pad)) + self.draft_cost(source, len(rows), k, behind)
 
     def _verify_cost(self, places: int, size: int) -> float:
         """Seconds of a drafting round's verify pass; after a plain step queued ahead, plus the step that queues
         again when plain decoding resumes (the queued one only spared the pass a position), spread over the rounds
         a stretch of drafting rounds lasts."""
-        share = self.started_w / self.drafted_w
-        return self.cost(places, size) + (self.cost(places, 1) * share if self.queued else 0.0)
+        restart = self.cost(places, 1) * self.started_w / self.drafted_w if self.queued else 0.0
+        return self.cost(places, size) + restart
 
     # --- learning ---
 
