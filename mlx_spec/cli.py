@@ -2,7 +2,7 @@
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from mlx_spec_apps.server.defaults import (
@@ -212,6 +212,53 @@ def serve(
         raise MlxSpecError(f"--max-tokens must be at least 1, got {max_tokens}")
     run(model=model, draft=spec, host=host, port=port, api_key=api_key, max_concurrency=max_concurrency,
         num_draft=num_draft, max_tokens=max_tokens, fixed_draft=fixed_draft, batch=batch, log=_log)
+
+
+@app.command("train-head")
+def train_head(
+    target: str = typer.Option(DEFAULT_MODEL, help=MODEL_HELP),
+    out: Path = typer.Option(..., help="Folder for the head (then `--draft eagle3:OUT`), its data and its record"),
+    data: List[str] = typer.Option([], help="Text files or folders to train on (default: code and prose that ship "
+                                   "with this machine's Python)"),
+    regenerate: Optional[Path] = typer.Option(None, help="Prompts (one per line) whose replies by the target are "
+                                              "trained on first (self-distillation)"),
+    reply_tokens: int = typer.Option(256, help="Tokens of each regenerated reply"),
+    budget_minutes: float = typer.Option(120.0, help="Time for the whole run, the target's features included"),
+    draft_vocab: int = typer.Option(16384, help="Tokens the head can draft (the ones the target says most often)"),
+    length: int = typer.Option(512, help="Tokens per training sequence"),
+    limit_gb: float = typer.Option(4.0, help="Most disk the target's features take (their data stops there)"),
+    resume: bool = typer.Option(False, help="Go on from OUT's last checkpoint"),
+):
+    """Train an EAGLE-3 head for TARGET on this machine (MLX, training-time test); saved in the published layout."""
+    from mlx.utils import tree_flatten
+
+    from .bench.prompts import PROSE_QUESTIONS, build
+    from .make.eagle3 import default_reads
+    from .named import load_model
+    from .train import data as td
+    from .train.head import Plan, train
+
+    _hint()
+    model, tokenizer, _ = load_model(target, _log)
+    held = [p.text for p in build(tokenizer, 164, 0, n_prose=len(PROSE_QUESTIONS))]
+    _log(f"{len(held)} benchmark prompts (HumanEval, prose) are kept out of the training text")
+    texts = td.read_texts(data) if data else td.default_texts()
+    streams = []
+    if regenerate is not None:
+        asks = [line.strip() for line in regenerate.read_text().splitlines() if line.strip()]
+        streams = td.replies(model, tokenizer, [a for a in asks if a not in held], reply_tokens, _log)
+    seqs = td.sequences(tokenizer, texts, length, exclude=held, streams=streams)
+    plan = Plan(target, default_reads(len(model.layers)), draft_vocab, length, budget_minutes, lr=3e-4,
+                limit_gb=limit_gb, data=[str(d) for d in data] or ["default"])
+    d, inter = model.args.hidden_size, model.args.intermediate_size
+    params = 3 * d * d + 8 * d * d + 3 * d * inter + d * draft_vocab  # fc, attention (q/k/v read 2 d), MLP, head
+    weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    batch = 8 * length * (draft_vocab * 4 * 3 * 3 + 14 * length * 4 * 3)  # logits and attention, 3 steps, kept
+    _log(f"{len(seqs)} sequences of {length} tokens; the target's features take up to "
+         f"{min(limit_gb, len(plan.reads) * d * 2 * len(seqs) * length / 1e9):.2f} GB of disk; training uses about "
+         f"{(weights + params * 16 + batch) / 1e9:.1f} GB of memory (the target, the head with its optimizer, a batch)")
+    train(model, plan, out, seqs, resume=resume, log=_log)
+    typer.echo(str(out))
 
 
 @app.command("draft-search")

@@ -1,12 +1,12 @@
 """Helpers over mlx-lm's per-layer caches: prefill, tokens held, rewinding all layers, the context limit."""
 
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache, trim_prompt_cache
 
 from ..device import builds_per_shape
-from . import recurrent, shapes
+from . import hidden, recurrent, shapes
 from .tunables import PREFILL_STEP
 
 
@@ -38,15 +38,23 @@ def context_limit(model) -> Optional[int]:
     return getattr(args, "max_position_embeddings", None) or getattr(args, "context_length", None)
 
 
-def prefill_cache(model, cache, tokens: List[int], room: Optional[int]) -> None:
-    """Feed `tokens` in chunks, the last padded to a size built before where that is possible (room: context left)."""
+def prefill_cache(model, cache, tokens: List[int], room: Optional[int], readers: Sequence = ()) -> None:
+    """Feed `tokens` in chunks, the last padded to a size built before where that is possible (room: context left);
+    `readers`: drafters that read the target's hidden states, given those of the tokens fed."""
     pad = builds_per_shape() and all(type(c) is KVCache for c in cache)  # dummies trimmed at once: attention only
-    model = recurrent.recording(model)
+    read = hidden.reads(readers)
+    run = hidden.taps(model, read) if read else None
+    model, at = recurrent.recording(model), cache_tokens(cache) or 0
     for i in range(0, len(tokens), PREFILL_STEP):
         chunk = tokens[i : i + PREFILL_STEP]
         size = shapes.padded(len(chunk)) if pad else len(chunk)
         if room is not None and i + size > room:
             size = len(chunk)
-        model(mx.array(chunk + chunk[-1:] * (size - len(chunk)))[None], cache=cache)
+        x = mx.array(chunk + chunk[-1:] * (size - len(chunk)))[None]
+        states = run(x, cache)[1][0, : len(chunk)] if run is not None else None
+        if run is None:
+            model(x, cache=cache)
         trim_prompt_cache(cache, size - len(chunk))  # the dummy positions
-        mx.eval([c.state for c in cache])
+        mx.eval([c.state for c in cache], states if states is not None else [])
+        if states is not None:
+            hidden.show(readers, at + i, states, read)

@@ -8,7 +8,7 @@ from typing import Dict, List, NamedTuple, Optional
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache
 
-from . import recurrent, shapes
+from . import hidden, recurrent, shapes
 from .cache import context_limit
 from .drafters.base import Draft, Drafting, Member
 from .joint import Rows
@@ -21,10 +21,12 @@ from .verify import accept_greedy, accept_sampling, sampling_targets, shadow_jud
 
 
 class _Pending(NamedTuple):
-    """A plain step queued on every place's last token: its lazy tokens (places,) and logits (places, V)."""
+    """A plain step queued on every place's last token: its lazy tokens (places,), logits (places, V) and the
+    target's states that drafters read (places, 1, n * d), if any reads them."""
 
     tokens: mx.array
     logits: mx.array
+    states: Optional[mx.array] = None
 
 
 class _Given(NamedTuple):
@@ -40,7 +42,9 @@ class Engine:
 
     def __init__(self, model, planner: Optional[Planner] = None, chunk: int = PREFILL_STEP):
         """chunk: the most catch-up tokens a row's draft model is fed in a round beside other rows."""
-        self.model, self.limit, self.chunk = recurrent.recording(model), context_limit(model), chunk
+        self.target, self.model = model, recurrent.recording(model)
+        self.limit, self.chunk = context_limit(model), chunk
+        self.taps: Optional[hidden.Taps] = None  # the view that keeps the states some row's drafter reads
         self.planner = planner if planner is not None else Planner()
         self.cache = Rows()
         self.drafting: Dict[str, Drafting] = {}
@@ -61,6 +65,8 @@ class Engine:
             self.pending = None
         self.cache.add(row, cache)
         self.planner.joined()
+        read = hidden.reads([p for r in self.rows for p in r.parts])
+        self.taps = hidden.taps(self.target, read) if read else None
         if len(self.cache.owners) == 1:  # the round clock starts with the first row
             self.last_read, self.away, self.out = time.perf_counter(), 0.0, None
         for part in row.parts:
@@ -99,12 +105,13 @@ class Engine:
         lengths = [min(len(d), plan.k, r.room) if d is not None and d.source == plan.source(i) else 0
                    for i, (r, d) in enumerate(zip(rows, drafts))]
         plan = plan if any(lengths) else PLAIN
-        built, fed, cold = self._verify(plan, rows, drafts, lengths)
+        built, fed, cold, states = self._verify(plan, rows, drafts, lengths)
         queue = not plan.k and not drain and not self.hold and all(r.room > 0 for r in rows)
         queued = self._launch(built, rows) if queue else None
         seconds = self._read(rows, built, drafts, lengths)
         kept = self._accept(rows, built, drafts, lengths)
         self._rewind(rows, kept, fed)
+        self._show(rows, kept, states)
         self.pending = queued
         warm = not cold and not drain and (plan.k > 0 or queued_before)  # a plain step is timed as queued ahead
         self._record(plan, rows, asks, offers, drafts, lengths, kept, seconds, warm)
@@ -175,7 +182,7 @@ class Engine:
         at = {id(r): i for i, r in enumerate(rows)}
         places, pending = self.cache.owners, self.pending
         if not plan.k and pending is not None:  # read as queued: a new op on it would wait for the next queued step
-            return [_Given(pending.tokens, self.cache.index(r)) for r in rows], 0, False
+            return [_Given(pending.tokens, self.cache.index(r)) for r in rows], 0, False, pending.states
         width = plan.size - (pending is not None) if plan.k else 1
         inputs = []
         for r in places:
@@ -187,13 +194,19 @@ class Engine:
             n = sum(p.size for p in parts)
             inputs.append(mx.concatenate(parts + [mx.full((width - n,), fill, dtype=mx.uint32)]))
         self.cache.start_round()
-        logits = self.model(mx.stack(inputs), cache=self.cache.layers)  # (places, width, V)
+        logits, states = self._run(mx.stack(inputs))  # (places, width, V), (places, width, n * d) or None
         if pending is not None:
             logits = mx.concatenate([pending.logits[:, None], logits], axis=1)
+            states = mx.concatenate([pending.states, states], axis=1) if states is not None else None
         cold = shapes.first_time(self.model, (len(places), width)) or any(d is not None and d.cold for d in drafts)
         built = [self._targets(r, logits[self.cache.index(r), : n + 1], drafts[i], n)
                  for i, (r, n) in enumerate(zip(rows, lengths))]
-        return built, width, cold
+        return built, width, cold, states
+
+    def _run(self, x: mx.array):
+        """The target's pass over x (places, L): (logits, the states its drafters read or None)."""
+        return self.taps(x, self.cache.layers) if self.taps is not None else (self.model(x, cache=self.cache.layers),
+                                                                             None)
 
     @staticmethod
     def _targets(row: Row, logits: mx.array, draft: Optional[Draft], n: int):
@@ -215,13 +228,14 @@ class Engine:
             tokens = mx.concatenate([mine[id(r)][:1] if r is not None else mx.zeros((1,), dtype=mx.uint32)
                                      for r in self.cache.owners]).astype(mx.uint32)
             mx.async_eval(tokens)  # its own event: the round's read then waits for this step, not the queued one
-        logits = self.model(tokens[:, None], cache=self.cache.layers)[:, -1]  # (places, V)
+        logits, states = self._run(tokens[:, None])
+        logits = logits[:, -1]  # (places, V)
         if all(r is None or r.sampler.temp == 0 for r in self.cache.owners):
             nxt = mx.argmax(logits, axis=-1)
         else:
             nxt = mx.concatenate([r.sampler.draw(x[None], len(r.context) + 1) if r is not None
                                   else mx.zeros((1,), dtype=mx.uint32) for r, x in zip(self.cache.owners, logits)])
-        pending = _Pending(nxt.astype(mx.uint32), logits)
+        pending = _Pending(nxt.astype(mx.uint32), logits, states)
         mx.async_eval(pending.tokens)
         return pending
 
@@ -260,6 +274,12 @@ class Engine:
         drop = [fed - keep[id(r)] if r is not None else fed for r in self.cache.owners]  # an empty place keeps none
         if any(drop):
             self.cache.rewind(drop)
+
+    def _show(self, rows: List[Row], kept: List[tuple], states: Optional[mx.array]) -> None:
+        """The drafters that read the target's states get those of the positions each row kept."""
+        if states is not None:
+            for r, (_, a, _) in zip(rows, kept):
+                hidden.show(r.parts, len(r.context) - 1, states[self.cache.index(r), : a + 1], self.taps.reads)
 
     def _record(self, plan: Plan, rows, asks, offers, drafts, lengths, kept, seconds: float, warm: bool) -> None:
         """One observation of the round, which the planner, each row's stats and trace, and the drafters learn."""
@@ -305,5 +325,5 @@ class Engine:
         start, live = time.perf_counter(), mx.array([i for i, r in enumerate(self.cache.owners) if r is not None])
         self.cache.pack([len(r.context) - (pending is None) for r in rows])  # a queued step holds the last token
         if pending is not None:
-            self.pending = _Pending(pending.tokens[live], pending.logits[live])
+            self.pending = _Pending(*(a[live] if a is not None else None for a in pending))
         self.planner.record_copy(positions, time.perf_counter() - start)

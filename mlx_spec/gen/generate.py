@@ -45,7 +45,8 @@ def speculative_generate_step(prompt: Sequence[int], model, drafter=None, *, pro
     peak, yielded = Peak(), len(context)
     with mx.stream(generation_stream):
         try:
-            prefill_cache(model, cache, context[cached:-1], None if engine.limit is None else engine.limit - cached)
+            prefill_cache(model, cache, context[cached:-1], None if engine.limit is None else engine.limit - cached,
+                          row.parts)
             engine.add(row, cache)
         except BaseException:
             rewind(cache, cached)  # an interrupted prefill leaves the cache as it came

@@ -11,7 +11,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
 from ..errors import UnsupportedError
-from ..make.layers import with_blocks
+from ..make.layers import holder_of, with_blocks
 from .tunables import RECURRENT_CALLS as MAX_CALLS
 from .tunables import RECURRENT_RECORD as MAX_RECORD
 
@@ -214,9 +214,7 @@ def recording(model):
         idx = [i for i, c in enumerate(make_prompt_cache(model)) if isinstance(c, ArraysCache)
                and not isinstance(layers[i], Recorder)] if layers is not None else []  # its recurrent blocks
         if idx:
-            ids = [id(b) for b in layers]  # the module holding the blocks (`model.layers` may be a copy of its list)
-            holder = next((n for n, m in model.children().items() if [id(b) for b in getattr(m, "layers", ())] == ids),
-                          None) if isinstance(model, nn.Module) else None
+            holder = holder_of(model)  # the module holding the blocks (`model.layers` may be a copy of its list)
             if holder is None:
                 raise UnsupportedError(f"{type(model).__name__}: recurrent layers rewind only in an mlx-lm model whose "
                                        "blocks a submodule holds (model.model.layers, model.backbone.layers)")

@@ -1,6 +1,8 @@
 """Drafter specs: parse one once into a DrafterSpec, build the drafter from it, and each kind's default K."""
 
+import weakref
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Union
 
 from ..errors import ConvertError, GenerationError
@@ -10,8 +12,9 @@ from .drafters.base import Drafter
 
 # Most draft tokens per round, by kind: the one place these defaults live.
 DEFAULT_K = {"model": tunables.MODEL_K, "self": tunables.MODEL_K, "quant-self": tunables.MODEL_K,
-             "ngram": tunables.NGRAM_K, "suffix": tunables.SUFFIX_K, "hybrid": tunables.SUFFIX_K}
-KINDS = ("none", "ngram", "suffix", "self", "quant-self", "hybrid", "model")
+             "ngram": tunables.NGRAM_K, "suffix": tunables.SUFFIX_K, "hybrid": tunables.SUFFIX_K,
+             "eagle3": tunables.MODEL_K}
+KINDS = ("none", "ngram", "suffix", "self", "quant-self", "hybrid", "eagle3", "model")
 NGRAM_N = (2, 16)  # the longest n-gram `ngram:N` may ask for
 
 
@@ -40,7 +43,8 @@ Spec = Union[DrafterSpec, str, None]
 
 def parse(spec: Spec) -> DrafterSpec:
     """'none'/None/'', 'ngram', 'ngram:N', 'suffix', 'suffix:shared', 'self', 'self:LAYERS', 'quant-self',
-    'quant-self:FORMAT', 'hybrid', 'hybrid:D', or anything else as a model spec; a DrafterSpec is returned as is."""
+    'quant-self:FORMAT', 'hybrid', 'hybrid:D', 'eagle3:FOLDER', or anything else as a model spec; a DrafterSpec is
+    returned as is."""
     if isinstance(spec, DrafterSpec):
         return spec
     spec = (spec or "").strip()
@@ -53,6 +57,8 @@ def parse(spec: Spec) -> DrafterSpec:
         raise GenerationError(f"'{spec}': N must be an integer in [{NGRAM_N[0]}, {NGRAM_N[1]}] (e.g. 'ngram:5')")
     if head in ("self", "quant-self", "hybrid") and sep and not arg:
         raise GenerationError(f"'{spec}': nothing after ':' (try '{head}' alone)")
+    if head == "eagle3" and not arg:
+        raise GenerationError(f"'{spec}': an EAGLE-3 drafter needs its head: 'eagle3:FOLDER'")
     if head == "hybrid":
         inner = parse(arg or "self")
         if inner.kind in ("hybrid", "ngram", "suffix", "none"):
@@ -106,6 +112,8 @@ def build(spec: Spec, target, tokenizer, *, load: Optional[Callable[[str], tuple
     if s.kind == "hybrid":
         inner = build(s.inner, target, tokenizer, load=load, subset_head=subset_head)
         return HybridDrafter([_suffix.SuffixDrafter(), NGramDrafter()], inner)
+    if s.kind == "eagle3":
+        return _eagle3(s.arg, target, width, real)
     if s.kind == "quant-self":
         return QuantSelfDrafter(target, s.arg or tunables.QUANT_SELF_FORMAT, width, real, head_ids=subset)
     if s.kind == "self":
@@ -123,3 +131,29 @@ def build(spec: Spec, target, tokenizer, *, load: Optional[Callable[[str], tuple
     draft, draft_tok = (load or (lambda p: load_folder(p)[:2]))(s.arg)
     real = check_tokenizers(tokenizer, draft_tok)
     return ModelDrafter(draft, width, real, head_ids=subset)
+
+
+_HEADS: Dict[tuple, object] = {}
+
+
+def _eagle3(folder: str, target, width: int, real: int) -> Drafter:
+    """The EAGLE-3 head in `folder` over `target`: one that was made for another target is refused in one line."""
+    from ..make import eagle3
+    from .drafters.eagle3 import Eagle3Drafter
+
+    key = (str(Path(folder).expanduser().resolve()), id(target))
+    if key not in _HEADS:  # one head a target: every request's drafter shares it, so rows draft in one pass
+        _HEADS[key] = eagle3.load(folder, embed=getattr(getattr(target, "model", None), "embed_tokens", None))
+        weakref.finalize(target, _HEADS.pop, key, None)
+    head = _HEADS[key]
+    c, n = head.config, len(target.layers)
+    hidden = getattr(getattr(target, "args", None), "hidden_size", None)
+    reads = c.reads or eagle3.default_reads(n)
+    if c.target_hidden_size != hidden or c.vocab_size not in (width, real) or max(reads) >= n or min(reads) < 0:
+        raise GenerationError(
+            f"{folder}: this EAGLE-3 head was made for another target (it reads blocks {list(reads)} of hidden size "
+            f"{c.target_hidden_size}, vocabulary {c.vocab_size}; the target has {n} blocks, hidden size {hidden}, "
+            f"vocabulary {width})")
+    if "embed_tokens" in head and head.embed_tokens.weight.shape[0] not in (width, real):
+        raise GenerationError(f"{folder}: the head embeds {head.embed_tokens.weight.shape[0]} tokens, the target {width}")
+    return Eagle3Drafter(head, reads, width, real)

@@ -50,7 +50,8 @@ class Session:
         step = step or max(1, len(rest))
         try:
             for i in range(0, len(rest), step):
-                prefill_cache(self.model, self.cache, rest[i : i + step], None)
+                prefill_cache(self.model, self.cache, rest[i : i + step], None,
+                              self.drafter.parts if self.drafter is not None else ())
                 if i + step < len(rest):
                     yield False, cached
         except BaseException:

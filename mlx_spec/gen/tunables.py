@@ -50,3 +50,6 @@ SUFFIX_MATCH_TAIL = 64  # context tokens matched against that memory each round 
 # Rewinding recurrent layers
 RECURRENT_CALLS = 64  # calls of a layer kept for rewinding: more than a round makes (K draft passes + the verify)
 RECURRENT_RECORD = 256  # a longer call (a prefill chunk) is not kept: trimming into it reports failure
+
+# Learned drafters
+EAGLE_HELD_CHUNKS = 32  # the target's states a head holds, not fed yet, are joined into one array past this many

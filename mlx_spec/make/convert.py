@@ -171,6 +171,13 @@ def convert_folder(
         raise SourceError(f"{src}: no .safetensors weights found")
     src_cfg = json.loads((src / "config.json").read_text())
     prior = src_cfg.pop("mlx_spec", None)
+    from . import eagle3
+
+    if eagle3.is_head(src_cfg):
+        if keep_layers is not None or layers is not None or prune or head_bits is not None or quant_mode != "affine":
+            raise ConvertError("an EAGLE-3 head converts with --dtype and --quantize BITS (affine) only")
+        return eagle3.convert(src, out, dtype=auto_dtype() if dtype == "auto" else dtype, quantize=quantize,
+                              group_size=group_size, force=force, source=str(source))
     ensure_free_space(out.parent, int(_weights_bytes(src) * (2 if dtype == "float32" else 1.1)), f"converting into {out}")
 
     try:

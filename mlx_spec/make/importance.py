@@ -13,7 +13,7 @@ from typing import Iterable, List, Sequence
 import mlx.core as mx
 
 from ..errors import ConvertError
-from .layers import with_blocks
+from .layers import Watched, with_blocks
 
 CALIBRATION = Path(__file__).resolve().parents[2] / "convert" / "calibration.txt"  # ships with the project
 CALIBRATION_TOKENS = 1024  # tokens of calibration text per ranking: enough for a stable order, cheap to run
@@ -52,21 +52,14 @@ def vocabulary_texts() -> List[str]:
                                   if (p := stdlib / f"{m}.py").is_file()]
 
 
-class _Probe:
-    """Stands in for one block: runs it and records how far its output turned from its input."""
+def _turn(sink: list):
+    """A `Watched` block's hook: records how far the block's output turned from its input (mean cosine)."""
 
-    def __init__(self, layer, sink: list):
-        self._layer, self._sink = layer, sink
-
-    def __call__(self, x, *args, **kwargs):
-        y = self._layer(x, *args, **kwargs)
+    def see(x, y):
         a, b = x.astype(mx.float32), y.astype(mx.float32)
-        cos = (a * b).sum(-1) / (mx.linalg.norm(a, axis=-1) * mx.linalg.norm(b, axis=-1) + 1e-6)
-        self._sink.append(cos.mean())
-        return y
+        sink.append(((a * b).sum(-1) / (mx.linalg.norm(a, axis=-1) * mx.linalg.norm(b, axis=-1) + 1e-6)).mean())
 
-    def __getattr__(self, name):  # models that read a block's attributes (e.g. its attention type) still can
-        return getattr(self._layer, name)
+    return see
 
 
 def block_similarity(model, token_lists: Iterable[Sequence[int]]) -> List[float]:
@@ -78,7 +71,7 @@ def block_similarity(model, token_lists: Iterable[Sequence[int]]) -> List[float]
     if inner is None or not hasattr(inner, "layers"):
         raise ConvertError(f"importance ranking: mlx-lm's {type(model).__module__} keeps its blocks elsewhere")
     sinks = [[] for _ in inner.layers]
-    view = with_blocks(model, [_Probe(layer, sink) for layer, sink in zip(inner.layers, sinks)])
+    view = with_blocks(model, [Watched(layer, _turn(sink)) for layer, sink in zip(inner.layers, sinks)])
     seen = 0
     for tokens in token_lists:
         if len(tokens) < 2:

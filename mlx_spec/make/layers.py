@@ -4,7 +4,7 @@ Used by `convert --keep-layers/--layers` and by the self drafter, so both read o
 """
 
 import copy
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 from ..errors import ConvertError
 
@@ -37,6 +37,29 @@ def with_blocks(model, blocks: list, holder: str = "model"):
     view = copy.copy(model)
     setattr(view, holder, inner)
     return view
+
+
+def holder_of(model) -> Optional[str]:
+    """The name of the submodule holding `model.layers` (`model`, `backbone`, ...), or None."""
+    ids = [id(b) for b in getattr(model, "layers", None) or ()]
+    children = model.children().items() if ids and hasattr(model, "children") else ()
+    return next((n for n, m in children if [id(b) for b in getattr(m, "layers", None) or ()] == ids), None)
+
+
+class Watched:
+    """Stands in for one block: runs it and hands its input and output to `see` (models that read a block's
+    attributes, e.g. its attention type, still can)."""
+
+    def __init__(self, block, see):
+        self._block, self._see = block, see
+
+    def __call__(self, x, *args, **kwargs):
+        y = self._block(x, *args, **kwargs)
+        self._see(x, y)
+        return y
+
+    def __getattr__(self, name):
+        return getattr(self._block, name)
 
 
 def keep_layer_indices(n_layers: int, k: int) -> List[int]:

@@ -59,6 +59,7 @@ class Drafter:
     free = False  # proposing is a table lookup: the engine asks every round and judges the draft against the output
     in_target_cache = False  # drafts through the target's own cache, which must then hold the context but its last
     model = None  # the network it runs (a draft model, a view of the target); None for a table lookup
+    reads: Tuple[int, ...] = ()  # the target's blocks whose outputs it reads (a learned drafter): given with `see`
 
     @property
     def parts(self) -> Sequence["Drafter"]:
@@ -78,6 +79,9 @@ class Drafter:
 
     def learn(self, proposed: int, accepted: int) -> None:
         """Of the `proposed` tokens of the last draft, the first `accepted` were the target's."""
+
+    def see(self, at: int, states: mx.array) -> None:
+        """The target's states (n, len(reads) * d) at context positions at..at+n-1, from the pass that kept them."""
 
     def behind(self, context: List[int]) -> int:
         """Context tokens this drafter would feed before drafting at `context` (0 for table lookups)."""

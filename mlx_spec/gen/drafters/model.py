@@ -21,6 +21,7 @@ class ModelDrafter(Drafter):
     """Drafts from a small model whose cache holds `fed`, the prompt fed when it first drafts, not before."""
 
     name = "model"
+    origin = 0  # the context position of the first token it is fed
 
     def __init__(self, model, vocab_size: int, real_vocab: Optional[int] = None,
                  head_ids: Optional[Iterable[int]] = None):
@@ -64,6 +65,15 @@ class ModelDrafter(Drafter):
             return drafting.propose([Member(self, context, sampler)], k)[0]
         finally:
             drafting.leave(self)
+
+    def forward(self, x: mx.array, cache: list, states: Optional[mx.array] = None) -> mx.array:
+        """States (B, L, d) of feeding x (B, L) with a split head, else logits (B, L, V); states: what a learned
+        drafter reads beside the tokens (unused here)."""
+        return self.model.model(x, cache=cache) if self.head is not None else self.model(x, cache=cache)
+
+    def given(self, owners: Sequence[Optional["ModelDrafter"]], starts: List[int], n: int) -> Optional[mx.array]:
+        """What each place's drafter reads beside its n tokens fed from `starts` (None: tokens alone)."""
+        return None
 
     def full(self, h: mx.array) -> mx.array:
         """Target-width logits of states h (hidden with a split head, else logits already), padding ids masked."""
@@ -168,19 +178,22 @@ class ModelDrafting(Drafting):
         tail = width if len(feeds) > 1 else (min(width, PREFILL_STEP) if self.part.head is not None else max(need))
         cold = False
         for start in range(0, width - tail, PREFILL_STEP):
-            cold = self._pass([f[start : min(start + PREFILL_STEP, width - tail)] for f in feeds])[1] or cold
+            cold = self._pass([f[start : min(start + PREFILL_STEP, width - tail)] for f in feeds], start)[1] or cold
         last = [f[width - tail :] for f in feeds]
-        h, first = self._pass(last)
+        h, first = self._pass(last, width - tail)
         at = [max(1, len(f)) for f in last]  # each place's last fed column (a place fed nothing: a dummy's)
         state = mx.stack([h[i, a - 1] for i, a in enumerate(at)])
         return [h[i, a - n : a] if n else None for i, (a, n) in enumerate(zip(at, need))], state, cold or first
 
-    def _pass(self, feeds: List[List[int]]):
-        """One pass over every place, right-padded, the padding dropped: (its states (P, L, d or V), whether new)."""
+    def _pass(self, feeds: List[List[int]], skip: int):
+        """One pass over every place, right-padded, the padding dropped: (its states (P, L, d or V), whether new);
+        skip: tokens of each place's catch-up fed before."""
         n = max(1, max(len(f) for f in feeds))
         size = shapes.padded(n) if builds_per_shape() and self.rows.paddable() else n
         x = mx.array([f + [f[-1] if f else 0] * (size - len(f)) for f in feeds], dtype=mx.uint32)  # (P, size)
-        h = forward(self.part, x, self.rows.layers)
+        owners = self.rows.owners
+        h = self.part.forward(x, self.rows.layers, self.part.given(
+            owners, [len(o.fed) + skip if o is not None else 0 for o in owners], size))
         self.rows.rewind([size - len(f) for f in feeds])
         return h, shapes.first_time(self.model, (len(feeds), size))
 
@@ -200,11 +213,6 @@ def _catch_up(o: Optional[ModelDrafter], m: Optional[Member], chunk: Optional[in
     return todo, drop, True, n if greedy and n >= HINDSIGHT_MIN else 0
 
 
-def forward(part: ModelDrafter, x: mx.array, cache: list) -> mx.array:
-    """States (B, L, d) of feeding x (B, L) with a split head, else logits (B, L, V)."""
-    return part.model.model(x, cache=cache) if part.head is not None else part.model(x, cache=cache)
-
-
 def draft_steps(part: ModelDrafter, state: mx.array, members: List[Optional[Member]], k: int, cache: list):
     """(tokens (P, k), each place's distributions (k, V) or None): k drafts from each place's state (P, d or V) by its
     member's rule (none: greedy), each but the last fed back through `cache`."""
@@ -219,7 +227,7 @@ def draft_steps(part: ModelDrafter, state: mx.array, members: List[Optional[Memb
                 if s is None or not s.temp:
                     picks.append(step[i])
                 elif s.seed is not None:
-                    picks.append(s.pick(part.full(state[i : i + 1]), len(m.context) + j)[0])
+                    picks.append(s.pick(part.full(state[i : i + 1]), part.origin + len(m.context) + j)[0])
                 else:
                     q = s.probs_fn(part.full(state[i : i + 1]))
                     picks.append(sample(q)[0])
@@ -228,6 +236,6 @@ def draft_steps(part: ModelDrafter, state: mx.array, members: List[Optional[Memb
         tokens.append(step)
         dists.append(probs)
         if j + 1 < k:
-            state = forward(part, step[:, None], cache)[:, -1]
+            state = part.forward(step[:, None], cache, state[:, None])[:, -1]
     per = [mx.stack([d[i] for d in dists]) if dists[0][i] is not None else None for i in range(len(members))]
     return mx.stack(tokens, axis=1), per

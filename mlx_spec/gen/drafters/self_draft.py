@@ -15,7 +15,7 @@ from ..cache import rewind
 from ..joint import RaggedKVCache, Rows
 from ..tunables import IMPORTANCE_TOKENS, QUANT_SELF_GROUP
 from .base import Draft, Drafting, Member
-from .model import ModelDrafter, draft_steps, forward
+from .model import ModelDrafter, draft_steps
 
 
 def layer_view(model, layers: Sequence[int]):
@@ -84,7 +84,7 @@ class SelfDrafting(Drafting):
         last = mx.array([[at[i].context[-1] if i in at else 0] for i in range(len(target.owners))], dtype=mx.uint32)
         held, sizes = cache[0].offset, [c.size() for c in cache]
         try:
-            state = forward(part, last, cache)[:, -1]
+            state = part.forward(last, cache)[:, -1]
             tokens, probs = draft_steps(part, state, [at.get(i) for i in range(len(target.owners))], k, cache)
         finally:  # drop the draft's entries, as many as were written even if interrupted: the verify pass writes them
             if target.joint:

@@ -1,0 +1,69 @@
+"""The target's hidden states that a learned drafter reads: a view of the target whose read blocks hand over their
+outputs of each pass (the model is unchanged; where no drafter reads, the plain model runs and nothing is kept)."""
+
+import weakref
+from typing import Dict, Sequence, Tuple
+
+import mlx.core as mx
+
+from ..errors import UnsupportedError
+from ..make.layers import Watched, holder_of, with_blocks
+from . import recurrent
+
+
+class Taps:
+    """Runs the target and returns, beside its logits, the outputs of blocks `reads` side by side (B, L, n * d)."""
+
+    def __init__(self, model, reads: Sequence[int]):
+        base = recurrent.recording(model)
+        holder = holder_of(base)
+        if holder is None:
+            raise UnsupportedError(f"{type(model).__name__}: a drafter reading hidden states needs an mlx-lm model "
+                                   "whose blocks a submodule holds (model.model.layers)")
+        blocks = getattr(base, holder).layers
+        if max(reads) >= len(blocks):
+            raise UnsupportedError(f"the drafter reads block {max(reads)} of a target with {len(blocks)}")
+        self.reads, self.out = tuple(reads), []
+        self.model = with_blocks(base, [Watched(b, self._keep) if i in reads else b for i, b in enumerate(blocks)],
+                                 holder)
+
+    def _keep(self, x, y) -> None:
+        self.out.append(y)
+
+    def __call__(self, x: mx.array, cache: list) -> Tuple[mx.array, mx.array]:
+        self.out = []
+        logits = self.model(x, cache=cache)
+        states, self.out = mx.concatenate(self.out, axis=-1), []
+        return logits, states
+
+
+_VIEWS: Dict[tuple, Taps] = {}
+
+
+def taps(model, reads: Sequence[int]) -> Taps:
+    """The `Taps` of `model` for blocks `reads` (made once per model and blocks)."""
+    key = (id(model), tuple(reads))
+    if key not in _VIEWS:
+        _VIEWS[key] = Taps(model, reads)
+        weakref.finalize(model, _VIEWS.pop, key, None)
+    return _VIEWS[key]
+
+
+def reads(parts) -> Tuple[int, ...]:
+    """The blocks any of `parts` reads, in order."""
+    return tuple(sorted({i for p in parts for i in p.reads}))
+
+
+def pick(states: mx.array, have: Sequence[int], want: Sequence[int]) -> mx.array:
+    """Of states (..., len(have) * d) side by side for blocks `have`, those of blocks `want`."""
+    if tuple(have) == tuple(want):
+        return states
+    d = states.shape[-1] // len(have)
+    return mx.concatenate([states[..., have.index(i) * d : (have.index(i) + 1) * d] for i in want], axis=-1)
+
+
+def show(parts, at: int, states: mx.array, have: Sequence[int]) -> None:
+    """Give each part that reads the states (n, len(have) * d) of context positions at..at+n-1."""
+    for p in parts:
+        if p.reads:
+            p.see(at, pick(states, have, p.reads))

@@ -1,0 +1,226 @@
+"""EAGLE-3 heads: the network (one decoder layer over the target's token embedding and three of its hidden states),
+read from the formats people publish, and written back in the speculators layout.
+
+Formats read: vLLM's `speculators` (config `speculators_model_type: eagle3`, the layer config under
+`transformer_layer_config`, weights `layers.0.*`) and the SafeAILab/EAGLE and SpecForge/AngelSlim checkpoints (a
+Llama config with `draft_vocab_size`, weights `midlayer.*`). Both: `fc` (3 target states -> hidden), `norm`, `lm_head`
+over a draft vocabulary, `d2t` (draft id -> target id - draft id), `embed_tokens` when the head ships its own.
+"""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models import llama
+from mlx_lm.models.base import create_attention_mask
+
+from ..errors import SourceError, UnsupportedError
+from .paths import atomic_dir
+
+FILE = "model.safetensors"
+
+
+@dataclass
+class Eagle3Config:
+    """What a head is: its layer shape (a Llama config), its vocabularies and the target layers it reads."""
+
+    layer: dict  # the decoder layer's Llama config (hidden_size, heads, rope ...)
+    vocab_size: int  # the target's vocabulary, which the head embeds
+    draft_vocab_size: int
+    target_hidden_size: int
+    reads: List[int] = field(default_factory=list)  # target layers whose outputs it reads; [] until bound
+    norm_before_residual: bool = False
+    layers: int = 1
+
+    @classmethod
+    def from_dict(cls, c: dict) -> "Eagle3Config":
+        """A config.json of either published layout."""
+        layer = dict(c.get("transformer_layer_config") or c)
+        if "hidden_size" not in layer or "num_attention_heads" not in layer:
+            raise SourceError("not an EAGLE-3 config: no hidden_size / num_attention_heads")
+        layer.setdefault("model_type", "llama")
+        aux = c.get("eagle_aux_hidden_state_layer_ids") or (c.get("eagle_config") or {}).get(
+            "eagle_aux_hidden_state_layer_ids")
+        if aux and min(aux) < 1:
+            raise UnsupportedError(f"EAGLE-3 head reads the input of layer {min(aux)}: only layers from 1 are tapped")
+        return cls(layer, int(layer.get("vocab_size", c.get("vocab_size", 0))),
+                   int(c.get("draft_vocab_size") or layer.get("draft_vocab_size") or layer["vocab_size"]),
+                   int(c.get("target_hidden_size") or layer["hidden_size"]),
+                   [i - 1 for i in aux] if aux else [], bool(c.get("norm_before_residual", False)),
+                   int(layer.get("num_hidden_layers", 1)))
+
+    def to_dict(self) -> dict:
+        """The speculators layout (what `load` reads back, and mlx-vlm's EAGLE-3 loader reads)."""
+        return {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+                "transformer_layer_config": dict(self.layer, num_hidden_layers=self.layers, vocab_size=self.vocab_size),
+                "draft_vocab_size": self.draft_vocab_size, "target_hidden_size": self.target_hidden_size,
+                "norm_before_residual": self.norm_before_residual,
+                "eagle_aux_hidden_state_layer_ids": [i + 1 for i in self.reads]}
+
+
+def default_reads(n_layers: int) -> List[int]:
+    """The layers EAGLE-3 reads when a head does not say: the outputs of blocks 1, n/2 - 1 and n - 4 (the inputs of
+    blocks 2, n/2 and n - 3, as SafeAILab/EAGLE, SpecForge and vLLM tap them)."""
+    return [1, n_layers // 2 - 1, n_layers - 4]
+
+
+class FirstLayer(nn.Module):
+    """The head's first decoder layer: attention over [norm(embedding), norm(hidden)], the residual the hidden."""
+
+    def __init__(self, args: llama.ModelArgs, norm_before_residual: bool):
+        super().__init__()
+        d = args.hidden_size
+        self.self_attn = llama.Attention(args)
+        a = self.self_attn  # q/k/v read both halves: mlx-lm's attention with wider input projections
+        a.q_proj = nn.Linear(2 * d, a.n_heads * a.head_dim, bias="bias" in a.q_proj)
+        a.k_proj = nn.Linear(2 * d, a.n_kv_heads * a.head_dim, bias="bias" in a.k_proj)
+        a.v_proj = nn.Linear(2 * d, a.n_kv_heads * a.head_dim, bias="bias" in a.v_proj)
+        self.mlp = llama.MLP(args)
+        self.input_layernorm = nn.RMSNorm(d, eps=args.rms_norm_eps)
+        self.hidden_norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(d, eps=args.rms_norm_eps)
+        self.norm_before_residual = norm_before_residual
+
+    def __call__(self, embeds: mx.array, hidden: mx.array, mask, cache) -> mx.array:
+        normed = self.hidden_norm(hidden)
+        h = (normed if self.norm_before_residual else hidden) + self.self_attn(
+            mx.concatenate([self.input_layernorm(embeds), normed], axis=-1), mask, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Head(nn.Module):
+    """The head: states (B, L, d) from tokens (B, L) and, at each position, the target's three states (3 T) there or
+    the head's own state (d) of the position before; `logits` reads the draft vocabulary, `ids` maps it to the
+    target's."""
+
+    def __init__(self, config: Eagle3Config, embed: Optional[nn.Module] = None):
+        super().__init__()
+        self.config = config
+        args = llama.ModelArgs.from_dict(dict(config.layer, vocab_size=config.vocab_size,
+                                              num_hidden_layers=config.layers))
+        d = args.hidden_size
+        if embed is None:
+            self.embed_tokens = nn.Embedding(config.vocab_size, d)
+        else:  # the target's embedding, outside the head's parameters: read, never trained or saved with it
+            object.__setattr__(self, "shared", embed)
+        self.fc = nn.Linear(3 * config.target_hidden_size, d, bias=False)
+        self.layers = [FirstLayer(args, config.norm_before_residual)] + [
+            llama.TransformerBlock(args) for _ in range(1, config.layers)]
+        self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
+        self.lm_head = nn.Linear(d, config.draft_vocab_size, bias=False)
+        self.d2t = mx.zeros((config.draft_vocab_size,), dtype=mx.int32)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.fc.weight.shape[0]
+
+    def __call__(self, tokens: mx.array, hidden: mx.array, cache: Optional[list] = None) -> mx.array:
+        if hidden.shape[-1] != self.hidden_size:
+            hidden = self.fc(hidden)
+        cache = cache if cache is not None else [None] * len(self.layers)
+        mask = create_attention_mask(hidden, cache[0])
+        h = self.layers[0](self.embed(tokens), hidden, mask, cache[0])
+        for layer, c in zip(self.layers[1:], cache[1:]):
+            h = layer(h, mask, c)
+        return h
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        """The tokens' embedding: the head's own, or the target's it was given."""
+        return self.embed_tokens(tokens) if "embed_tokens" in self else self.shared(tokens)
+
+    def logits(self, h: mx.array) -> mx.array:
+        """Draft-vocabulary logits of head states h."""
+        return self.lm_head(self.norm(h))
+
+    def ids(self) -> mx.array:
+        """The target id of each draft-vocabulary id."""
+        return mx.arange(self.d2t.size, dtype=mx.int32) + self.d2t.astype(mx.int32)
+
+
+def _weights(folder: Path) -> Dict[str, mx.array]:
+    files = sorted(folder.glob("model*.safetensors"))
+    if not files:
+        bins = list(folder.glob("*.bin")) + list(folder.glob("*.pt"))
+        raise SourceError(f"{folder}: no .safetensors weights" + (
+            f" ({bins[0].name} is a PyTorch pickle: save it as safetensors first)" if bins else ""))
+    weights = {}
+    for f in files:
+        weights.update(mx.load(str(f)))
+    out = {}
+    for k, v in weights.items():
+        k = k.removeprefix("model.")
+        if k.startswith("midlayer."):
+            k = "layers.0." + k[len("midlayer."):]
+        if k == "t2d" or k.startswith("verifier_") or "rotary_emb" in k:
+            continue  # the target->draft mask (d2t says it), the verifier's copies, RoPE tables
+        out[k] = v.astype(mx.int32) if k == "d2t" else v
+    return out
+
+
+def is_head(config: dict) -> bool:
+    """Whether a config.json is an EAGLE-3 head's, in either published layout."""
+    return config.get("speculators_model_type") == "eagle3" or any(
+        "eagle3" in a.lower() for a in config.get("architectures") or ())
+
+
+def load(folder, embed: Optional[nn.Module] = None) -> Eagle3Head:
+    """The head in `folder` (config.json + safetensors, either layout); `embed`: the target's embedding, used where
+    the head ships none (none given: the head has no embedding, to be converted or saved only). A missing, extra or
+    misshapen weight is a one-line error."""
+    folder = Path(folder).expanduser()
+    try:
+        config = Eagle3Config.from_dict(json.loads((folder / "config.json").read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SourceError(f"{folder}: not an EAGLE-3 head: {type(e).__name__}: {e}") from None
+    weights = _weights(folder)
+    if config.draft_vocab_size == config.vocab_size and "d2t" not in weights:
+        weights["d2t"] = mx.zeros((config.draft_vocab_size,), dtype=mx.int32)
+    if "lm_head.weight" not in weights and config.draft_vocab_size == config.vocab_size and "embed_tokens.weight" \
+            in weights:
+        weights["lm_head.weight"] = weights["embed_tokens.weight"]  # tied
+    own = "embed_tokens.weight" in weights
+    head = Eagle3Head(config, None if own or embed is None else embed)
+    if not own and embed is None:
+        head.pop("embed_tokens")  # never allocated: its random initialisation was lazy
+    quant = config.layer.get("quantization")
+    if quant:
+        nn.quantize(head, quant["group_size"], quant["bits"],
+                    class_predicate=lambda p, m: hasattr(m, "to_quantized") and f"{p}.scales" in weights)
+    try:
+        head.load_weights(list(weights.items()), strict=True)
+    except ValueError as e:
+        raise SourceError(f"{folder}: weights do not fit the EAGLE-3 config: {str(e).splitlines()[0]}") from None
+    mx.eval(head.parameters())
+    return head
+
+
+def save(head: Eagle3Head, folder, force: bool = False, provenance: Optional[dict] = None) -> None:
+    """Write `head` in the speculators layout (config.json + model.safetensors), atomically: a folder appears whole;
+    provenance: what made it, kept under "mlx_spec" in the config."""
+    with atomic_dir(Path(folder), force=force) as tmp:
+        weights = dict(tree_flatten(head.parameters()))
+        mx.save_safetensors(str(tmp / FILE), weights, metadata={"format": "mlx"})
+        config = head.config.to_dict()
+        if provenance:
+            config["mlx_spec"] = provenance
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def convert(src, out, *, dtype: str, quantize: Optional[int], group_size: int, force: bool, source: str) -> Path:
+    """An EAGLE-3 head from `src` (either layout) into an MLX folder at `out` in the speculators layout: cast to
+    `dtype`, its linear layers (and its own embedding, if it ships one) quantized to `quantize` bits if asked."""
+    head = load(src)
+    head.set_dtype(getattr(mx, dtype))
+    ops = [{"op": "dtype", "dtype": dtype}]
+    if quantize is not None:
+        nn.quantize(head, group_size, quantize,
+                    class_predicate=lambda _p, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % group_size == 0)
+        head.config.layer["quantization"] = {"group_size": group_size, "bits": quantize}
+        ops.append({"op": "quantize", "bits": quantize, "group_size": group_size, "mode": "affine"})
+    head.config.layer.pop("torch_dtype", None)
+    save(head, out, force=force, provenance={"source": source, "operations": ops})
+    return Path(out)

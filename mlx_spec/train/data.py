@@ -1,0 +1,138 @@
+"""What a head learns from: token sequences (the user's text, the target's own replies, or a default mix that ships
+with this machine) and, per position, the target's states at the blocks the head reads and its next-token law (its
+top tokens), computed in chunks into shards on disk of a bounded size."""
+
+import json
+import sysconfig
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence
+
+import mlx.core as mx
+
+from ..errors import SourceError
+from ..gen import hidden
+from ..make.importance import vocabulary_texts
+from ..make.paths import ensure_free_space
+
+TOP = 4  # the target's top tokens kept per position: its law, truncated
+TEXT_SUFFIXES = (".py", ".md", ".txt", ".rst", ".json")
+
+
+def default_texts() -> List[str]:
+    """Code and prose that ship with this machine's Python: the calibration text and the standard-library modules of
+    a draft head's vocabulary, the rest of the standard library's sources, and its documentation's prose (pydoc
+    topics)."""
+    import pydoc_data.topics
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    code = [p.read_text(errors="ignore") for p in sorted(stdlib.glob("*.py")) if p.stat().st_size < 200_000]
+    return vocabulary_texts() + list(pydoc_data.topics.topics.values()) + code
+
+
+def read_texts(paths: Sequence[str]) -> List[str]:
+    """The text of each file, and of each text file under each folder."""
+    out = []
+    for p in map(Path, paths):
+        p = p.expanduser()
+        if p.is_dir():
+            out += [f.read_text(errors="ignore") for f in sorted(p.rglob("*")) if f.suffix in TEXT_SUFFIXES
+                    and f.is_file()]
+        elif p.is_file():
+            out.append(p.read_text(errors="ignore"))
+        else:
+            raise SourceError(f"--data {p}: no such file or folder")
+    return out
+
+
+def replies(target, tokenizer, prompts: Sequence[str], max_tokens: int, log=lambda _m: None) -> List[List[int]]:
+    """Each prompt through the chat template, followed by the target's own greedy reply (self-distillation: what the
+    head will draft), generated with the suffix/n-gram drafters (no weights to load; the output is the target's)."""
+    from ..gen.generate import speculative_generate_step
+    from ..gen.registry import build
+
+    out = []
+    for i, text in enumerate(prompts):
+        ids = (list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
+               if getattr(tokenizer, "chat_template", None) else tokenizer.encode(text))
+        reply = [s.token for s in speculative_generate_step(ids, target, build("hybrid:self", target, tokenizer),
+                                                            max_tokens=max_tokens,
+                                                            eos_token_ids=tokenizer.eos_token_ids)]
+        out.append(ids + reply)
+        log(f"reply {i + 1}/{len(prompts)}: {len(reply)} tokens")
+    return out
+
+
+def sequences(tokenizer, texts: Sequence[str], length: int, exclude: Sequence[str] = (),
+              streams: Sequence[List[int]] = ()) -> List[List[int]]:
+    """The texts' tokens and the token `streams`, EOS between them, cut into sequences of `length`; a text holding
+    any of `exclude` (the benchmark prompts) is left out."""
+    eos = (getattr(tokenizer, "eos_token_ids", None) or [0])
+    stream: List[int] = []
+    for ids in streams:
+        stream += list(ids) + [min(eos)]
+    for t in texts:
+        if t.strip() and not any(e in t for e in exclude):
+            stream += tokenizer.encode(t) + [min(eos)]
+    out = [stream[i : i + length] for i in range(0, len(stream) - length + 1, length)]
+    if not out:
+        raise SourceError(f"the training text holds {len(stream)} tokens: fewer than one sequence of {length}")
+    return out
+
+
+def features(target, seq: List[int], reads: Sequence[int]):
+    """(states (L, n * d) float16, top ids (L, TOP) int32, top probs (L, TOP) float16) of the target on `seq`."""
+    run = hidden.taps(target, tuple(sorted(set(reads))))
+    logits, states = run(mx.array(seq)[None], None)
+    states = hidden.pick(states[0], run.reads, tuple(reads))
+    logits = logits[0].astype(mx.float32)
+    ids = mx.argsort(-logits, axis=-1)[:, :TOP].astype(mx.int32)
+    probs = mx.take_along_axis(mx.softmax(logits, axis=-1), ids, axis=-1)
+    return states.astype(mx.float16), ids, probs.astype(mx.float16)
+
+
+class Shards:
+    """The features of the training sequences on disk, a shard per `per` sequences, in `folder`."""
+
+    def __init__(self, folder: Path, per: int = 8):
+        self.folder, self.per = Path(folder), per
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def files(self) -> List[Path]:
+        return sorted(self.folder.glob("shard-*.safetensors"))
+
+    def tokens(self) -> int:
+        meta = self.folder / "meta.json"
+        return json.loads(meta.read_text())["tokens"] if meta.is_file() else 0
+
+    def write(self, target, seqs: List[List[int]], reads: Sequence[int], bytes_per_token: int, limit_gb: float,
+              until: Optional[float] = None, bar=None) -> int:
+        """Compute and write the shards still missing (resumable) until the time `until` or `limit_gb` is reached;
+        returns the tokens on disk."""
+        import time
+
+        done = len(self.files())
+        tokens = self.tokens()
+        for start in range(done * self.per, len(seqs), self.per):
+            if until is not None and time.time() > until or (tokens * bytes_per_token) / 1e9 > limit_gb:
+                break
+            part = seqs[start : start + self.per]
+            ensure_free_space(self.folder, len(part) * len(part[0]) * bytes_per_token * 2, "the training features")
+            out = {"tokens": mx.array(part, dtype=mx.int32)}
+            got = [features(target, s, reads) for s in part]
+            for j, name in enumerate(("states", "ids", "probs")):
+                out[name] = mx.stack([g[j] for g in got])
+            path = self.folder / f"shard-{start // self.per:05d}.safetensors"
+            tmp = path.with_name(f".{path.stem}.tmp.safetensors")  # renamed when whole: a shard is never half there
+            mx.save_safetensors(str(tmp), out)
+            tmp.replace(path)
+            tokens += sum(map(len, part))
+            (self.folder / "meta.json").write_text(json.dumps({"tokens": tokens}))
+            if bar is not None:
+                bar.update(sum(map(len, part)))
+        return tokens
+
+    def batches(self, order: Sequence[int]) -> Iterator[dict]:
+        """The shards in `order`, loaded one at a time."""
+        files = self.files()
+        for i in order:
+            yield mx.load(str(files[i]))
