@@ -375,3 +375,16 @@ def test_served_with_a_head_concurrent_clients_get_the_plain_replies_and_one_cli
     plain, drafted = run_cli(*args), run_cli(*args, "--draft", f"hybrid:eagle3:{tmp_path / 'head'}", "--verbose")
     assert drafted.returncode == 0, drafted.stderr
     assert drafted.stdout == plain.stdout and "accepted" in drafted.stderr
+
+
+def test_without_a_drafter_that_reads_states_no_pass_keeps_any(target, monkeypatch):
+    """Plain decoding and every other drafter run the plain target: the view that keeps states never runs."""
+    from mlx_spec.gen import hidden
+    from mlx_spec.gen.drafters.model import ModelDrafter
+
+    def never(self, *a, **k):
+        raise AssertionError("a pass kept the target's states with no drafter reading them")
+
+    monkeypatch.setattr(hidden.Taps, "__call__", never)
+    for drafter in (None, SuffixDrafter(), HybridDrafter([SuffixDrafter()], ModelDrafter(tiny(0, 1.5), V))):
+        assert spec(target, REPEATING, drafter, max_tokens=8)[0] == plain_greedy(target, REPEATING, 8)

@@ -51,10 +51,11 @@ def prefill_cache(model, cache, tokens: List[int], room: Optional[int], readers:
         if room is not None and i + size > room:
             size = len(chunk)
         x = mx.array(chunk + chunk[-1:] * (size - len(chunk)))[None]
-        states = run(x, cache)[1][0, : len(chunk)] if run is not None else None
         if run is None:
             model(x, cache=cache)
+        else:
+            states = run(x, cache)[1][0, : len(chunk)]
         trim_prompt_cache(cache, size - len(chunk))  # the dummy positions
-        mx.eval([c.state for c in cache], states if states is not None else [])
-        if states is not None:
+        mx.eval([c.state for c in cache], states if run is not None else [])
+        if run is not None:
             hidden.show(readers, at + i, states, read)

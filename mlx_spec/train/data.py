@@ -3,6 +3,7 @@ with this machine) and, per position, the target's states at the blocks the head
 top tokens), computed in chunks into shards on disk of a bounded size."""
 
 import json
+import random
 import sysconfig
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence
@@ -64,8 +65,8 @@ def replies(target, tokenizer, prompts: Sequence[str], max_tokens: int, log=lamb
 
 def sequences(tokenizer, texts: Sequence[str], length: int, exclude: Sequence[str] = (),
               streams: Sequence[List[int]] = ()) -> List[List[int]]:
-    """The texts' tokens and the token `streams`, EOS between them, cut into sequences of `length`; a text holding
-    any of `exclude` (the benchmark prompts) is left out."""
+    """The texts' tokens and the token `streams`, EOS between them, cut into sequences of `length` (shuffled, seeded);
+    a text holding any of `exclude` (the benchmark prompts) is left out."""
     eos = (getattr(tokenizer, "eos_token_ids", None) or [0])
     stream: List[int] = []
     for ids in streams:
@@ -76,6 +77,7 @@ def sequences(tokenizer, texts: Sequence[str], length: int, exclude: Sequence[st
     out = [stream[i : i + length] for i in range(0, len(stream) - length + 1, length)]
     if not out:
         raise SourceError(f"the training text holds {len(stream)} tokens: fewer than one sequence of {length}")
+    random.Random(0).shuffle(out)  # the features a budget has time for are a sample of all the text, in one order
     return out
 
 

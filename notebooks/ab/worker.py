@@ -22,4 +22,6 @@ for line in sys.stdin:
     kw = dict(max_tokens=req["max_tokens"], eos_token_ids=eos, temp=req.get("temp", 0.0))
     t = time_stream(lambda: ours_stream(req["ids"], model, drafter, stats=stats, **kw), req["max_tokens"], eos)
     print(json.dumps({"decode_tps": t.decode_tps, "e2e_tps": t.e2e_tps, "tokens": t.tokens, "drafted": sum(t.from_draft),
-                      "rounds": stats.rounds}), flush=True)
+                      "rounds": stats.rounds, "spec_rounds": stats.spec_rounds, "proposed": stats.proposed,
+                      "accepted": stats.accepted, "accepted_by_position": stats.accepted_by_position,
+                      "proposed_by_position": stats.proposed_by_position}), flush=True)
