@@ -5,7 +5,6 @@ it; outputs equal plain decoding, alone and beside other rows; sampled drafts ke
 import json
 
 import mlx.core as mx
-import mlx.nn as nn
 import pytest
 from conftest import (
     N_TOKENS,
@@ -23,7 +22,7 @@ from conftest import (
 )
 from mlx.utils import tree_flatten, tree_map
 
-from mlx_spec.errors import GenerationError, MlxSpecError, SourceError
+from mlx_spec.errors import GenerationError, MlxSpecError
 from mlx_spec.gen import registry, verify
 from mlx_spec.gen.cache import new_cache, prefill_cache
 from mlx_spec.gen.drafters.eagle3 import Eagle3Drafter
@@ -310,7 +309,7 @@ def test_convert_takes_a_head_into_mlx_quantized_and_the_drafter_runs_it(tmp_pat
     from conftest import run_cli
 
     target, tok = tiny_target
-    n, d, vocab = len(target.layers), target.args.hidden_size, target.args.vocab_size
+    d, vocab = target.args.hidden_size, target.args.vocab_size
     head = random_head(4, vocab, 64, d, [1, 2, 3], hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
     eagle3.save(head, tmp_path / "spec")
     weights = {k.replace("layers.0.", "midlayer."): v for k, v in mx.load(str(tmp_path / "spec" / eagle3.FILE)).items()
@@ -354,8 +353,8 @@ def test_served_with_a_head_concurrent_clients_get_the_plain_replies_and_one_cli
     eagle3.save(random_head(2, target.args.vocab_size, 96, target.args.hidden_size, [1, 2, 3]), tmp_path / "head")
     asks = [[{"role": "user", "content": q}] for q in ("def add(a, b):", "class Point:", "import os", "x = [1, 2,")]
     replies = {}
-    for spec in ("none", f"eagle3:{tmp_path / 'head'}"):
-        pair = Pair.load(str(tiny_models["qwen2"]), spec, num_draft=3)
+    for draft in ("none", f"eagle3:{tmp_path / 'head'}"):
+        pair = Pair.load(str(tiny_models["qwen2"]), draft, num_draft=3)
         pair.adaptive = False  # every round drafts
         with Running(build_app(pair, max_concurrency=4, max_tokens=20)) as srv:
             client = openai.OpenAI(base_url=srv.url + "v1", api_key="unused", max_retries=0, timeout=120)
@@ -367,8 +366,8 @@ def test_served_with_a_head_concurrent_clients_get_the_plain_replies_and_one_cli
             threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(asks))]
             [t.start() for t in threads]
             [t.join(120) for t in threads]
-            replies[spec] = [r.choices[0].message.content for r in out]
-            if spec != "none":
+            replies[draft] = [r.choices[0].message.content for r in out]
+            if draft != "none":
                 assert sum(r.model_extra["mlx_spec"]["drafted"] for r in out) > 0
     assert replies["none"] == replies[f"eagle3:{tmp_path / 'head'}"]
     args = ["generate", "--model", str(tiny_models["qwen2"]), "--prompt", "def add(a, b):", "--max-tokens", "24"]
