@@ -101,9 +101,13 @@ def test_seeded_sampling_repeats_whatever_runs_beside_it(served_pair):
         client = openai.OpenAI(base_url=srv.url + "v1", api_key="unused", max_retries=0, timeout=60)
         kw = dict(model="tiny", messages=HI, temperature=1.0, top_p=0.9)
         alone = client.chat.completions.create(seed=7, **kw).choices[0].message.content
-        other = threading.Thread(target=lambda: stream_chat(client, messages=HI, temperature=1.0, max_tokens=300))
-        other.start()  # an unseeded neighbour draws from the same generator, turn by turn
-        wait_for(srv, lambda h: h["active"] == 1)
+        for _ in range(5):  # an unseeded neighbour draws from the same generator, turn by turn; one that samples EOS
+            other = threading.Thread(  # at once is gone before it is seen running: then another
+                target=lambda: stream_chat(client, messages=HI, temperature=1.0, max_tokens=300))
+            other.start()
+            if wait_for(srv, lambda h: h["active"] == 1 or not other.is_alive())["active"] == 1:
+                break
+            other.join(60)
         beside = client.chat.completions.create(seed=7, **kw).choices[0].message.content
         other.join(60)
         assert beside == alone
