@@ -194,8 +194,7 @@ def train(target, plan: Plan, out: Path, seqs: List[List[int]], *, resume: bool 
     held_batch = next(shards.batches([0]))
     steps, last_save, curve = plan.done.get("steps", 0), time.time(), plan.done.get("curve", [])
     order = list(range(1, files))
-    total = max(1, int((plan.minutes * 60 - (time.time() - started)) / 1))
-    with progress(total=total, desc="training", unit="s") as bar:
+    with progress(total=int(plan.minutes * 60), desc="training", unit="s", initial=int(time.time() - started)) as bar:
         try:
             while time.time() < started + plan.minutes * 60 and steps < (plan.max_steps or math.inf):
                 random.Random(steps).shuffle(order)
