@@ -224,8 +224,9 @@ def train_head(
                                               "trained on first (self-distillation)"),
     reply_tokens: int = typer.Option(256, help="Tokens of each regenerated reply"),
     budget_minutes: float = typer.Option(120.0, help="Time for the whole run, the target's features included"),
-    draft_vocab: int = typer.Option(16384, help="Tokens the head can draft (the ones the target says most often)"),
+    draft_vocab: int = typer.Option(8192, help="Tokens the head can draft (the ones the target says most often)"),
     length: int = typer.Option(512, help="Tokens per training sequence"),
+    batch: int = typer.Option(2, help="Sequences per training step"),
     limit_gb: float = typer.Option(4.0, help="Most disk the target's features take (their data stops there)"),
     resume: bool = typer.Option(False, help="Go on from OUT's last checkpoint"),
 ):
@@ -248,15 +249,15 @@ def train_head(
         asks = [line.strip() for line in regenerate.read_text().splitlines() if line.strip()]
         streams = td.replies(model, tokenizer, [a for a in asks if a not in held], reply_tokens, _log)
     seqs = td.sequences(tokenizer, texts, length, exclude=held, streams=streams)
-    plan = Plan(target, default_reads(len(model.layers)), draft_vocab, length, budget_minutes, lr=3e-4,
+    plan = Plan(target, default_reads(len(model.layers)), draft_vocab, length, budget_minutes, lr=3e-4, batch=batch,
                 limit_gb=limit_gb, data=[str(d) for d in data] or ["default"])
     d, inter = model.args.hidden_size, model.args.intermediate_size
     params = 3 * d * d + 8 * d * d + 3 * d * inter + d * draft_vocab  # fc, attention (q/k/v read 2 d), MLP, head
     weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-    batch = 8 * length * (draft_vocab * 4 * 3 * 3 + 14 * length * 4 * 3)  # logits and attention, 3 steps, kept
+    step = plan.batch * length * (draft_vocab * 4 * 3 * 3 + 14 * length * 4 * 3)  # logits, attention, 3 steps, kept
     _log(f"{len(seqs)} sequences of {length} tokens; the target's features take up to "
          f"{min(limit_gb, len(plan.reads) * d * 2 * len(seqs) * length / 1e9):.2f} GB of disk; training uses about "
-         f"{(weights + params * 16 + batch) / 1e9:.1f} GB of memory (the target, the head with its optimizer, a batch)")
+         f"{(weights + params * 16 + step) / 1e9:.1f} GB of memory (the target, the head with its optimizer, a batch)")
     train(model, plan, out, seqs, resume=resume, log=_log)
     typer.echo(str(out))
 

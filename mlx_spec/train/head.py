@@ -36,7 +36,8 @@ class Plan:
     minutes: float = 120.0
     data_share: float = 0.4  # of the minutes, at most this goes to the target's features
     lr: float = 3e-4
-    warmup: int = 50  # steps of linearly growing learning rate
+    warmup: int = 50  # steps of linearly growing learning rate, then a cosine down to a tenth by the budget's end
+    batch: int = 2  # sequences a step (a step's time grows with it; more steps do more for a head than bigger ones)
     max_steps: Optional[int] = None  # stop after this many steps, if the minutes have not run out before
     limit_gb: float = 4.0
     data: List[str] = field(default_factory=list)  # where the text came from
@@ -193,13 +194,16 @@ def train(target, plan: Plan, out: Path, seqs: List[List[int]], *, resume: bool 
     grad = nn.value_and_grad(head, lambda m, b: ttt(m, b, t2d)[0])
     held_batch = next(shards.batches([0]))
     steps, last_save, curve = plan.done.get("steps", 0), time.time(), plan.done.get("curve", [])
+    if not curve:  # where the head starts (the target's last block): the first point of the learning curve
+        curve.append(_point(head, held_batch, t2d, steps, started, plan))
+        log(f"step 0: held-out acceptance by position {curve[-1]['acceptance']}")
     order = list(range(1, files))
     with progress(total=int(plan.minutes * 60), desc="training", unit="s", initial=int(time.time() - started)) as bar:
         try:
             while time.time() < started + plan.minutes * 60 and steps < (plan.max_steps or math.inf):
                 random.Random(steps).shuffle(order)
-                for b in shards.batches(order):
-                    opt.learning_rate = plan.lr * min(1.0, (steps + 1) / plan.warmup)
+                for b in shards.batches(order, plan.batch):
+                    opt.learning_rate = learning_rate(plan, steps, (time.time() - started) / (plan.minutes * 60))
                     loss, g = grad(head, b)
                     g, _ = optim.clip_grad_norm(g, 1.0)
                     opt.update(head, g)
@@ -220,6 +224,12 @@ def train(target, plan: Plan, out: Path, seqs: List[List[int]], *, resume: bool 
     curve.append(_point(head, held_batch, t2d, steps, started, plan))
     _save(head, opt, out, plan, steps, curve, shards)
     return out
+
+
+def learning_rate(plan: Plan, steps: int, elapsed: float) -> float:
+    """The rate at a step: linear warmup over `plan.warmup` steps, then a cosine over the budget's time (`elapsed`, its
+    share spent) down to a tenth (the steps a budget holds are not known in advance)."""
+    return plan.lr * min(1.0, (steps + 1) / plan.warmup) * (0.55 + 0.45 * math.cos(math.pi * min(1.0, elapsed)))
 
 
 def _point(head, batch, t2d, steps: int, started: float, plan: Plan) -> dict:
