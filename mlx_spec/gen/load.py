@@ -1,7 +1,8 @@
 """Load a model folder; check that a draft model's tokenizer can draft for the target."""
 
+import weakref
 from pathlib import Path
-from typing import Tuple
+from typing import Dict, Optional, Tuple
 
 from ..errors import GenerationError, MlxSpecError, SourceError
 
@@ -20,7 +21,17 @@ def load_folder(folder) -> Tuple[object, object, Path]:
     except Exception as e:  # corrupt safetensors, missing tokenizer files ...
         what = f"{type(e).__name__}: " if not isinstance(e, ValueError) else ""
         raise SourceError(f"{folder}: cannot load: {what}{(str(e).splitlines() or [''])[0]}") from None
+    _FOLDERS[id(model)] = folder
+    weakref.finalize(model, _FOLDERS.pop, id(model), None)
     return model, tokenizer, folder
+
+
+_FOLDERS: Dict[int, Path] = {}
+
+
+def folder_of(model) -> Optional[Path]:
+    """The folder a model was loaded from by `load_folder` (where a checkpoint's extra layers, e.g. MTP, are)."""
+    return _FOLDERS.get(id(model))
 
 
 def vocab_width(model) -> int:

@@ -13,8 +13,8 @@ from .drafters.base import Drafter
 # Most draft tokens per round, by kind: the one place these defaults live.
 DEFAULT_K = {"model": tunables.MODEL_K, "self": tunables.MODEL_K, "quant-self": tunables.MODEL_K,
              "ngram": tunables.NGRAM_K, "suffix": tunables.SUFFIX_K, "hybrid": tunables.SUFFIX_K,
-             "eagle3": tunables.MODEL_K}
-KINDS = ("none", "ngram", "suffix", "self", "quant-self", "hybrid", "eagle3", "model")
+             "eagle3": tunables.MODEL_K, "mtp": tunables.MODEL_K}
+KINDS = ("none", "ngram", "suffix", "self", "quant-self", "hybrid", "eagle3", "mtp", "model")
 NGRAM_N = (2, 16)  # the longest n-gram `ngram:N` may ask for
 
 
@@ -43,8 +43,8 @@ Spec = Union[DrafterSpec, str, None]
 
 def parse(spec: Spec) -> DrafterSpec:
     """'none'/None/'', 'ngram', 'ngram:N', 'suffix', 'suffix:shared', 'self', 'self:LAYERS', 'quant-self',
-    'quant-self:FORMAT', 'hybrid', 'hybrid:D', 'eagle3:FOLDER', or anything else as a model spec; a DrafterSpec is
-    returned as is."""
+    'quant-self:FORMAT', 'hybrid', 'hybrid:D', 'eagle3:FOLDER', 'mtp', 'mtp:FOLDER', or anything else as a model
+    spec; a DrafterSpec is returned as is."""
     if isinstance(spec, DrafterSpec):
         return spec
     spec = (spec or "").strip()
@@ -114,6 +114,8 @@ def build(spec: Spec, target, tokenizer, *, load: Optional[Callable[[str], tuple
         return HybridDrafter([_suffix.SuffixDrafter(), NGramDrafter()], inner)
     if s.kind == "eagle3":
         return _eagle3(s.arg, target, width, real)
+    if s.kind == "mtp":
+        return _mtp(s.arg, target, width, real)
     if s.kind == "quant-self":
         return QuantSelfDrafter(target, s.arg or tunables.QUANT_SELF_FORMAT, width, real, head_ids=subset)
     if s.kind == "self":
@@ -157,3 +159,19 @@ def _eagle3(folder: str, target, width: int, real: int) -> Drafter:
     if "embed_tokens" in head and head.embed_tokens.weight.shape[0] not in (width, real):
         raise GenerationError(f"{folder}: the head embeds {head.embed_tokens.weight.shape[0]} tokens, the target {width}")
     return Eagle3Drafter(head, reads, width, real)
+
+
+def _mtp(folder: str, target, width: int, real: int) -> Drafter:
+    """The MTP layers of the checkpoint in `folder` (default: the one the target was loaded from) over `target`."""
+    from ..make import mtp
+    from .drafters.mtp import MTPDrafter
+    from .load import folder_of
+
+    where = Path(folder).expanduser() if folder else folder_of(target)
+    if where is None:
+        raise GenerationError("'mtp': the target was not loaded from a folder; name its checkpoint: 'mtp:FOLDER'")
+    key = ("mtp", str(where.resolve()), id(target))
+    if key not in _HEADS:  # one module a target, shared by every request's drafter
+        _HEADS[key] = mtp.load(where, target)
+        weakref.finalize(target, _HEADS.pop, key, None)
+    return MTPDrafter(_HEADS[key], len(target.layers), width, real)

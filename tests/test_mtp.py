@@ -1,0 +1,256 @@
+"""A target's own MTP layers (Qwen3-Next's `mtp.*`): the module agrees with mlx-vlm's Qwen MTP drafter on the same
+checkpoint weights (and a misplaced input or norm does not); an MTP module made of the target's last block reproduces
+the target from the states the engine shows it; outputs equal plain decoding alone, in a hybrid and beside other rows;
+sampled drafts keep the target's law."""
+
+import json
+
+import mlx.core as mx
+import pytest
+from conftest import (
+    PROMPT,
+    REPEATING,
+    V,
+    check,
+    make_model,
+    plain_greedy,
+    randomized,
+    spec,
+    tiny_config,
+)
+from mlx.utils import tree_flatten, tree_map
+from test_eagle3 import rows_with_heads
+
+from mlx_spec.errors import MlxSpecError
+from mlx_spec.gen import registry, verify
+from mlx_spec.gen.cache import new_cache
+from mlx_spec.gen.drafters.hybrid import HybridDrafter
+from mlx_spec.gen.drafters.mtp import MTPDrafter
+from mlx_spec.gen.drafters.suffix import SuffixDrafter
+from mlx_spec.gen.hidden import taps
+from mlx_spec.make import mtp
+from mlx_spec.named import load_model, make_drafter
+
+
+def next_model(seed: int, scale: float, vocab: int = V):
+    from mlx_lm.models import qwen3_next
+
+    return randomized(qwen3_next.Model, qwen3_next.ModelArgs.from_dict(tiny_config("qwen3_next", vocab, 4)), seed,
+                      scale)
+
+
+def random_mtp(target, seed: int, scale: float = 1.0) -> mtp.MTP:
+    mx.random.seed(seed)
+    module = mtp.MTP(target)
+    module.update(tree_map(lambda w: w * scale if w.ndim > 1 else w + 0.1 * mx.random.normal(w.shape),
+                           module.parameters()))
+    mx.eval(module.parameters())
+    return module
+
+
+def hf_layout(weights: dict, prefix: str = "") -> dict:
+    """MLX weights as a Qwen3-Next checkpoint stores them: zero-centred norms, one array per expert, convolutions
+    (out, 1, k); each key after `prefix`."""
+    target_norms = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
+                    ".q_norm.weight", ".k_norm.weight")
+    out = {}
+    for k, v in weights.items():
+        if ".switch_mlp." in k:
+            base, proj = k.split(".switch_mlp.")
+            for i in range(v.shape[0]):
+                out[f"{prefix}{base}.experts.{i}.{proj}"] = v[i]
+        elif v.ndim == 1 and k.endswith(mtp.NORMS if prefix else target_norms):
+            out[prefix + k] = v - 1.0
+        else:
+            out[prefix + k] = v.moveaxis(2, 1) if "conv1d.weight" in k else v
+    return out
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny Qwen3-Next checkpoint in the published layout whose weights carry random MTP layers."""
+    folder = make_model(tmp_path_factory.mktemp("mtp") / "next", "qwen3_next", seed=5, scale=4.0)
+    target, _, _ = load_model(str(folder))
+    weights = hf_layout(dict(mx.load(str(folder / "model.safetensors"))))
+    weights.update(hf_layout(dict(tree_flatten(random_mtp(target, 3).parameters())), "mtp."))
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    again, _, _ = load_model(str(folder))
+    assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(tree_flatten(target.parameters()),
+                                                                   tree_flatten(again.parameters())))
+    return folder
+
+
+def reference(folder, target):
+    """mlx-vlm's Qwen MTP drafter (Qwen3.5-MoE's, the same layer as Qwen3-Next's) over the checkpoint's weights."""
+    from mlx_vlm.speculative.drafters.qwen3_5_mtp import Model, ModelConfig
+
+    c = json.loads((folder / "config.json").read_text())
+    rotary = int(c["head_dim"] * c["partial_rotary_factor"])
+    text = dict(c, model_type="qwen3_5_moe_text", mtp_num_hidden_layers=1, norm_topk_prob=target.args.norm_topk_prob,
+                rope_parameters={"type": "default", "rope_theta": c["rope_theta"], "mrope_section": [rotary // 2, 0, 0],
+                                 "partial_rotary_factor": c["partial_rotary_factor"]})
+    ref = Model(ModelConfig.from_dict({"model_type": "qwen3_5_mtp", "text_config": text}))
+    raw = {k: v for k, v in mx.load(str(folder / "model.safetensors")).items() if k.startswith("mtp.")}
+    ref.load_weights(list(ref.sanitize(raw).items()), strict=True)
+    ref.reset(target)
+    return ref
+
+
+def compare(mine: mtp.MTP, ref, target, atol=1e-4) -> bool:
+    """Both fed the same tokens beside the target's last states (a prefill), then three drafts each fed its own
+    output: whether the logits agree at every step."""
+    mx.random.seed(7)
+    tokens = mx.random.randint(0, target.args.vocab_size, (1, 10))
+    hidden = target.model(tokens)  # the target's last states, after its final norm: what the MTP layers read
+    x, h = tokens[:, 1:], hidden[:, :-1]
+    theirs, cache = ref._forward_tokens(x, h, mx.int32), new_cache(mine)
+    ours = mine(x, h, cache)
+    same = mx.allclose(mine.logits(ours), ref._lm_head_fn(theirs), atol=atol).item()
+    for _ in range(3):
+        tok = mx.argmax(ref._lm_head_fn(theirs[:, -1:]), -1)
+        theirs, ours = ref._forward_tokens(tok, theirs[:, -1:], mx.int32), mine(tok, ours[:, -1:], cache)
+        same = same and mx.allclose(mine.logits(ours), ref._lm_head_fn(theirs), atol=atol).item()
+    return same
+
+
+def test_the_module_agrees_with_mlx_vlms_qwen_mtp_on_the_checkpoints_weights(checkpoint):
+    target, _, _ = load_model(str(checkpoint))
+    assert not any("mtp" in k for k, _ in tree_flatten(target.parameters()))  # mlx-lm dropped them
+    mine = mtp.load(checkpoint, target)
+    assert compare(mine, reference(checkpoint, target), target)
+
+
+@pytest.mark.parametrize("broken", ["inputs_swapped", "norms_as_stored", "hidden_not_normed"])
+def test_a_misplaced_input_or_norm_fails_the_same_comparison(checkpoint, monkeypatch, broken):
+    target, _, _ = load_model(str(checkpoint))
+    if broken == "norms_as_stored":
+        monkeypatch.setattr(mtp, "NORMS", ("no-norm",))
+    mine = mtp.load(checkpoint, target)
+    if broken == "inputs_swapped":
+        monkeypatch.setattr(mtp.MTP, "__call__", lambda self, t, h, cache=None: self.norm(self.layers[0](self.fc(
+            mx.concatenate([self.pre_fc_norm_hidden(h), self.pre_fc_norm_embedding(self.embed(t))], -1)),
+            "causal" if t.shape[1] > 1 else None, cache[0] if cache else None)))
+    if broken == "hidden_not_normed":
+        monkeypatch.setattr(mtp.MTP, "__call__", lambda self, t, h, cache=None: self.norm(self.layers[0](self.fc(
+            mx.concatenate([self.pre_fc_norm_embedding(self.embed(t)), h], -1)),
+            "causal" if t.shape[1] > 1 else None, cache[0] if cache else None)))
+    assert not compare(mine, reference(checkpoint, target), target)
+
+
+def test_mtp_loads_from_the_targets_own_folder_and_refuses_one_line_where_there_is_none(checkpoint, tmp_path):
+    target, tok, _ = load_model(str(checkpoint))
+    d = make_drafter("mtp", target, tok)
+    assert isinstance(d, MTPDrafter) and d is not make_drafter("mtp", target, tok)
+    assert d.model is make_drafter(f"mtp:{checkpoint}", target, tok).model  # one module a target, every request's
+    assert registry.default_num_draft("mtp") >= 1 and str(registry.parse("hybrid:mtp").inner) == "mtp"
+    plain = make_model(tmp_path / "plain", "qwen3_next", seed=5)
+    with pytest.raises(MlxSpecError) as e:
+        make_drafter(f"mtp:{plain}", target, tok)
+    assert "no MTP layers" in str(e.value) and "\n" not in str(e.value)
+    other, other_tok, _ = load_model(str(make_model(tmp_path / "qwen2", "qwen2")))
+    with pytest.raises(MlxSpecError) as e:
+        make_drafter(f"mtp:{checkpoint}", other, other_tok)
+    assert "the target is qwen2" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return next_model(1, 3.0)
+
+
+MODULES = {}
+
+
+def drafter(target, seed=5, scale=1.0):
+    key = (id(target), seed, scale)
+    if key not in MODULES:
+        MODULES[key] = random_mtp(target, seed, scale)
+    return MTPDrafter(MODULES[key], len(target.layers), V)
+
+
+def test_the_states_an_mtp_drafter_is_shown_are_the_targets_last_normed_states(target):
+    d, got = drafter(target), []
+    see = d.see
+    d.see = lambda at, states: (got.append((at, d.model.target_norm(states))), see(at, states))
+    prompt = [1, 0, 3, 2, 1, 0]
+    toks, stats = spec(target, prompt, d, max_tokens=12, num_draft=2, adaptive=False)
+    assert toks == plain_greedy(target, prompt, 12) and stats.proposed > 0
+    context = prompt + toks
+    want = target.model(mx.array(context)[None])[0]
+    assert d.reads == (len(target.layers) - 1,)
+    covered = set()
+    for at, s in got:
+        assert mx.allclose(s, want[at : at + s.shape[0]], atol=1e-4).item(), at
+        covered.update(range(at, at + s.shape[0]))
+    assert covered == set(range(len(context) - 1))
+    _, last = taps(target, d.reads)(mx.array(context)[None], new_cache(target))
+    assert mx.allclose(target.model.norm(last[0]), want, atol=1e-4).item()
+
+
+def test_mtp_drafts_equal_plain_greedy_alone_in_a_hybrid_and_beside_other_rows(target):
+    for prompt in (PROMPT, REPEATING, [2, 2, 1, 0, 2, 2, 1]):
+        want = plain_greedy(target, prompt, 16)
+        toks, stats = spec(target, prompt, drafter(target), max_tokens=16, num_draft=3, adaptive=False)
+        assert toks == want and stats.proposed > 0
+        hybrid = HybridDrafter([SuffixDrafter()], drafter(target))
+        assert spec(target, prompt, hybrid, max_tokens=16, num_draft=3, adaptive=False)[0] == want
+    prompts, maxes = [REPEATING, PROMPT, [2, 2, 1, 0, 2, 2, 1]], [14, 20, 9]
+    e, rows = rows_with_heads(target, prompts, [drafter(target), None, drafter(target)], maxes)
+    outs = {}
+    while e.rows:
+        live = e.rows
+        for i, steps in e.round().items():
+            outs.setdefault(id(live[i]), []).extend(s.token for s in steps)
+        for r in [r for r in e.rows if r.done]:
+            e.remove(r)
+    for r, p, m in zip(rows, prompts, maxes):
+        assert outs[id(r)] == plain_greedy(target, p, m)
+    assert rows[0].stats.drafted_together >= 2
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_sampled_mtp_drafts_keep_the_targets_law_and_a_rule_that_resamples_from_the_target_fails(broken,
+                                                                                                  monkeypatch):
+    spread = next_model(2, 1.0)
+    if broken:
+        monkeypatch.setattr(verify, "_residual", lambda q, p: q)
+    ok, stat, crit = check(spread, drafter(spread, scale=4.0), dict(temp=1.0))
+    assert ok != broken, f"{'broken' if broken else 'exact'} rule: chi2 {stat:.1f} vs {crit:.1f}"
+
+
+@pytest.mark.slow
+def test_served_with_mtp_concurrent_clients_get_the_plain_replies_and_one_cli_generate_agrees(checkpoint):
+    """`serve --draft mtp` (the target's own folder) through the official client, four requests at once, and
+    `generate --draft hybrid:mtp`: the replies of plain decoding."""
+    import threading
+
+    import openai
+    from conftest import run_cli
+
+    from mlx_spec_apps.server.app import build_app
+    from mlx_spec_apps.server.main import Running
+    from mlx_spec_apps.server.pair import Pair
+
+    asks = [[{"role": "user", "content": q}] for q in ("def add(a, b):", "class Point:", "import os", "x = [1, 2,")]
+    replies = {}
+    for draft in ("none", "mtp"):
+        pair = Pair.load(str(checkpoint), draft, num_draft=3)
+        pair.adaptive = False  # every round drafts
+        with Running(build_app(pair, max_concurrency=4, max_tokens=20)) as srv:
+            client = openai.OpenAI(base_url=srv.url + "v1", api_key="unused", max_retries=0, timeout=120)
+            out = [None] * len(asks)
+
+            def ask(i):
+                out[i] = client.chat.completions.create(model="tiny", messages=asks[i])
+
+            threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(asks))]
+            [t.start() for t in threads]
+            [t.join(120) for t in threads]
+            replies[draft] = [r.choices[0].message.content for r in out]
+            if draft != "none":
+                assert sum(r.model_extra["mlx_spec"]["drafted"] for r in out) > 0
+    assert replies["none"] == replies["mtp"]
+    args = ["generate", "--model", str(checkpoint), "--prompt", "def add(a, b):", "--max-tokens", "24"]
+    plain, drafted = run_cli(*args), run_cli(*args, "--draft", "hybrid:mtp", "--verbose")
+    assert drafted.returncode == 0, drafted.stderr
+    assert drafted.stdout == plain.stdout and "accepted" in drafted.stderr
