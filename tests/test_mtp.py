@@ -153,6 +153,29 @@ def test_mtp_loads_from_the_targets_own_folder_and_refuses_one_line_where_there_
     assert "the target is qwen2" in str(e.value) and "\n" not in str(e.value)
 
 
+def test_convert_keeps_the_mtp_layers_beside_the_model_and_mtp_runs_them_from_there(checkpoint, tmp_path):
+    """`mlx-spec convert` of a checkpoint with MTP layers: the module's weights in mtp.safetensors beside a folder
+    mlx-lm still loads; `mtp` over the converted target is the same module; a layer-dropped draft keeps none."""
+    from conftest import run_cli
+
+    res = run_cli("convert", str(checkpoint), str(tmp_path / "mlx"), "--dtype", "float32")
+    assert res.returncode == 0, res.stderr
+    out = tmp_path / "mlx"
+    config = json.loads((out / "config.json").read_text())
+    assert (out / mtp.FILE).is_file() and "mtp_layers" in [o["op"] for o in config["mlx_spec"]["operations"]]
+    target, tok, _ = load_model(str(out))
+    original, _, _ = load_model(str(checkpoint))
+    mine, theirs = make_drafter("mtp", target, tok).model, mtp.load(checkpoint, original)
+    assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(tree_flatten(mine.parameters()),
+                                                                   tree_flatten(theirs.parameters())))
+    prompt = tok.encode("def add(a, b):\n    return a + b\n")
+    toks, stats = spec(target, prompt, make_drafter("mtp", target, tok), max_tokens=16, num_draft=3, adaptive=False)
+    assert toks == plain_greedy(target, prompt, 16) and stats.proposed > 0
+    res = run_cli("convert", str(checkpoint), str(tmp_path / "draft"), "--keep-layers", "2")
+    assert res.returncode == 0, res.stderr
+    assert not (tmp_path / "draft" / mtp.FILE).exists()
+
+
 @pytest.fixture(scope="module")
 def target():
     return next_model(1, 3.0)

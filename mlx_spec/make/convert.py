@@ -171,7 +171,7 @@ def convert_folder(
         raise SourceError(f"{src}: no .safetensors weights found")
     src_cfg = json.loads((src / "config.json").read_text())
     prior = src_cfg.pop("mlx_spec", None)
-    from . import eagle3
+    from . import eagle3, mtp
 
     if eagle3.is_head(src_cfg):
         if keep_layers is not None or layers is not None or prune or head_bits is not None or quant_mode != "affine":
@@ -269,6 +269,9 @@ def convert_folder(
                         **({"head_bits": head_bits} if head_bits is not None else {})})
             bar.update()
 
+        keep_mtp = layers is None and prune is None and mtp.has_mtp(src)  # the target's own: a draft has none to keep
+        if keep_mtp:
+            ops.append({"op": "mtp_layers", "file": mtp.FILE, "dtype": target, "note": "kept beside the model"})
         config["mlx_spec"] = {
             "source": prior["source"] if prior else str(source),
             "source_sha256": prior["source_sha256"] if prior else source_sha256,
@@ -277,6 +280,8 @@ def convert_folder(
             **({"recipe": recipe} if recipe else {}),
         }
         with atomic_dir(out, force=force) as tmp:
+            if keep_mtp:
+                mtp.save(tmp, src, mx_dtype)
             save_model(tmp, model, donate_model=True)  # the lazy graph runs here: the longest step
             save_config(config, tmp / "config.json")
             tokenizer.save_pretrained(str(tmp))

@@ -19,6 +19,7 @@ from mlx_lm.models.cache import KVCache
 from ..errors import SourceError
 from .layers import holder_of
 
+FILE = "mtp.safetensors"  # beside a converted model: the module's weights as it names them (mlx_lm.load skips it)
 FAMILIES = ("qwen3_next",)  # model types whose `mtp.*` layers run here (Qwen3.5's wrapper model is not a target yet)
 NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight", "k_norm.weight",
          "norm.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")
@@ -62,8 +63,8 @@ class MTP(nn.Module):
 
 
 def has_mtp(folder) -> bool:
-    """Whether a model folder's weights hold MTP layers."""
-    return bool(_files(Path(folder), probe=True))
+    """Whether a model folder holds MTP layers (a checkpoint's `mtp.*` weights or a converted folder's FILE)."""
+    return (Path(folder) / FILE).is_file() or bool(_files(Path(folder), probe=True))
 
 
 def _files(folder: Path, probe: bool = False) -> List[Path]:
@@ -72,12 +73,15 @@ def _files(folder: Path, probe: bool = False) -> List[Path]:
     if index.is_file():
         names = {f for k, f in json.loads(index.read_text())["weight_map"].items() if _is_mtp(k)}
         return [folder / n for n in sorted(names)]
+    from safetensors import safe_open  # reads a file's header only
+
     out = []
-    for f in sorted(folder.glob("*.safetensors")):
-        if any(_is_mtp(k) for k in mx.load(str(f))):
-            out.append(f)
-            if probe:
-                break
+    for f in sorted(folder.glob("model*.safetensors")):
+        with safe_open(str(f), "numpy") as st:
+            if any(_is_mtp(k) for k in st.keys()):
+                out.append(f)
+                if probe:
+                    break
     return out
 
 
@@ -88,6 +92,8 @@ def _is_mtp(key: str) -> bool:
 def weights(folder: Path) -> Dict[str, mx.array]:
     """The MTP weights of a checkpoint as the module names them: prefix dropped, HF's zero-centred norms made whole
     (the checkpoint's norms multiply by 1 + w), experts stacked as mlx-lm's `switch_mlp`."""
+    if (folder / FILE).is_file():
+        return dict(mx.load(str(folder / FILE)))
     out = {}
     for f in _files(folder):
         for k, v in mx.load(str(f)).items():
@@ -103,6 +109,15 @@ def weights(folder: Path) -> Dict[str, mx.array]:
     return out
 
 
+def save(folder: Path, src: Path, dtype) -> int:
+    """Write the MTP layers of checkpoint `src` into `folder`/FILE, cast to `dtype`; their parameter count (0 and
+    nothing written where it has none)."""
+    got = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights(Path(src)).items()}
+    if got:
+        mx.save_safetensors(str(Path(folder) / FILE), got, metadata={"format": "mlx"})
+    return sum(v.size for v in got.values())
+
+
 def load(folder, target) -> MTP:
     """The MTP module of the checkpoint in `folder` over `target` (loaded from the same checkpoint); one line of
     refusal where the folder holds none or the target is of another family."""
@@ -113,8 +128,8 @@ def load(folder, target) -> MTP:
                           f"{kind}")
     got = weights(folder)
     if not got:
-        raise SourceError(f"{folder}: its weights hold no MTP layers (mtp.*); a converted MLX copy has them dropped: "
-                          "point --draft mtp:FOLDER at the original checkpoint")
+        raise SourceError(f"{folder}: no MTP layers (the checkpoints that ship them here: Qwen3-Next's, mtp.*; a copy "
+                          "converted by mlx-lm has them dropped, one converted by mlx-spec keeps them)")
     n = 1 + max(int(k.split(".")[1]) for k in got if k.startswith("layers."))
     module = MTP(target, n)
     try:
