@@ -97,3 +97,34 @@ def test_bad_input_is_one_line_refused_and_writes_nothing(tiny_models, tmp_path)
         args += [flag, value] if flag == "--target" else ["--target", str(tiny_models["qwen2"]), flag, value]
         assert one_line_error(run_cli(*args))
         assert not (tmp_path / "out").exists()
+
+
+def test_bench_run_head_measures_the_head_with_its_training_record_and_learning_curve(trained, tiny_models, tmp_path):
+    """`bench run SUITE --head DIR` for a suite naming HEAD: the head's rows (alone and in the hybrid) equal the
+    target alone, per set their tau and acceptance by position, and the training record and curve beside them; a
+    suite naming HEAD without --head, or --head for one that does not, is one line."""
+    out = trained[0]
+    suite = tmp_path / "h.toml"
+    suite.write_text('description = "head"\nkind = "table"\nmax_tokens = 8\nrepeats = 1\n'
+                     'prompts = { humaneval = 1, prose = 1 }\n\n[[targets]]\nmodel = "qwen2.5-coder-0.5b"\n'
+                     'drafts = ["eagle3:HEAD", "hybrid:eagle3:HEAD"]\n')
+    r = run_cli("bench", "run", str(suite), "--out", str(tmp_path / "runs"), "--head", str(out),
+                "--model", str(tiny_models["qwen2"]))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(next((tmp_path / "runs").glob("h-*.json")).read_text())
+    assert data["training"]["done"]["steps"] > 10 and data["training"]["folder"] == str(out)
+    rows = {e["draft"]: e for e in data["summary"]}
+    assert rows[f"eagle3:{out}"]["identical"] == rows[f"hybrid:eagle3:{out}"]["identical"] == 2
+    md = next((tmp_path / "runs").glob("h-*.md")).read_text()
+    assert "Learning curve" in md and "| τ" in md.replace("τ (held out)", "")
+    curve = [x.split("|")[2].strip() for x in md.split("Learning curve")[1].splitlines() if x.startswith("| ")]
+    assert curve[1:] == [str(p["steps"]) for p in data["training"]["done"]["curve"]]  # a line a checkpoint
+    for args, words in (([], "give its folder with --head"), (["--head", str(out), "--model", "x"], None)):
+        if words is None:
+            plain = tmp_path / "p.toml"
+            plain.write_text(suite.read_text().replace('"eagle3:HEAD", "hybrid:eagle3:HEAD"', '"ngram"'))
+            r = run_cli("bench", "run", str(plain), "--out", str(tmp_path / "runs2"), *args)
+            words = "--head is for a suite"
+        else:
+            r = run_cli("bench", "run", str(suite), "--out", str(tmp_path / "runs2"), *args)
+        assert r.returncode != 0 and words in one_line_error(r)

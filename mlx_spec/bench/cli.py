@@ -124,11 +124,13 @@ def run(
     resume: Optional[str] = typer.Option(None, help="Continue this result file (same suite): finished "
                                          "measurements are kept, the rest are run"),
     model: Optional[str] = typer.Option(None, help="Run the suite's rows on this target instead of its own"),
+    head: Optional[str] = typer.Option(None, help="The head folder a suite naming HEAD measures (`bench run head "
+                                       "--head DIR`: a trained head, its training record and learning curve)"),
 ):
     """Run a benchmark suite: one result JSON (versioned schema) and its markdown table, written as it goes."""
     from . import runner
 
-    result = runner.run_suite(suite, out, resume=resume, log=_log, model=model)
+    result = runner.run_suite(suite, out, resume=resume, log=_log, model=model, head=head)
     typer.echo(result.md_path.read_text())
     _log(f"wrote {result.path} and {result.md_path}")
 

@@ -20,10 +20,14 @@ def listing() -> List[Tuple[str, str, str]]:
 
 
 def run_suite(name_or_path: str, out: str, resume: Optional[str] = None, log: Log = lambda _m: None,
-              model: Optional[str] = None) -> ResultFile:
+              model: Optional[str] = None, head: Optional[str] = None) -> ResultFile:
     """Run (or resume) a suite; the result file is written after every measurement and returned at the end.
-    model: run the suite's rows on this target instead of the suite's own (every target's drafts, once each)."""
+    model: run the suite's rows on this target instead of the suite's own (every target's drafts, once each);
+    head: the head folder a suite naming HEAD measures."""
+    from . import head as heads
+
     s = suites.load(name_or_path)
+    training = heads.point(s, head)
     if model is not None:
         s.targets = suites.retarget(s.targets, model)
     if resume:
@@ -32,6 +36,8 @@ def run_suite(name_or_path: str, out: str, resume: Optional[str] = None, log: Lo
     else:
         result = ResultFile.create(out, s.as_dict(), machine_info())
         log(f"writing {result.path}")
+    if training is not None:
+        result.data["training"] = training
     if s.kind == "roofline" and "bandwidth" not in result.data:
         log("measuring the memory read bandwidth")
         result.data["bandwidth"] = roofline.measure_bandwidth(s.bandwidth_gb)

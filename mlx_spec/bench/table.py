@@ -454,4 +454,8 @@ def markdown(data: dict) -> str:
                                      "Mean accepted", "Identical to the target alone"), detail) + "\n"
         if s["kind"] == "table" and (per_set := _by_set_table(data)):
             out += "\n" + per_set
+    if data.get("training"):
+        from . import head
+
+        out += "\n" + head.markdown(data)
     return out
