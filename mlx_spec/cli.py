@@ -217,7 +217,8 @@ def serve(
 @app.command("train-head")
 def train_head(
     target: str = typer.Option(DEFAULT_MODEL, help=MODEL_HELP),
-    out: Path = typer.Option(..., help="Folder for the head (then `--draft eagle3:OUT`), its data and its record"),
+    out: Optional[Path] = typer.Option(None, help="Folder for the head (then `--draft eagle3:OUT`), its data and its "
+                                       "record (default: heads/TARGET in the cache, where draft-search finds it)"),
     data: List[str] = typer.Option([], help="Text files or folders to train on (default: code and prose that ship "
                                    "with this machine's Python)"),
     regenerate: Optional[Path] = typer.Option(None, help="Prompts (one per line) whose replies by the target are "
@@ -231,34 +232,16 @@ def train_head(
     resume: bool = typer.Option(False, help="Go on from OUT's last checkpoint"),
 ):
     """Train an EAGLE-3 head for TARGET on this machine (MLX, training-time test); saved in the published layout."""
-    from mlx.utils import tree_flatten
-
     from .bench.prompts import PROSE_QUESTIONS, build
-    from .make.eagle3 import default_reads
     from .named import load_model
-    from .train import data as td
-    from .train.head import Plan, train
+    from .train import job
 
     _hint()
     model, tokenizer, _ = load_model(target, _log)
     held = [p.text for p in build(tokenizer, 164, 0, n_prose=len(PROSE_QUESTIONS))]
-    _log(f"{len(held)} benchmark prompts (HumanEval, prose) are kept out of the training text")
-    texts = td.read_texts(data) if data else td.default_texts()
-    streams = []
-    if regenerate is not None:
-        asks = [line.strip() for line in regenerate.read_text().splitlines() if line.strip()]
-        streams = td.replies(model, tokenizer, [a for a in asks if a not in held], reply_tokens, _log)
-    seqs = td.sequences(tokenizer, texts, length, exclude=held, streams=streams)
-    plan = Plan(target, default_reads(len(model.layers)), draft_vocab, length, budget_minutes, lr=3e-4, batch=batch,
-                limit_gb=limit_gb, data=[str(d) for d in data] or ["default"])
-    d, inter = model.args.hidden_size, model.args.intermediate_size
-    params = 3 * d * d + 8 * d * d + 3 * d * inter + d * draft_vocab  # fc, attention (q/k/v read 2 d), MLP, head
-    weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-    step = plan.batch * length * (draft_vocab * 4 * 3 * 3 + 14 * length * 4 * 3)  # logits, attention, 3 steps, kept
-    _log(f"{len(seqs)} sequences of {length} tokens; the target's features take up to "
-         f"{min(limit_gb, len(plan.reads) * d * 2 * len(seqs) * length / 1e9):.2f} GB of disk; training uses about "
-         f"{(weights + params * 16 + step) / 1e9:.1f} GB of memory (the target, the head with its optimizer, a batch)")
-    train(model, plan, out, seqs, resume=resume, log=_log)
+    out = job.run(model, tokenizer, target, out or job.default_out(target), held=held, data=data,
+                  regenerate=regenerate, reply_tokens=reply_tokens, minutes=budget_minutes, draft_vocab=draft_vocab,
+                  length=length, batch=batch, limit_gb=limit_gb, resume=resume, log=_log)
     typer.echo(str(out))
 
 
@@ -275,6 +258,8 @@ def draft_search(
     max_tokens: int = typer.Option(DS_MAX_TOKENS, help="Tokens generated per prompt"),
     methods: str = typer.Option(",".join(DS_LADDER), help="Compression methods to make drafts with (convert's "
                                 "draft methods: int8, int4, mxfp4, nf4, layers-half, prune-2:4, gptq-int4, ...)"),
+    train_minutes: float = typer.Option(0.0, help="Where no EAGLE-3 head for TARGET is stored, train one for this "
+                                        "long as a candidate (at most half the budget; see `train-head`)"),
     name: Optional[str] = typer.Option(None, help="Recipe name for a recommended draft (default: TARGET-draft)"),
     out: str = typer.Option(DEFAULT_OUT, help="Folder for the JSON result"),
 ):
@@ -285,7 +270,8 @@ def draft_search(
     _hint()
     search = ds.Search(target, calibration=calibration, prompt_sets=[p for p in prompt_set.split(",") if p],
                        budget_minutes=budget_minutes, prompts=prompts,
-                       max_tokens=max_tokens, methods=[m for m in methods.split(",") if m], log=_log)
+                       max_tokens=max_tokens, methods=[m for m in methods.split(",") if m],
+                       train_minutes=train_minutes, log=_log)
     search.load()
     path = ds.result_path(out)
 

@@ -223,3 +223,30 @@ def test_cli(tiny_models, home, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "mlx_spec.cli", "draft-search", "--target", "/no/such/model"],
                          capture_output=True, text=True, env=env)
     one_line_error(bad)
+
+
+def test_a_head_is_trained_as_a_candidate_when_asked_and_found_by_the_next_search(tiny_models, home):
+    """Without a stored head the search says how to train one; with --train-minutes it trains one into the heads
+    folder and measures it (lossless) and its hybrid; the next search finds that head without training."""
+    from mlx_spec.train.job import heads_for
+
+    target = str(tiny_models["qwen2"])
+    search = ds.Search(target, budget_minutes=10, prompts=1, max_tokens=6, methods=[])
+    search.load()
+    result = search.search()
+    assert not any(c.kind == "learned" for c in result.candidates)
+    assert any("train-head --target" in n for n in result.notes)
+    search = ds.Search(target, budget_minutes=10, prompts=1, max_tokens=6, methods=[], train_minutes=0.25)
+    search.load()
+    rows = {c.name: c for c in search.search().candidates}
+    trained = rows[f"eagle3:{ds.TRAIN}"]
+    assert trained.status in ("estimated", "measured") and trained.spec.startswith("eagle3:")
+    assert heads_for(target) and str(heads_for(target)[0]) in trained.spec
+    if trained.speedup is not None:
+        assert trained.identical
+    again = ds.Search(target, budget_minutes=10, prompts=1, max_tokens=6, methods=[], train_minutes=0.25)
+    again.load()
+    names = [c.name for c in again.candidates()]
+    assert f"eagle3:{heads_for(target)[0].name}" in names and f"eagle3:{ds.TRAIN}" not in names
+    with pytest.raises(ds.DraftSearchError, match="half the budget"):
+        ds.Search(target, budget_minutes=10, train_minutes=6)

@@ -44,7 +44,8 @@ QUICK_TOKENS = 24  # tokens drafted for a candidate's cheap estimate
 FULL_RESERVE = 4  # full measurements the estimates leave time for (the top 3 and a hybrid), at most half the budget
 PROMPT_TOKENS = 256  # each calibration prompt is cut to this many tokens
 PROMPT_SETS = ("humaneval", "edit", "prose")  # bench prompt sets that may stand in for the calibration text
-MODEL_KINDS = ("variant", "recipe")  # candidates that are a draft model, which a hybrid can wrap
+MODEL_KINDS = ("variant", "recipe", "learned")  # candidates that are a draft model or head, which a hybrid can wrap
+TRAIN = "train-head"  # the method of the candidate that is a head the search trains first
 BUILD_S_PER_GB = 60.0  # assumed conversion time per GB of target weights, before one is measured
 
 Log = Callable[[str], None]
@@ -57,9 +58,9 @@ class DraftSearchError(MlxSpecError):
 @dataclass
 class Candidate:
     name: str  # row label: a method ('int4'), a recipe, or a drafter spec ('ngram', 'quant-self:int4')
-    kind: str  # "variant" (made from the target), "recipe", "drafter" or "hybrid"
+    kind: str  # "variant" (made from the target), "recipe", "drafter", "learned" (MTP, a head) or "hybrid"
     spec: str = ""  # the drafter spec the engine runs (a folder for model drafts)
-    method: Optional[str] = None  # the draft_methods() name of a variant
+    method: Optional[str] = None  # the draft_methods() name of a variant, or TRAIN
     size_gb: float = 0.0  # weights the draft adds in memory
     status: str = "pending"
     estimate: Optional[float] = None  # estimated speed-up from the quick run
@@ -128,10 +129,12 @@ class Search:
 
     def __init__(self, target: str, *, calibration=None, prompt_sets: Sequence[str] = (),
                  budget_minutes: float = 60.0, prompts: int = DEFAULT_PROMPTS, max_tokens: int = DEFAULT_MAX_TOKENS,
-                 methods: Sequence[str] = DEFAULT_LADDER, log: Log = lambda _m: None):
+                 methods: Sequence[str] = DEFAULT_LADDER, train_minutes: float = 0.0, log: Log = lambda _m: None):
         """prompt_sets: measure on the benchmark's prompts of these sets (interleaved, chat-templated) instead of
         the calibration text: the context drafters (suffix, n-gram) accept almost nothing on prose passages and
-        are the best single drafters on code, so a coder model's drafter is best chosen on code requests."""
+        are the best single drafters on code, so a coder model's drafter is best chosen on code requests.
+        train_minutes: where no EAGLE-3 head for the target is stored, train one for this long as a candidate
+        (at most half the budget; 0: the search only says how)."""
         from ..make.convert import draft_methods
         from ..make.importance import calibration_texts
 
@@ -147,6 +150,10 @@ class Search:
             raise DraftSearchError(f"unknown prompt set {bad[0]} (known: {', '.join(PROMPT_SETS)})")
         if prompt_sets and calibration is not None:
             raise DraftSearchError("give --calibration or --prompt-set, not both")
+        if not 0 <= train_minutes <= budget_minutes / 2:
+            raise DraftSearchError(f"--train-minutes must be between 0 and half the budget ({budget_minutes / 2:g}), "
+                                   f"got {train_minutes:g}")
+        self.train_minutes, self.notes = train_minutes, []
         self.prompt_sets = list(dict.fromkeys(prompt_sets))
         self.texts = [] if self.prompt_sets else calibration_texts(calibration)  # clear errors: missing, empty, binary
         self.target_spec, self.methods, self.log = target, list(methods), log
@@ -232,7 +239,22 @@ class Search:
                 self.notes.append(f"recipe {recipe.name} not tried: not fetched (`mlx-spec fetch {recipe.name}`)")
             elif self._same_tokenizer(folder):
                 out.append(Candidate(recipe.name, "recipe", str(folder)))
-        out += [Candidate(m, "variant", method=m) for m in self.methods]
+        out += self._learned()  # before the variants: a head is what prose may need, and it was asked for
+        return out + [Candidate(m, "variant", method=m) for m in self.methods]
+
+    def _learned(self) -> List[Candidate]:
+        """The target's own MTP layers, the heads trained for it, or one to train (`train_minutes`)."""
+        from ..make import mtp
+        from ..train.job import heads_for
+
+        out = [Candidate("mtp", "learned", "mtp")] if mtp.has_mtp(self.folder) else []
+        heads = heads_for(str(self.target_spec))
+        out += [Candidate(f"eagle3:{h.name}", "learned", f"eagle3:{h}") for h in heads]
+        if not heads and self.train_minutes:
+            out.append(Candidate(f"eagle3:{TRAIN}", "learned", method=TRAIN))
+        elif not heads:
+            self.notes.append(f"no EAGLE-3 head for {self.target_spec}: `mlx-spec train-head --target "
+                              f"{self.target_spec}` trains one (or --train-minutes M, here)")
         return out
 
     def _same_tokenizer(self, folder: Path) -> bool:
@@ -250,6 +272,8 @@ class Search:
         from ..bench.variants import cached_variant, variant_folder
         from ..named import load_model, make_drafter
 
+        if c.method == TRAIN and not c.spec:
+            c.spec = f"eagle3:{self.train()}"
         if c.kind == "variant" and not c.spec:
             if cached_variant(str(self.folder), c.method) is None:
                 # Converting needs the target's weights again plus the format's temporaries (the 1.5B float32 to
@@ -263,6 +287,17 @@ class Search:
             else:
                 c.spec = str(variant_folder(str(self.folder), c.method, self.log))
         return make_drafter(c.spec, self.model, self.tokenizer, log=self.log)
+
+    def train(self) -> Path:
+        """Train a head for the target for `train_minutes` (the benchmark's prompts kept out of its text)."""
+        from ..train.job import default_out, run
+        from .prompts import PROSE_QUESTIONS, build
+
+        held = [p.text for p in build(self.tokenizer, 164, 0, n_prose=len(PROSE_QUESTIONS))]
+        out = default_out(str(self.target_spec))
+        self.log(f"training an EAGLE-3 head for {self.train_minutes:g} minutes into {out}")
+        return run(self.model, self.tokenizer, str(self.target_spec), out, held=held, minutes=self.train_minutes,
+                   log=self.log)
 
     # ------------------------------------------------------------------ measuring
     def quick(self, c: Candidate) -> None:
@@ -316,6 +351,8 @@ class Search:
         seconds = 0.0
         if c.kind == "variant" and not c.spec and cached_variant(str(self.folder), c.method) is None:
             seconds += BUILD_S_PER_GB * params_gb(self.model)
+        if c.method == TRAIN and not c.spec:
+            seconds += self.train_minutes * 60
         if full:
             return seconds + minimum_seconds(self.step_s, len(self.prompts), self.max_tokens)
         return seconds + self.step_s * QUICK_TOKENS * 2
@@ -407,15 +444,15 @@ def save(search: Search, result: SearchResult, name: Optional[str] = None) -> Op
     best = next((c for c in result.candidates if c.name == result.recommended), None)
     if best is None:
         return None
-    if best.kind in ("drafter", "recipe"):
-        result.saved = best.spec if best.kind == "drafter" else best.name
+    if best.kind in ("drafter", "recipe", "learned"):
+        result.saved = best.name if best.kind == "recipe" else best.spec
         return result.saved
     if best.kind == "hybrid":
         inner = next(c for c in result.candidates if f"hybrid:{c.name}" == best.name)
     else:
         inner = best
-    if inner.kind == "recipe":
-        result.saved = f"hybrid:{inner.name}"
+    if inner.kind in ("recipe", "learned"):
+        result.saved = f"hybrid:{inner.name if inner.kind == 'recipe' else inner.spec}"
         return result.saved
     options = dict(draft_methods()[inner.method])
     if (fraction := options.pop("keep_fraction", None)) is not None:

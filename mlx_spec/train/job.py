@@ -1,0 +1,62 @@
+"""A whole `train-head` run over a loaded target: its text (the user's, the target's own replies, or the default mix,
+held-out prompts left out), the memory and disk it will take said first, then `head.train`; and where heads live."""
+
+import re
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence
+
+from ..make.eagle3 import default_reads
+from ..make.paths import home
+from . import data as td
+from .head import Plan, train
+
+Log = Callable[[str], None]
+
+
+def heads_dir() -> Path:
+    """Where trained heads go unless told otherwise (and where `draft-search` looks for them)."""
+    return home() / "heads"
+
+
+def default_out(target: str) -> Path:
+    return heads_dir() / re.sub(r"[^A-Za-z0-9._-]+", "_", Path(target).name if "/" in target else target)
+
+
+def heads_for(target: str) -> List[Path]:
+    """The trained heads in `heads_dir()` whose training record names `target`."""
+    import json
+
+    out = []
+    for f in sorted(heads_dir().glob("*/train.json")):
+        try:
+            if json.loads(f.read_text()).get("target") == target and (f.parent / "config.json").is_file():
+                out.append(f.parent)
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def run(model, tokenizer, target: str, out: Path, *, held: Sequence[str], data: Sequence[str] = (),
+        regenerate: Optional[Path] = None, reply_tokens: int = 256, minutes: float = 120.0, draft_vocab: int = 8192,
+        length: int = 512, batch: int = 2, limit_gb: float = 4.0, resume: bool = False,
+        log: Log = lambda _m: None) -> Path:
+    """Train a head for `model` (named `target` in its record) into `out`; `held`: prompts kept out of the text."""
+    from mlx.utils import tree_flatten
+
+    log(f"{len(held)} benchmark prompts (HumanEval, prose) are kept out of the training text")
+    texts = td.read_texts(data) if data else td.default_texts()
+    streams = []
+    if regenerate is not None:
+        asks = [line.strip() for line in regenerate.read_text().splitlines() if line.strip()]
+        streams = td.replies(model, tokenizer, [a for a in asks if a not in held], reply_tokens, log)
+    seqs = td.sequences(tokenizer, texts, length, exclude=held, streams=streams)
+    plan = Plan(target, default_reads(len(model.layers)), draft_vocab, length, minutes, lr=3e-4, batch=batch,
+                limit_gb=limit_gb, data=[str(d) for d in data] or ["default"])
+    d, inter = model.args.hidden_size, model.args.intermediate_size
+    params = 3 * d * d + 8 * d * d + 3 * d * inter + d * draft_vocab  # fc, attention (q/k/v read 2 d), MLP, head
+    weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    step = batch * length * (draft_vocab * 4 * 3 * 3 + 14 * length * 4 * 3)  # logits, attention, 3 steps, kept
+    log(f"{len(seqs)} sequences of {length} tokens; the target's features take up to "
+        f"{min(limit_gb, len(plan.reads) * d * 2 * len(seqs) * length / 1e9):.2f} GB of disk; training uses about "
+        f"{(weights + params * 16 + step) / 1e9:.1f} GB of memory (the target, the head with its optimizer, a batch)")
+    return train(model, plan, out, seqs, resume=resume, log=log)
