@@ -33,12 +33,28 @@ def runs(tiny_models, tmp_path_factory):
                                  f'[[targets]]\nmodel = "{target}"\n')
     for name in ("t", "r", "n", "q", "c"):
         runner.run_suite(str(root / f"{name}.toml"), str(root / "runs"))
+    (root / "h.toml").write_text(f'kind = "table"\n{prompts}[[targets]]\nmodel = "{target}"\n'
+                                 f'drafts = ["eagle3:HEAD", "hybrid:eagle3:HEAD"]\n')
+    runner.run_suite(str(root / "h.toml"), str(root / "runs"), model=str(target), head=str(trained_head(target, root)))
     return root
+
+
+def trained_head(target, root):
+    """A head trained a few steps for the tiny target, with checkpoints enough for a curve."""
+    from conftest import CORPUS
+
+    from mlx_spec.named import load_model
+    from mlx_spec.train import data as td
+    from mlx_spec.train.head import Plan, train
+
+    model, tok, _ = load_model(str(target))
+    plan = Plan("tiny", [1, 2, 3], 96, 48, minutes=5, lr=3e-3, warmup=1, max_steps=30)
+    return train(model, plan, root / "head", td.sequences(tok, CORPUS * 10, 48), checkpoint_minutes=0.0)
 
 
 def test_there_are_notebooks():
     assert {p.name for p in NOTEBOOKS} >= {"m3max_table.ipynb", "roofline.ipynb", "ngram_sweep.ipynb",
-                                           "quant_quality.ipynb", "compression.ipynb"}
+                                           "quant_quality.ipynb", "compression.ipynb", "head_curve.ipynb"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
