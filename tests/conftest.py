@@ -66,6 +66,12 @@ def tiny_config(arch: str, vocab_size: int, layers: int = 4) -> dict:
                     linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
                     decoder_sparse_step=1, shared_expert_intermediate_size=64, mlp_only_layers=[],
                     moe_intermediate_size=32, partial_rotary_factor=0.25, full_attention_interval=4)
+    if arch == "qwen3_5":  # Qwen3.5's text model inside mlx-lm's vision-language wrapper (language_model.model)
+        return dict(base, model_type="qwen3_5", architectures=["Qwen3_5ForConditionalGeneration"], head_dim=16,
+                    linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+                    linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=4,
+                    rope_parameters={"type": "default", "mrope_section": [1, 1, 0], "rope_theta": 10000.0,
+                                     "partial_rotary_factor": 0.25})
     if arch == "mamba2":  # recurrent only
         return dict(model_type="mamba2", architectures=["Mamba2ForCausalLM"], hidden_size=64, num_heads=4,
                     head_dim=32, intermediate_size=128, state_size=16, num_hidden_layers=layers,

@@ -15,11 +15,12 @@ from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.engine import Engine
 from mlx_spec.gen.generate import speculative_generate_step
 from mlx_spec.gen.joint import Rows, batchable
+from mlx_spec.gen.load import vocab_width
 from mlx_spec.gen.planner import Planner
 from mlx_spec.gen.rows import Row
 from mlx_spec.named import load_model
 
-ARCHS = ("qwen3_next", "mamba2")  # gated delta nets with attention every 4th layer; Mamba layers only
+ARCHS = ("qwen3_next", "mamba2", "qwen3_5")  # gated delta nets with attention every 4th layer; Mamba layers only
 TEXTS = PROMPTS + ["x = 1\ny = 2\n"]
 K = 4
 
@@ -73,7 +74,7 @@ def row(model, prompt, n, drafter):
 
 
 def oracle(model, prompt, n, shift):
-    return Oracle(len(prompt), solo(model, prompt, n), shift, model.args.vocab_size)
+    return Oracle(len(prompt), solo(model, prompt, n), shift, vocab_width(model))
 
 
 def joining_and_leaving(model, prompts, planner=None):

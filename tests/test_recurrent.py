@@ -13,12 +13,13 @@ from mlx_spec.gen.drafters.model import ModelDrafter
 from mlx_spec.gen.drafters.ngram import NGramDrafter
 from mlx_spec.gen.drafters.self_draft import QuantSelfDrafter, SelfDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
+from mlx_spec.gen.load import vocab_width
 from mlx_spec.gen.session import Session
 from mlx_spec.named import load_model
 
 from conftest import PROMPTS, V, check, make_model, plain_greedy, randomized, spec, tiny
 
-ARCHS = ("qwen3_next", "mamba2")
+ARCHS = ("qwen3_next", "mamba2", "qwen3_5")
 # A prompt that stops inside a repeat, so the suffix drafter (which needs a match of 2+ tokens) drafts too.
 TEXTS = PROMPTS + ["def add(a, b):\n    return a + b\ndef sub(a, b):\n    return a - b\ndef add(a, b):\n    return a"]
 
@@ -39,7 +40,7 @@ def attention_draft(tiny_models):
 
 
 def drafters(arch, model, others, attention_draft):
-    v = model.args.vocab_size
+    v = vocab_width(model)
     out = {
         "ngram": lambda: NGramDrafter(),
         "suffix": lambda: SuffixDrafter(),
@@ -86,7 +87,7 @@ def test_a_broken_rewind_fails_the_same_test(recurrent_models, attention_draft, 
     model, tok = recurrent_models["qwen3_next"]
     monkeypatch.setattr(recurrent, "_replay", lambda *a: None)
     prompt = tok.encode(PROMPTS[1])
-    out, _ = spec(model, prompt, ModelDrafter(attention_draft, model.args.vocab_size),
+    out, _ = spec(model, prompt, ModelDrafter(attention_draft, vocab_width(model)),
                   max_tokens=24, num_draft=4, adaptive=False)
     assert out != reference("qwen3_next", model, prompt)
 
@@ -117,8 +118,8 @@ def test_trim_then_regenerate_gives_the_same_tokens(recurrent_models, arch):
 def test_self_subsets_refused_full_self_allowed(recurrent_models):
     model, _ = recurrent_models["qwen3_next"]
     with pytest.raises(UnsupportedError, match="qwen3_next"):
-        SelfDrafter(model, [0, 3], model.args.vocab_size)
-    SelfDrafter(model, range(len(model.model.layers)), model.args.vocab_size)
+        SelfDrafter(model, [0, 3], vocab_width(model))
+    SelfDrafter(model, range(len(model.model.layers)), vocab_width(model))
 
 
 @pytest.mark.parametrize("arch", ARCHS)

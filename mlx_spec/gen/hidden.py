@@ -7,7 +7,7 @@ from typing import Dict, Sequence, Tuple
 import mlx.core as mx
 
 from ..errors import UnsupportedError
-from ..make.layers import Watched, holder_of, with_blocks
+from ..make.layers import Watched, holder, holder_of, with_blocks
 from . import recurrent
 
 
@@ -16,16 +16,16 @@ class Taps:
 
     def __init__(self, model, reads: Sequence[int]):
         base = recurrent.recording(model)
-        holder = holder_of(base)
-        if holder is None:
+        path = holder_of(base)
+        if path is None:
             raise UnsupportedError(f"{type(model).__name__}: a drafter reading hidden states needs an mlx-lm model "
                                    "whose blocks a submodule holds (model.model.layers)")
-        blocks = getattr(base, holder).layers
+        blocks = holder(base).layers
         if max(reads) >= len(blocks):
             raise UnsupportedError(f"the drafter reads block {max(reads)} of a target with {len(blocks)}")
         self.reads, self.out = tuple(reads), []
         self.model = with_blocks(base, [Watched(b, self._keep) if i in reads else b for i, b in enumerate(blocks)],
-                                 holder)
+                                 path)
 
     def _keep(self, x, y) -> None:
         self.out.append(y)

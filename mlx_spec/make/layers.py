@@ -4,6 +4,7 @@ Used by `convert --keep-layers/--layers` and by the self drafter, so both read o
 """
 
 import copy
+import functools
 from typing import List, Optional, Sequence
 
 from ..errors import ConvertError
@@ -24,26 +25,42 @@ PER_LAYER_KEYS = ("layer_types", "mlp_layer_types", "no_rope_layers", "layer_rop
 PATTERN_TYPED = ("gemma3_text", "cohere2")
 
 
-def with_blocks(model, blocks: list, holder: str = "model"):
-    """A model object that runs embed -> `blocks` -> norm -> head of `model`, sharing its weights (`holder`: the
-    submodule that holds the blocks).
+def with_blocks(model, blocks: list, holder: Optional[str] = None):
+    """A model object that runs embed -> `blocks` -> norm -> head of `model`, sharing its weights (`holder`: the path
+    of the submodule that holds the blocks, found by `holder_of` if not given).
 
-    mlx-lm has no "run these blocks" entry point, so the outer and inner modules are copied shallowly and
-    the inner copy gets its own block list; `model` itself is never changed, so a request running it at the
+    mlx-lm has no "run these blocks" entry point, so the modules along the path are copied shallowly and the
+    innermost copy gets its own block list; `model` itself is never changed, so a request running it at the
     same time is unaffected. Used for layer subsets (self drafting) and for probes around each block.
     """
-    inner = copy.copy(getattr(model, holder))
-    inner.layers = blocks
-    view = copy.copy(model)
-    setattr(view, holder, inner)
-    return view
+    path = (holder or holder_of(model) or "model").split(".")
+    copies = [copy.copy(model)]
+    for name in path:
+        copies.append(copy.copy(getattr(copies[-1], name)))
+    copies[-1].layers = blocks
+    for parent, name, child in zip(copies[:-1], path, copies[1:]):
+        setattr(parent, name, child)
+    return copies[0]
 
 
 def holder_of(model) -> Optional[str]:
-    """The name of the submodule holding `model.layers` (`model`, `backbone`, ...), or None."""
+    """The path of the submodule whose own list `model.layers` is (`model`, `backbone`, `language_model.model` of a
+    vision-language wrapper whose `layers` are properties), or None."""
     ids = [id(b) for b in getattr(model, "layers", None) or ()]
     children = model.children().items() if ids and hasattr(model, "children") else ()
-    return next((n for n, m in children if [id(b) for b in getattr(m, "layers", None) or ()] == ids), None)
+    for name, child in children:
+        if [id(b) for b in getattr(child, "layers", None) or ()] == ids:
+            if "layers" in child:  # an mlx Module is a dict of its own attributes: a list, not a property
+                return name
+            deeper = holder_of(child)
+            return f"{name}.{deeper}" if deeper else None
+    return None
+
+
+def holder(model):
+    """The submodule that holds `model`'s blocks (see `holder_of`), or None."""
+    path = holder_of(model)
+    return functools.reduce(getattr, path.split("."), model) if path else None
 
 
 class Watched:

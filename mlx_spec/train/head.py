@@ -16,7 +16,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from ..errors import SourceError
 from ..make import eagle3
-from ..make.layers import holder_of
+from ..make.layers import holder
 from ..make.progress import progress
 from .data import TOP, Shards
 
@@ -49,7 +49,7 @@ def initial_head(target, reads: Sequence[int], ids: mx.array) -> eagle3.Eagle3He
     inputs zero, fc passing the deepest state read), its norm and output rows the target's for the draft vocabulary
     `ids` (target ids, sorted)."""
     args = target.args
-    inner = getattr(target, holder_of(target))
+    inner = holder(target)
     layer = {k: getattr(args, k) for k in ("hidden_size", "intermediate_size", "num_attention_heads",
                                            "num_key_value_heads", "rms_norm_eps", "rope_theta",
                                            "max_position_embeddings") if getattr(args, k, None) is not None}

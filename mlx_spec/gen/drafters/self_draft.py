@@ -21,7 +21,7 @@ from .model import ModelDrafter, draft_steps
 def layer_view(model, layers: Sequence[int]):
     """A view running embed -> `layers` -> norm -> head of `model`, sharing its weights, recurrent blocks recording."""
     view = recurrent.recording(model)
-    return with_blocks(view, [view.model.layers[i] for i in layers])
+    return with_blocks(view, [view.layers[i] for i in layers])
 
 
 class SelfDrafter(ModelDrafter):
