@@ -1,15 +1,19 @@
-"""A target's own multi-token-prediction (MTP) layers, as Qwen3-Next ships them beside its weights (keys `mtp.*`:
-`fc`, `pre_fc_norm_embedding`, `pre_fc_norm_hidden`, `layers.N`, `norm`; Qwen3.5 uses the same layout), which mlx-lm
-drops at load.
+"""A target's own multi-token-prediction (MTP) layers, which mlx-lm drops at load: Qwen3-Next's (keys `mtp.*`: `fc`,
+`pre_fc_norm_embedding`, `pre_fc_norm_hidden`, `layers.N`, `norm`; Qwen3.5 uses the same layout) and DeepSeek's
+"nextn" layer (DeepSeek-V3, GLM-4.5+, GLM-4.7-Flash: `model.layers.<num_hidden_layers>.*`, its `enorm`, `hnorm`,
+`eh_proj`, one decoder layer and `shared_head`, sometimes its own `embed_tokens`).
 
-The module reads the next token's embedding beside the target's last state (after its final norm), both normed, joins
-them through `fc`, runs its full-attention decoder layers (the target's own layer class from mlx-lm) and a norm; the
-result is read by the target's output layer and fed back as the next step's state."""
+Both are one computation: the next token's embedding beside the target's last state (after its final norm), both
+normed, joined through a linear layer, the MTP decoder layers (the target's own layer class from mlx-lm) and a norm;
+the result is read by the output layer and fed back as the next step's state (as mlx-vlm's and SGLang's drafters
+do). The module names its weights as Qwen3-Next does; `NEXTN` says which DeepSeek names they are."""
 
+import importlib
 import json
 import re
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -20,37 +24,63 @@ from ..errors import SourceError
 from .layers import holder_of
 
 FILE = "mtp.safetensors"  # beside a converted model: the module's weights as it names them (mlx_lm.load skips it)
-FAMILIES = ("qwen3_next",)  # model types whose `mtp.*` layers run here (Qwen3.5's wrapper model is not a target yet)
 NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight", "k_norm.weight",
-         "norm.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")
+         "norm.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")  # zero-centred in `mtp.*`
+NEXTN = {"eh_proj": "fc", "enorm": "pre_fc_norm_embedding", "hnorm": "pre_fc_norm_hidden", "shared_head.norm": "norm",
+         "shared_head.head": "head", "embed_tokens": "embed_tokens"}  # a nextn layer's own weights: the module's names
+
+
+@dataclass(frozen=True)
+class Family:
+    """How a model type ships its MTP layers and which of mlx-lm's classes runs one."""
+
+    layer: str  # the decoder-layer class in `mlx_lm.models.<model_type>`
+    nextn: bool  # DeepSeek's layout, `model.layers.<num_hidden_layers>.*` (else `mtp.*`)
+    array_mask: bool  # its attention reads the mask as an array (MLA's), not as "causal"
+
+
+FAMILIES = {  # model types whose MTP layers run here (Qwen3.5's wrapper model is not a target yet)
+    "qwen3_next": Family("Qwen3NextDecoderLayer", nextn=False, array_mask=False),
+    "deepseek_v3": Family("DeepseekV3DecoderLayer", nextn=True, array_mask=True),
+    "glm4_moe": Family("DecoderLayer", nextn=True, array_mask=False),
+    "glm4_moe_lite": Family("Glm4MoeLiteDecoderLayer", nextn=True, array_mask=True),
+}
 
 
 class MTP(nn.Module):
     """The MTP module over a target: `__call__` gives the states to read and feed back; `logits` reads them with the
-    target's output layer (the target's embedding and output layer are shared, not copied)."""
+    checkpoint's own output layer where it ships one, else the target's (an embedding likewise; the target's are
+    shared, not copied)."""
 
-    def __init__(self, target, layers: int = 1):
+    def __init__(self, target, layers: int = 1, head: bool = False, embed: bool = False):
         super().__init__()
-        from mlx_lm.models.qwen3_next import Qwen3NextDecoderLayer
-
         args = target.args
+        family = FAMILIES[args.model_type]
         d = args.hidden_size
         self.fc = nn.Linear(2 * d, d, bias=False)
         self.pre_fc_norm_embedding = nn.RMSNorm(d, eps=args.rms_norm_eps)
         self.pre_fc_norm_hidden = nn.RMSNorm(d, eps=args.rms_norm_eps)
-        full = args.full_attention_interval - 1  # the index of a layer that attends (MTP layers all do)
-        self.layers = [Qwen3NextDecoderLayer(args, full) for _ in range(layers)]
+        layer = getattr(importlib.import_module(f"mlx_lm.models.{args.model_type}"), family.layer)
+        # DeepSeek's layer sits after the target's (its MoE rule reads the index); Qwen3-Next's attends, as all do
+        at = args.num_hidden_layers if family.nextn else args.full_attention_interval - 1
+        self.layers = [layer(args, at) for _ in range(layers)]
         self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
+        self.array_mask = family.array_mask
         inner = getattr(target, holder_of(target))
-        object.__setattr__(self, "embed", inner.embed_tokens)  # the target's: outside the module's parameters
+        if embed:
+            self.embed_tokens = nn.Embedding(args.vocab_size, d)
+        if head:
+            self.head = nn.Linear(d, args.vocab_size, bias=False)
+        else:  # the target's: outside the module's parameters
+            object.__setattr__(self, "head", target.lm_head if "lm_head" in target else inner.embed_tokens.as_linear)
+        object.__setattr__(self, "embed", self.embed_tokens if embed else inner.embed_tokens)
         object.__setattr__(self, "target_norm", inner.norm)
-        object.__setattr__(self, "head", target.lm_head if "lm_head" in target else inner.embed_tokens.as_linear)
 
     def __call__(self, tokens: mx.array, hidden: mx.array, cache: Optional[list] = None) -> mx.array:
         h = self.fc(mx.concatenate([self.pre_fc_norm_embedding(self.embed(tokens)),
                                     self.pre_fc_norm_hidden(hidden)], axis=-1))
         cache = cache if cache is not None else [None] * len(self.layers)
-        mask = create_attention_mask(h, cache[0])
+        mask = create_attention_mask(h, cache[0], return_array=self.array_mask)
         for layer, c in zip(self.layers, cache):
             h = layer(h, mask, c)
         return self.norm(h)
@@ -63,22 +93,40 @@ class MTP(nn.Module):
 
 
 def has_mtp(folder) -> bool:
-    """Whether a model folder holds MTP layers (a checkpoint's `mtp.*` weights or a converted folder's FILE)."""
-    return (Path(folder) / FILE).is_file() or bool(_files(Path(folder), probe=True))
+    """Whether a model folder holds MTP layers (a checkpoint's MTP weights or a converted folder's FILE)."""
+    folder = Path(folder)
+    return (folder / FILE).is_file() or bool(_files(folder, _matcher(_config(folder)), probe=True))
 
 
-def _files(folder: Path, probe: bool = False) -> List[Path]:
-    """The safetensors files of `folder` that hold `mtp.` keys (by the index where there is one)."""
+def _config(folder: Path) -> dict:
+    return json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+
+
+def _nextn_prefix(config: dict) -> Optional[str]:
+    """Where a DeepSeek-layout checkpoint of a family here keeps its (first) nextn layer, or None."""
+    family = FAMILIES.get(config.get("model_type"))
+    if family is None or not family.nextn or not config.get("num_nextn_predict_layers"):
+        return None
+    return f"model.layers.{config['num_hidden_layers']}."
+
+
+def _matcher(config: dict) -> Callable[[str], bool]:
+    prefix = _nextn_prefix(config)
+    return (lambda k: k.startswith(prefix)) if prefix else _is_mtp
+
+
+def _files(folder: Path, wanted: Callable[[str], bool], probe: bool = False) -> List[Path]:
+    """The safetensors files of `folder` that hold `wanted` keys (by the index where there is one)."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        names = {f for k, f in json.loads(index.read_text())["weight_map"].items() if _is_mtp(k)}
+        names = {f for k, f in json.loads(index.read_text())["weight_map"].items() if wanted(k)}
         return [folder / n for n in sorted(names)]
     from safetensors import safe_open  # reads a file's header only
 
     out = []
     for f in sorted(folder.glob("model*.safetensors")):
         with safe_open(str(f), "numpy") as st:
-            if any(_is_mtp(k) for k in st.keys()):
+            if any(wanted(k) for k in st.keys()):
                 out.append(f)
                 if probe:
                     break
@@ -90,12 +138,17 @@ def _is_mtp(key: str) -> bool:
 
 
 def weights(folder: Path) -> Dict[str, mx.array]:
-    """The MTP weights of a checkpoint as the module names them: prefix dropped, HF's zero-centred norms made whole
-    (the checkpoint's norms multiply by 1 + w), experts stacked as mlx-lm's `switch_mlp`."""
+    """The MTP weights of a checkpoint as the module names them: `mtp.*` with its prefix dropped, HF's zero-centred
+    norms made whole (the checkpoint's norms multiply by 1 + w), experts stacked as mlx-lm's `switch_mlp`; a nextn
+    layer as `_nextn` reads it."""
     if (folder / FILE).is_file():
         return dict(mx.load(str(folder / FILE)))
+    config = _config(folder)
+    prefix = _nextn_prefix(config)
+    if prefix:
+        return _nextn(folder, config, prefix)
     out = {}
-    for f in _files(folder):
+    for f in _files(folder, _is_mtp):
         for k, v in mx.load(str(f)).items():
             if _is_mtp(k):
                 k = k[k.index("mtp.") + 4 :]
@@ -106,6 +159,25 @@ def weights(folder: Path) -> Dict[str, mx.array]:
         experts.setdefault((m[1], m[3], m[4]), {})[int(m[2])] = out.pop(k)
     for (base, proj, what), got in experts.items():
         out[f"{base}.switch_mlp.{proj}.{what}"] = mx.stack([got[i] for i in sorted(got)])
+    return out
+
+
+def _nextn(folder: Path, config: dict, prefix: str) -> Dict[str, mx.array]:
+    """A nextn layer's weights: sanitized by mlx-lm as the target's own layer 0 would be (experts stacked, MLA's
+    `kv_b_proj` split, DeepSeek-V3's FP8 dequantized), its own weights renamed by NEXTN, its decoder layer as
+    `layers.0`."""
+    arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    args = arch.ModelArgs.from_dict(config)
+    raw = {}
+    for f in _files(folder, _matcher(config)):
+        raw.update({"model.layers.0." + k[len(prefix):]: v for k, v in mx.load(str(f)).items() if k.startswith(prefix)})
+    if not raw:
+        return {}
+    out = {}
+    for k, v in arch.Model(replace(args, num_hidden_layers=1)).sanitize(raw).items():  # a one-layer model: lazy
+        rest = k[len("model.layers.0."):]
+        own = next((n for n in NEXTN if rest.startswith(n + ".")), None)
+        out[NEXTN[own] + rest[len(own):] if own else "layers.0." + rest] = v
     return out
 
 
@@ -128,10 +200,11 @@ def load(folder, target) -> MTP:
                           f"{kind}")
     got = weights(folder)
     if not got:
-        raise SourceError(f"{folder}: no MTP layers (the checkpoints that ship them here: Qwen3-Next's, mtp.*; a copy "
-                          "converted by mlx-lm has them dropped, one converted by mlx-spec keeps them)")
+        raise SourceError(f"{folder}: no MTP layers (the checkpoints that ship them here: Qwen3-Next's, mtp.*; "
+                          "DeepSeek-V3's and GLM-4.5+'s, model.layers.<num_hidden_layers>.*; a copy converted by "
+                          "mlx-lm has them dropped, one converted by mlx-spec keeps them)")
     n = 1 + max(int(k.split(".")[1]) for k in got if k.startswith("layers."))
-    module = MTP(target, n)
+    module = MTP(target, n, head="head.weight" in got, embed="embed_tokens.weight" in got)
     try:
         module.load_weights(list(got.items()), strict=True)
     except ValueError as e:
