@@ -23,8 +23,8 @@ MODEL_HELP = "Target: recipe, folder, .gguf or HF repo"
 DRAFT_HELP = ("Drafter: a model spec, 'ngram[:N]', 'suffix[:shared]' (the longest earlier match; shared: also in "
               "this process's earlier outputs), 'self[:LAYERS|importance[:K]]', 'quant-self[:FORMAT]' (a quantized "
               "copy of the target drafting in its cache), 'eagle3:HEAD' (an EAGLE-3 head: folder or HF repo), "
-              "'mtp[:CHECKPOINT]' (the target's own MTP layers: Qwen3-Next), 'hybrid[:D]' (n-gram, suffix and D) or "
-              "'none'")
+              "'mtp[:CHECKPOINT]' (the target's own MTP layers: Qwen3-Next, Qwen3.5, DeepSeek-V3, GLM-4.5+), "
+              "'hybrid[:D]' (n-gram, suffix and D) or 'none'")
 NUM_DRAFT_HELP = ("Max draft tokens per round K (default: "
                   + ", ".join(f"{k} {v}" for k, v in registry.DEFAULT_K.items()) + ")")
 

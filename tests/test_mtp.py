@@ -28,6 +28,7 @@ from mlx_spec.gen.drafters.hybrid import HybridDrafter
 from mlx_spec.gen.drafters.mtp import MTPDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.hidden import taps
+from mlx_spec.gen.load import vocab_width
 from mlx_spec.make import mtp
 from mlx_spec.named import load_model, make_drafter
 
@@ -48,31 +49,58 @@ def random_mtp(target, seed: int, scale: float = 1.0) -> mtp.MTP:
     return module
 
 
-def hf_layout(weights: dict, prefix: str = "") -> dict:
-    """MLX weights as a Qwen3-Next checkpoint stores them: zero-centred norms, one array per expert, convolutions
-    (out, 1, k); each key after `prefix`."""
+ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")  # MoE experts one array each; dense; MoE experts fused
+
+
+def hf_layout(weights: dict, arch: str, prefix: str = "") -> dict:
+    """MLX weights as the arch's published checkpoints store them: zero-centred norms, convolutions (out, 1, k),
+    experts one array each (Qwen3-Next) or fused gate/up and stacked (Qwen3.5-MoE), Qwen3.5's text model under
+    `model.language_model`; each key after `prefix`."""
     target_norms = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
                     ".q_norm.weight", ".k_norm.weight")
     out = {}
     for k, v in weights.items():
-        if ".switch_mlp." in k:
-            base, proj = k.split(".switch_mlp.")
+        name = prefix + k.replace("language_model.model.", "model.language_model.", 1)
+        if ".switch_mlp." in k and arch == "qwen3_next":
+            base, proj = name.split(".switch_mlp.")
             for i in range(v.shape[0]):
-                out[f"{prefix}{base}.experts.{i}.{proj}"] = v[i]
+                out[f"{base}.experts.{i}.{proj}"] = v[i]
+        elif ".switch_mlp." in k:
+            base, proj = name.split(".switch_mlp.")
+            if proj == "down_proj.weight":
+                out[f"{base}.experts.down_proj"] = v
+            elif proj == "gate_proj.weight":
+                out[f"{base}.experts.gate_up_proj"] = mx.concatenate(
+                    [v, weights[k.replace("gate_proj", "up_proj")]], axis=-2)
         elif v.ndim == 1 and k.endswith(mtp.NORMS if prefix else target_norms):
-            out[prefix + k] = v - 1.0
+            out[name] = v - 1.0
         else:
-            out[prefix + k] = v.moveaxis(2, 1) if "conv1d.weight" in k else v
+            out[name] = v.moveaxis(2, 1) if "conv1d.weight" in k else v
     return out
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A tiny Qwen3-Next checkpoint in the published layout whose weights carry random MTP layers."""
-    folder = make_model(tmp_path_factory.mktemp("mtp") / "next", "qwen3_next", seed=5, scale=4.0)
+def moe_config(arch: str) -> dict:
+    c = tiny_config("qwen3_next", 4, 4)  # for its MoE fields
+    return {k: c[k] for k in ("num_experts", "num_experts_per_tok", "shared_expert_intermediate_size",
+                              "moe_intermediate_size", "decoder_sparse_step")} if arch == "qwen3_5_moe" else {}
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def checkpoint(request, tmp_path_factory):
+    """A tiny checkpoint of the arch in the published layout whose weights carry random MTP layers."""
+    arch = request.param
+    folder = make_model(tmp_path_factory.mktemp("mtp") / arch, "qwen3_5" if arch == "qwen3_5_moe" else arch,
+                        seed=5, scale=4.0)
+    if arch == "qwen3_5_moe":  # the dense tiny model's config with experts: the MoE model, made again
+        config = dict(json.loads((folder / "config.json").read_text()), model_type=arch, **moe_config(arch))
+        (folder / "config.json").write_text(json.dumps(config))
+        from mlx_lm.models import qwen3_5_moe
+
+        model = randomized(qwen3_5_moe.Model, qwen3_5_moe.ModelArgs.from_dict(config), 5, 4.0)
+        mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
     target, _, _ = load_model(str(folder))
-    weights = hf_layout(dict(mx.load(str(folder / "model.safetensors"))))
-    weights.update(hf_layout(dict(tree_flatten(random_mtp(target, 3).parameters())), "mtp."))
+    weights = hf_layout(dict(mx.load(str(folder / "model.safetensors"))), arch)
+    weights.update(hf_layout(dict(tree_flatten(random_mtp(target, 3).parameters())), arch, "mtp."))
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
     again, _, _ = load_model(str(folder))
     assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(tree_flatten(target.parameters()),
@@ -81,14 +109,18 @@ def checkpoint(tmp_path_factory):
 
 
 def reference(folder, target):
-    """mlx-vlm's Qwen MTP drafter (Qwen3.5-MoE's, the same layer as Qwen3-Next's) over the checkpoint's weights."""
+    """mlx-vlm's Qwen3.5 MTP drafter (dense or MoE: Qwen3.5-MoE's layer is Qwen3-Next's) over the checkpoint's
+    weights."""
     from mlx_vlm.speculative.drafters.qwen3_5_mtp import Model, ModelConfig
 
     c = json.loads((folder / "config.json").read_text())
-    rotary = int(c["head_dim"] * c["partial_rotary_factor"])
-    text = dict(c, model_type="qwen3_5_moe_text", mtp_num_hidden_layers=1, norm_topk_prob=target.args.norm_topk_prob,
-                rope_parameters={"type": "default", "rope_theta": c["rope_theta"], "mrope_section": [rotary // 2, 0, 0],
-                                 "partial_rotary_factor": c["partial_rotary_factor"]})
+    moe = c["model_type"] != "qwen3_5"
+    rotary = int(c["head_dim"] * (c.get("partial_rotary_factor") or c["rope_parameters"]["partial_rotary_factor"]))
+    text = dict(c, model_type="qwen3_5_moe_text" if moe else "qwen3_5_text", mtp_num_hidden_layers=1,
+                rope_parameters={"type": "default", "rope_theta": c.get("rope_theta", 10000.0),
+                                 "mrope_section": [rotary // 2, 0, 0], "partial_rotary_factor": rotary / c["head_dim"]})
+    if c["model_type"] == "qwen3_next":
+        text["norm_topk_prob"] = target.args.norm_topk_prob
     ref = Model(ModelConfig.from_dict({"model_type": "qwen3_5_mtp", "text_config": text}))
     raw = {k: v for k, v in mx.load(str(folder / "model.safetensors")).items() if k.startswith("mtp.")}
     ref.load_weights(list(ref.sanitize(raw).items()), strict=True)
@@ -100,7 +132,7 @@ def compare(mine: mtp.MTP, ref, target, atol=1e-4) -> bool:
     """Both fed the same tokens beside the target's last states (a prefill), then three drafts each fed its own
     output: whether the logits agree at every step."""
     mx.random.seed(7)
-    tokens = mx.random.randint(0, target.args.vocab_size, (1, 10))
+    tokens = mx.random.randint(0, vocab_width(target), (1, 10))
     hidden = target.model(tokens)  # the target's last states, after its final norm: what the MTP layers read
     x, h = tokens[:, 1:], hidden[:, :-1]
     theirs, cache = ref._forward_tokens(x, h, mx.int32), new_cache(mine)

@@ -230,8 +230,10 @@ def convert_folder(
 
         target = auto_dtype() if dtype == "auto" else dtype
         mx_dtype = getattr(mx, target)
+        keep = getattr(model, "cast_predicate", lambda _k: True)  # mlx-lm's: what must keep its dtype (routing biases)
         model.update(tree_map_with_path(
-            lambda _k, v: v.astype(mx_dtype) if mx.issubdtype(v.dtype, mx.floating) else v, model.parameters()))
+            lambda k, v: v.astype(mx_dtype) if mx.issubdtype(v.dtype, mx.floating) and keep(k) else v,
+            model.parameters()))
         config["torch_dtype"] = target
         ops.append({"op": "dtype", "dtype": target})
         bar.update()

@@ -1,5 +1,5 @@
-"""A target's own multi-token-prediction (MTP) layers, which mlx-lm drops at load: Qwen3-Next's (keys `mtp.*`: `fc`,
-`pre_fc_norm_embedding`, `pre_fc_norm_hidden`, `layers.N`, `norm`; Qwen3.5 uses the same layout) and DeepSeek's
+"""A target's own multi-token-prediction (MTP) layers, which mlx-lm drops at load: Qwen3-Next's and Qwen3.5's (keys
+`mtp.*`: `fc`, `pre_fc_norm_embedding`, `pre_fc_norm_hidden`, `layers.N`, `norm`) and DeepSeek's
 "nextn" layer (DeepSeek-V3, GLM-4.5+, GLM-4.7-Flash: `model.layers.<num_hidden_layers>.*`, its `enorm`, `hnorm`,
 `eh_proj`, one decoder layer and `shared_head`, sometimes its own `embed_tokens`).
 
@@ -21,11 +21,12 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
 from ..errors import SourceError
-from .layers import holder_of
+from .layers import holder
 
 FILE = "mtp.safetensors"  # beside a converted model: the module's weights as it names them (mlx_lm.load skips it)
 NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight", "k_norm.weight",
          "norm.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")  # zero-centred in `mtp.*`
+KEEP_DTYPE = ("e_score_correction_bias",)  # a router's bias stays float32 (cast, it changes which experts run)
 NEXTN = {"eh_proj": "fc", "enorm": "pre_fc_norm_embedding", "hnorm": "pre_fc_norm_hidden", "shared_head.norm": "norm",
          "shared_head.head": "head", "embed_tokens": "embed_tokens"}  # a nextn layer's own weights: the module's names
 
@@ -39,8 +40,10 @@ class Family:
     array_mask: bool  # its attention reads the mask as an array (MLA's), not as "causal"
 
 
-FAMILIES = {  # model types whose MTP layers run here (Qwen3.5's wrapper model is not a target yet)
+FAMILIES = {  # model types whose MTP layers run here (Qwen3.5's text model inside mlx-lm's wrapper)
     "qwen3_next": Family("Qwen3NextDecoderLayer", nextn=False, array_mask=False),
+    "qwen3_5": Family("DecoderLayer", nextn=False, array_mask=False),
+    "qwen3_5_moe": Family("DecoderLayer", nextn=False, array_mask=False),
     "deepseek_v3": Family("DeepseekV3DecoderLayer", nextn=True, array_mask=True),
     "glm4_moe": Family("DecoderLayer", nextn=True, array_mask=False),
     "glm4_moe_lite": Family("Glm4MoeLiteDecoderLayer", nextn=True, array_mask=True),
@@ -54,25 +57,27 @@ class MTP(nn.Module):
 
     def __init__(self, target, layers: int = 1, head: bool = False, embed: bool = False):
         super().__init__()
-        args = target.args
-        family = FAMILIES[args.model_type]
+        text = getattr(target, "language_model", target)  # a vision-language wrapper's text model (Qwen3.5)
+        args, kind = text.args, target.args.model_type
+        family = FAMILIES[kind]
         d = args.hidden_size
         self.fc = nn.Linear(2 * d, d, bias=False)
         self.pre_fc_norm_embedding = nn.RMSNorm(d, eps=args.rms_norm_eps)
         self.pre_fc_norm_hidden = nn.RMSNorm(d, eps=args.rms_norm_eps)
-        layer = getattr(importlib.import_module(f"mlx_lm.models.{args.model_type}"), family.layer)
+        module = "qwen3_5" if kind.startswith("qwen3_5") else kind  # Qwen3.5 MoE's layer is qwen3_5's with experts
+        layer = getattr(importlib.import_module(f"mlx_lm.models.{module}"), family.layer)
         # DeepSeek's layer sits after the target's (its MoE rule reads the index); Qwen3-Next's attends, as all do
         at = args.num_hidden_layers if family.nextn else args.full_attention_interval - 1
         self.layers = [layer(args, at) for _ in range(layers)]
         self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         self.array_mask = family.array_mask
-        inner = getattr(target, holder_of(target))
+        inner = holder(target)
         if embed:
             self.embed_tokens = nn.Embedding(args.vocab_size, d)
         if head:
             self.head = nn.Linear(d, args.vocab_size, bias=False)
         else:  # the target's: outside the module's parameters
-            object.__setattr__(self, "head", target.lm_head if "lm_head" in target else inner.embed_tokens.as_linear)
+            object.__setattr__(self, "head", text.lm_head if "lm_head" in text else inner.embed_tokens.as_linear)
         object.__setattr__(self, "embed", self.embed_tokens if embed else inner.embed_tokens)
         object.__setattr__(self, "target_norm", inner.norm)
 
@@ -153,6 +158,12 @@ def weights(folder: Path) -> Dict[str, mx.array]:
             if _is_mtp(k):
                 k = k[k.index("mtp.") + 4 :]
                 out[k] = v + 1.0 if k.endswith(NORMS) and v.ndim == 1 else v
+    for k in [k for k in out if k.endswith(".experts.gate_up_proj")]:  # Qwen3.5-MoE: the experts fused, stacked
+        base, gate_up = k[: -len(".experts.gate_up_proj")], out.pop(k)
+        mid = gate_up.shape[-2] // 2
+        out[f"{base}.switch_mlp.gate_proj.weight"], out[f"{base}.switch_mlp.up_proj.weight"] = (
+            gate_up[..., :mid, :], gate_up[..., mid:, :])
+        out[f"{base}.switch_mlp.down_proj.weight"] = out.pop(f"{base}.experts.down_proj")
     experts: Dict[tuple, Dict[int, mx.array]] = {}
     for k in [k for k in out if re.fullmatch(r".*\.experts\.\d+\.\w+_proj\.\w+", k)]:
         m = re.fullmatch(r"(.*)\.experts\.(\d+)\.(\w+_proj)\.(\w+)", k)
@@ -184,7 +195,8 @@ def _nextn(folder: Path, config: dict, prefix: str) -> Dict[str, mx.array]:
 def save(folder: Path, src: Path, dtype) -> int:
     """Write the MTP layers of checkpoint `src` into `folder`/FILE, cast to `dtype`; their parameter count (0 and
     nothing written where it has none)."""
-    got = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights(Path(src)).items()}
+    got = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) and not k.endswith(KEEP_DTYPE) else v
+           for k, v in weights(Path(src)).items()}
     if got:
         mx.save_safetensors(str(Path(folder) / FILE), got, metadata={"format": "mlx"})
     return sum(v.size for v in got.values())
