@@ -71,9 +71,16 @@ def sequences(tokenizer, texts: Sequence[str], length: int, exclude: Sequence[st
     stream: List[int] = []
     for ids in streams:
         stream += list(ids) + [min(eos)]
-    for t in texts:
-        if t.strip() and not any(e in t for e in exclude):
-            stream += tokenizer.encode(t) + [min(eos)]
+    from transformers.utils import logging as hf_logging
+
+    quiet, level = hf_logging.set_verbosity_error, hf_logging.get_verbosity()
+    quiet()  # a whole file is longer than the model's context; it is cut into sequences here, so no warning
+    try:
+        for t in texts:
+            if t.strip() and not any(e in t for e in exclude):
+                stream += tokenizer.encode(t) + [min(eos)]
+    finally:
+        hf_logging.set_verbosity(level)
     out = [stream[i : i + length] for i in range(0, len(stream) - length + 1, length)]
     if not out:
         raise SourceError(f"the training text holds {len(stream)} tokens: fewer than one sequence of {length}")
