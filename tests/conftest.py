@@ -385,3 +385,39 @@ def scripted_pair(tiny_models, pause=0.0, draft="suffix"):
     pair = Pair(base.model_spec, draft, target, tok, num_draft=4)
     pair.adaptive = False
     return pair
+
+
+def served_like_plain(model_folder, draft: str, cli_draft: str) -> None:
+    """`serve --draft DRAFT` through the official client, four requests at once (their rows drafting together), gives
+    plain decoding's replies and drafts some of them; `generate --draft CLI_DRAFT` prints plain decoding's text."""
+    import threading
+
+    import openai
+
+    from mlx_spec_apps.server.app import build_app
+    from mlx_spec_apps.server.main import Running
+    from mlx_spec_apps.server.pair import Pair
+
+    asks = [[{"role": "user", "content": q}] for q in ("def add(a, b):", "class Point:", "import os", "x = [1, 2,")]
+    replies = {}
+    for spec_ in ("none", draft):
+        pair = Pair.load(str(model_folder), spec_, num_draft=3)
+        pair.adaptive = False  # every round drafts
+        with Running(build_app(pair, max_concurrency=4, max_tokens=20)) as srv:
+            client = openai.OpenAI(base_url=srv.url + "v1", api_key="unused", max_retries=0, timeout=120)
+            out = [None] * len(asks)
+
+            def ask(i):
+                out[i] = client.chat.completions.create(model="tiny", messages=asks[i])
+
+            threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(asks))]
+            [t.start() for t in threads]
+            [t.join(120) for t in threads]
+            replies[spec_] = [r.choices[0].message.content for r in out]
+            if spec_ != "none":
+                assert sum(r.model_extra["mlx_spec"]["drafted"] for r in out) > 0
+    assert replies["none"] == replies[draft]
+    args = ["generate", "--model", str(model_folder), "--prompt", "def add(a, b):", "--max-tokens", "24"]
+    plain, drafted = run_cli(*args), run_cli(*args, "--draft", cli_draft, "--verbose")
+    assert drafted.returncode == 0, drafted.stderr
+    assert drafted.stdout == plain.stdout and "accepted" in drafted.stderr

@@ -17,6 +17,7 @@ from conftest import (
     exact_joint,
     plain_greedy,
     sample_pairs,
+    served_like_plain,
     spec,
     tiny,
 )
@@ -246,12 +247,8 @@ def rows_with_heads(target, prompts, drafters, maxes, samplers=None):
     return e, rows
 
 
-def test_rows_drafting_with_one_head_in_one_pass_equal_their_solo_runs(target):
-    prompts = [REPEATING, PROMPT, [2, 2, 1, 0, 2, 2, 1], REPEATING + [2, 1, 3]]
-    drafters = [head_drafter(target), HybridDrafter([SuffixDrafter()], head_drafter(target)), None,
-                head_drafter(target)]
-    maxes = [14, 20, 9, 16]
-    e, rows = rows_with_heads(target, prompts, drafters, maxes)
+def run_rows(e) -> dict:
+    """Run an engine's rows to their ends: each row's tokens, by id(row)."""
     outs = {}
     while e.rows:
         live = e.rows
@@ -259,6 +256,16 @@ def test_rows_drafting_with_one_head_in_one_pass_equal_their_solo_runs(target):
             outs.setdefault(id(live[i]), []).extend(s.token for s in steps)
         for r in [r for r in e.rows if r.done]:
             e.remove(r)
+    return outs
+
+
+def test_rows_drafting_with_one_head_in_one_pass_equal_their_solo_runs(target):
+    prompts = [REPEATING, PROMPT, [2, 2, 1, 0, 2, 2, 1], REPEATING + [2, 1, 3]]
+    drafters = [head_drafter(target), HybridDrafter([SuffixDrafter()], head_drafter(target)), None,
+                head_drafter(target)]
+    maxes = [14, 20, 9, 16]
+    e, rows = rows_with_heads(target, prompts, drafters, maxes)
+    outs = run_rows(e)
     for r, p, m in zip(rows, prompts, maxes):
         assert outs[id(r)] == plain_greedy(target, p, m)
     assert rows[0].stats.proposed > 0 and rows[0].stats.drafted_together >= 2
@@ -338,42 +345,11 @@ def test_convert_takes_a_head_into_mlx_quantized_and_the_drafter_runs_it(tmp_pat
 @pytest.mark.slow
 def test_served_with_a_head_concurrent_clients_get_the_plain_replies_and_one_cli_generate_agrees(tmp_path, tiny_models,
                                                                                                   tiny_target):
-    """`serve --draft eagle3:HEAD` through the official client, four requests at once (their rows share the head),
-    and `generate --draft hybrid:eagle3:HEAD`: the replies of plain decoding."""
-    import threading
-
-    import openai
-    from conftest import run_cli
-
-    from mlx_spec_apps.server.app import build_app
-    from mlx_spec_apps.server.main import Running
-    from mlx_spec_apps.server.pair import Pair
-
+    """`serve --draft eagle3:HEAD` (four requests at once share the head) and `generate --draft hybrid:eagle3:HEAD`:
+    the replies of plain decoding."""
     target, _ = tiny_target
     eagle3.save(random_head(2, target.args.vocab_size, 96, target.args.hidden_size, [1, 2, 3]), tmp_path / "head")
-    asks = [[{"role": "user", "content": q}] for q in ("def add(a, b):", "class Point:", "import os", "x = [1, 2,")]
-    replies = {}
-    for draft in ("none", f"eagle3:{tmp_path / 'head'}"):
-        pair = Pair.load(str(tiny_models["qwen2"]), draft, num_draft=3)
-        pair.adaptive = False  # every round drafts
-        with Running(build_app(pair, max_concurrency=4, max_tokens=20)) as srv:
-            client = openai.OpenAI(base_url=srv.url + "v1", api_key="unused", max_retries=0, timeout=120)
-            out = [None] * len(asks)
-
-            def ask(i):
-                out[i] = client.chat.completions.create(model="tiny", messages=asks[i])
-
-            threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(asks))]
-            [t.start() for t in threads]
-            [t.join(120) for t in threads]
-            replies[draft] = [r.choices[0].message.content for r in out]
-            if draft != "none":
-                assert sum(r.model_extra["mlx_spec"]["drafted"] for r in out) > 0
-    assert replies["none"] == replies[f"eagle3:{tmp_path / 'head'}"]
-    args = ["generate", "--model", str(tiny_models["qwen2"]), "--prompt", "def add(a, b):", "--max-tokens", "24"]
-    plain, drafted = run_cli(*args), run_cli(*args, "--draft", f"hybrid:eagle3:{tmp_path / 'head'}", "--verbose")
-    assert drafted.returncode == 0, drafted.stderr
-    assert drafted.stdout == plain.stdout and "accepted" in drafted.stderr
+    served_like_plain(tiny_models["qwen2"], f"eagle3:{tmp_path / 'head'}", f"hybrid:eagle3:{tmp_path / 'head'}")
 
 
 def test_without_a_drafter_that_reads_states_no_pass_keeps_any(target, monkeypatch):

@@ -13,13 +13,14 @@ from conftest import (
     V,
     check,
     make_model,
+    served_like_plain,
     plain_greedy,
     randomized,
     spec,
     tiny_config,
 )
 from mlx.utils import tree_flatten, tree_map
-from test_eagle3 import rows_with_heads
+from test_eagle3 import rows_with_heads, run_rows
 
 from mlx_spec.errors import MlxSpecError
 from mlx_spec.gen import registry, verify
@@ -130,13 +131,14 @@ def reference(folder, target):
 
 def compare(mine: mtp.MTP, ref, target, atol=1e-4) -> bool:
     """Both fed the same tokens beside the target's last states (a prefill), then three drafts each fed its own
-    output: whether the logits agree at every step."""
+    output: whether the logits agree at every step. Ours reads the last block's output through `target_norm`, as the
+    drafter is shown it; mlx-vlm's reads the target's normed output, as its verifier hands it over."""
     mx.random.seed(7)
     tokens = mx.random.randint(0, vocab_width(target), (1, 10))
-    hidden = target.model(tokens)  # the target's last states, after its final norm: what the MTP layers read
-    x, h = tokens[:, 1:], hidden[:, :-1]
-    theirs, cache = ref._forward_tokens(x, h, mx.int32), new_cache(mine)
-    ours = mine(x, h, cache)
+    _, last = taps(target, (len(target.layers) - 1,))(tokens, new_cache(target))
+    x, theirs_h, ours_h = tokens[:, 1:], target.model(tokens)[:, :-1], mine.target_norm(last)[:, :-1]
+    theirs, cache = ref._forward_tokens(x, theirs_h, mx.int32), new_cache(mine)
+    ours = mine(x, ours_h, cache)
     same = mx.allclose(mine.logits(ours), ref._lm_head_fn(theirs), atol=atol).item()
     for _ in range(3):
         tok = mx.argmax(ref._lm_head_fn(theirs[:, -1:]), -1)
@@ -251,13 +253,7 @@ def test_mtp_drafts_equal_plain_greedy_alone_in_a_hybrid_and_beside_other_rows(t
         assert spec(target, prompt, hybrid, max_tokens=16, num_draft=3, adaptive=False)[0] == want
     prompts, maxes = [REPEATING, PROMPT, [2, 2, 1, 0, 2, 2, 1]], [14, 20, 9]
     e, rows = rows_with_heads(target, prompts, [drafter(target), None, drafter(target)], maxes)
-    outs = {}
-    while e.rows:
-        live = e.rows
-        for i, steps in e.round().items():
-            outs.setdefault(id(live[i]), []).extend(s.token for s in steps)
-        for r in [r for r in e.rows if r.done]:
-            e.remove(r)
+    outs = run_rows(e)
     for r, p, m in zip(rows, prompts, maxes):
         assert outs[id(r)] == plain_greedy(target, p, m)
     assert rows[0].stats.drafted_together >= 2
@@ -275,37 +271,6 @@ def test_sampled_mtp_drafts_keep_the_targets_law_and_a_rule_that_resamples_from_
 
 @pytest.mark.slow
 def test_served_with_mtp_concurrent_clients_get_the_plain_replies_and_one_cli_generate_agrees(checkpoint):
-    """`serve --draft mtp` (the target's own folder) through the official client, four requests at once, and
-    `generate --draft hybrid:mtp`: the replies of plain decoding."""
-    import threading
-
-    import openai
-    from conftest import run_cli
-
-    from mlx_spec_apps.server.app import build_app
-    from mlx_spec_apps.server.main import Running
-    from mlx_spec_apps.server.pair import Pair
-
-    asks = [[{"role": "user", "content": q}] for q in ("def add(a, b):", "class Point:", "import os", "x = [1, 2,")]
-    replies = {}
-    for draft in ("none", "mtp"):
-        pair = Pair.load(str(checkpoint), draft, num_draft=3)
-        pair.adaptive = False  # every round drafts
-        with Running(build_app(pair, max_concurrency=4, max_tokens=20)) as srv:
-            client = openai.OpenAI(base_url=srv.url + "v1", api_key="unused", max_retries=0, timeout=120)
-            out = [None] * len(asks)
-
-            def ask(i):
-                out[i] = client.chat.completions.create(model="tiny", messages=asks[i])
-
-            threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(asks))]
-            [t.start() for t in threads]
-            [t.join(120) for t in threads]
-            replies[draft] = [r.choices[0].message.content for r in out]
-            if draft != "none":
-                assert sum(r.model_extra["mlx_spec"]["drafted"] for r in out) > 0
-    assert replies["none"] == replies["mtp"]
-    args = ["generate", "--model", str(checkpoint), "--prompt", "def add(a, b):", "--max-tokens", "24"]
-    plain, drafted = run_cli(*args), run_cli(*args, "--draft", "hybrid:mtp", "--verbose")
-    assert drafted.returncode == 0, drafted.stderr
-    assert drafted.stdout == plain.stdout and "accepted" in drafted.stderr
+    """`serve --draft mtp` (the target's own folder, four requests at once) and `generate --draft hybrid:mtp`: the
+    replies of plain decoding."""
+    served_like_plain(checkpoint, "mtp", "hybrid:mtp")

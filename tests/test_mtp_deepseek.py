@@ -13,10 +13,9 @@ import pytest
 from conftest import make_model, make_tokenizer, plain_greedy, run_cli, spec
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models.base import create_attention_mask
+from test_mtp import compare
 
 from mlx_spec.errors import MlxSpecError
-from mlx_spec.gen.cache import new_cache
-from mlx_spec.gen.hidden import taps
 from mlx_spec.make import mtp
 from mlx_spec.named import load_model, make_drafter
 
@@ -150,24 +149,6 @@ def reference(folder, target):
     return ref
 
 
-def compare(mine: mtp.MTP, ref, target, atol=1e-4) -> bool:
-    """Both fed the same tokens beside the target's last states (a prefill), then three drafts each fed its own
-    output: whether the logits agree at every step. Ours reads the last block's output through `target_norm`, as the
-    drafter is shown it; mlx-vlm's reads the target's normed output, as its verifier hands it over."""
-    mx.random.seed(7)
-    tokens = mx.random.randint(0, target.args.vocab_size, (1, 10))
-    _, last = taps(target, (len(target.layers) - 1,))(tokens, new_cache(target))
-    x, theirs_h, ours_h = tokens[:, 1:], target.model(tokens)[:, :-1], mine.target_norm(last)[:, :-1]
-    theirs, cache = ref._forward_tokens(x, theirs_h, mx.int32), new_cache(mine)
-    ours = mine(x, ours_h, cache)
-    same = mx.allclose(mine.logits(ours), ref._lm_head_fn(theirs), atol=atol).item()
-    for _ in range(3):
-        tok = mx.argmax(ref._lm_head_fn(theirs[:, -1:]), -1)
-        theirs, ours = ref._forward_tokens(tok, theirs[:, -1:], mx.int32), mine(tok, ours[:, -1:], cache)
-        same = same and mx.allclose(mine.logits(ours), ref._lm_head_fn(theirs), atol=atol).item()
-    return same
-
-
 def test_the_module_agrees_with_mlx_vlms_glm_nextn_drafter_on_the_checkpoints_weights(checkpoint):
     target, _, _ = load_model(str(checkpoint))
     assert not any(f"layers.{len(target.layers)}." in k for k, _ in tree_flatten(target.parameters()))
@@ -230,19 +211,13 @@ def test_mtp_drafts_equal_plain_greedy_and_other_families_are_refused_in_one_lin
 
 
 def test_rows_drafting_with_the_layer_in_one_pass_equal_plain_greedy(checkpoint):
-    from test_eagle3 import rows_with_heads
+    from test_eagle3 import rows_with_heads, run_rows
 
     target, tok, _ = load_model(str(checkpoint))
     prompts, maxes = [tok.encode("def add(a, b):\n"), [2, 2, 1, 0, 2, 2, 1], tok.encode("class Point:\n")], [14, 9, 20]
     e, rows = rows_with_heads(target, prompts, [make_drafter("mtp", target, tok), None,
                                                 make_drafter("mtp", target, tok)], maxes)
-    outs = {}
-    while e.rows:
-        live = e.rows
-        for i, steps in e.round().items():
-            outs.setdefault(id(live[i]), []).extend(s.token for s in steps)
-        for r in [r for r in e.rows if r.done]:
-            e.remove(r)
+    outs = run_rows(e)
     for r, p, m in zip(rows, prompts, maxes):
         assert outs[id(r)] == plain_greedy(target, p, m)
     assert rows[0].stats.drafted_together >= 2
