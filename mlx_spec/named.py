@@ -24,6 +24,7 @@ DRAFT_HELP = ("Drafter: a model spec, 'ngram[:N]', 'suffix[:shared]' (the longes
               "this process's earlier outputs), 'self[:LAYERS|importance[:K]]', 'quant-self[:FORMAT]' (a quantized "
               "copy of the target drafting in its cache), 'eagle3:HEAD' (an EAGLE-3 head: folder or HF repo), "
               "'mtp[:CHECKPOINT]' (the target's own MTP layers: Qwen3-Next, Qwen3.5, DeepSeek-V3, GLM-4.5+), "
+              "'dflash:DRAFTER' (a DFlash block drafter, e.g. z-lab's: folder or HF repo), "
               "'hybrid[:D]' (n-gram, suffix and D) or 'none'")
 NUM_DRAFT_HELP = ("Max draft tokens per round K (default: "
                   + ", ".join(f"{k} {v}" for k, v in registry.DEFAULT_K.items()) + ")")
@@ -57,9 +58,9 @@ def make_drafter(spec: registry.Spec, target, tokenizer, *, loaded: Optional[Dic
 def heads_resolved(spec: registry.Spec, log: Log = _quiet) -> registry.DrafterSpec:
     """`spec` with a learned drafter's head (a folder or an HF repo, fetched) named by its local folder."""
     s = registry.parse(spec)
-    if s.kind in ("eagle3", "mtp") and s.arg:
+    if s.kind in ("eagle3", "mtp", "dflash") and s.arg:
         return registry.DrafterSpec(s.kind, str(resolve(s.arg, log)))
-    if s.kind == "hybrid" and s.inner.kind in ("eagle3", "mtp"):
+    if s.kind == "hybrid" and s.inner.kind in ("eagle3", "mtp", "dflash"):
         inner = heads_resolved(s.inner, log)
         return registry.DrafterSpec("hybrid", str(inner), inner)
     return s
@@ -72,7 +73,7 @@ def short_name(spec: registry.Spec) -> str:
     if s.kind == "model":
         p = Path(s.arg).expanduser()
         return p.name if p.exists() else s.arg
-    return f"{s.kind}:{short_name(s.arg)}" if s.arg and s.kind in ("hybrid", "eagle3", "mtp") else str(s)
+    return f"{s.kind}:{short_name(s.arg)}" if s.arg and s.kind in ("hybrid", "eagle3", "mtp", "dflash") else str(s)
 
 
 def draft_model_spec(draft: registry.Spec) -> Optional[str]:

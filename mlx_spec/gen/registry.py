@@ -13,8 +13,8 @@ from .drafters.base import Drafter
 # Most draft tokens per round, by kind: the one place these defaults live.
 DEFAULT_K = {"model": tunables.MODEL_K, "self": tunables.MODEL_K, "quant-self": tunables.MODEL_K,
              "ngram": tunables.NGRAM_K, "suffix": tunables.SUFFIX_K, "hybrid": tunables.SUFFIX_K,
-             "eagle3": tunables.MODEL_K, "mtp": tunables.MODEL_K}
-KINDS = ("none", "ngram", "suffix", "self", "quant-self", "hybrid", "eagle3", "mtp", "model")
+             "eagle3": tunables.MODEL_K, "mtp": tunables.MODEL_K, "dflash": tunables.MODEL_K}
+KINDS = ("none", "ngram", "suffix", "self", "quant-self", "hybrid", "eagle3", "mtp", "dflash", "model")
 NGRAM_N = (2, 16)  # the longest n-gram `ngram:N` may ask for
 
 
@@ -43,8 +43,8 @@ Spec = Union[DrafterSpec, str, None]
 
 def parse(spec: Spec) -> DrafterSpec:
     """'none'/None/'', 'ngram', 'ngram:N', 'suffix', 'suffix:shared', 'self', 'self:LAYERS', 'quant-self',
-    'quant-self:FORMAT', 'hybrid', 'hybrid:D', 'eagle3:FOLDER', 'mtp', 'mtp:FOLDER', or anything else as a model
-    spec; a DrafterSpec is returned as is."""
+    'quant-self:FORMAT', 'hybrid', 'hybrid:D', 'eagle3:FOLDER', 'mtp', 'mtp:FOLDER', 'dflash:FOLDER', or anything
+    else as a model spec; a DrafterSpec is returned as is."""
     if isinstance(spec, DrafterSpec):
         return spec
     spec = (spec or "").strip()
@@ -59,6 +59,8 @@ def parse(spec: Spec) -> DrafterSpec:
         raise GenerationError(f"'{spec}': nothing after ':' (try '{head}' alone)")
     if head == "eagle3" and not arg:
         raise GenerationError(f"'{spec}': an EAGLE-3 drafter needs its head: 'eagle3:FOLDER'")
+    if head == "dflash" and not arg:
+        raise GenerationError(f"'{spec}': a DFlash drafter needs its folder: 'dflash:FOLDER'")
     if head == "hybrid":
         inner = parse(arg or "self")
         if inner.kind in ("hybrid", "ngram", "suffix", "none"):
@@ -116,6 +118,8 @@ def build(spec: Spec, target, tokenizer, *, load: Optional[Callable[[str], tuple
         return _eagle3(s.arg, target, width, real)
     if s.kind == "mtp":
         return _mtp(s.arg, target, width, real)
+    if s.kind == "dflash":
+        return _dflash(s.arg, target, width, real)
     if s.kind == "quant-self":
         return QuantSelfDrafter(target, s.arg or tunables.QUANT_SELF_FORMAT, width, real, head_ids=subset)
     if s.kind == "self":
@@ -175,3 +179,25 @@ def _mtp(folder: str, target, width: int, real: int) -> Drafter:
         _HEADS[key] = mtp.load(where, target)
         weakref.finalize(target, _HEADS.pop, key, None)
     return MTPDrafter(_HEADS[key], len(target.layers), width, real)
+
+
+def _dflash(folder: str, target, width: int, real: int) -> Drafter:
+    """The DFlash drafter in `folder` over `target`: one that was made for another target is refused in one line."""
+    from ..make import dflash
+    from .drafters.dflash import DFlashDrafter
+
+    key = ("dflash", str(Path(folder).expanduser().resolve()), id(target))
+    if key not in _HEADS:  # one module a target: every request's drafter shares it, so rows draft in one pass
+        _HEADS[key] = dflash.load(folder, target)
+        weakref.finalize(target, _HEADS.pop, key, None)
+    module = _HEADS[key]
+    c, n = module.config, len(target.layers)
+    hidden = getattr(getattr(getattr(target, "language_model", target), "args", None), "hidden_size", None)
+    vocab = c.layer.get("vocab_size")
+    if module.hidden_size != hidden or c.target_layers not in (None, n) or max(c.reads) >= n or min(c.reads) < 0 \
+            or vocab not in (None, width, real) or not 0 <= c.mask_token_id < width:
+        raise GenerationError(
+            f"{folder}: this DFlash drafter was made for another target (it reads blocks {c.reads} of a target of "
+            f"{c.target_layers or 'more'} blocks, hidden size {module.hidden_size}, vocabulary {vocab}, mask token "
+            f"{c.mask_token_id}; the target has {n} blocks, hidden size {hidden}, vocabulary {width})")
+    return DFlashDrafter(module, width, real)
