@@ -56,7 +56,8 @@ def markdown(data: dict) -> str:
     if "done" in t:
         d = t["done"]
         out += (f"\nThe head: {t['folder']}, trained by `mlx-spec train-head` for {t['target']} on "
-                f"{', '.join(t['data'])}: {d['tokens']} tokens of the target's features, {d['steps']} steps, {d['minutes']:.1f} minutes; "
+                f"{', '.join(t['data'])}: {d['tokens']} tokens of the target's features, {d['steps']} steps, "
+                f"{d['minutes']:.1f} minutes; "
                 f"draft vocabulary {t['draft_vocab']}, sequences of {t['length']}, batch {t.get('batch', 8)}.\n\n"
                 "Learning curve (held-out acceptance by position of a chain, measured on the first shard, never "
                 "trained on):\n\n" + aligned_table(

@@ -1,6 +1,7 @@
 """A whole `train-head` run over a loaded target: its text (the user's, the target's own replies, or the default mix,
 held-out prompts left out), the memory and disk it will take said first, then `head.train`; and where heads live."""
 
+import json
 import re
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
@@ -24,8 +25,6 @@ def default_out(target: str) -> Path:
 
 def heads_for(target: str) -> List[Path]:
     """The trained heads in `heads_dir()` whose training record names `target`."""
-    import json
-
     out = []
     for f in sorted(heads_dir().glob("*/train.json")):
         try:
