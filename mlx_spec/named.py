@@ -25,7 +25,7 @@ DRAFT_HELP = ("Drafter: a model spec, 'ngram[:N]', 'suffix[:shared]' (the longes
               "copy of the target drafting in its cache), 'eagle3:HEAD' (an EAGLE-3 head: folder or HF repo), "
               "'mtp[:CHECKPOINT]' (the target's own MTP layers: Qwen3-Next, Qwen3.5, DeepSeek-V3, GLM-4.5+), "
               "'dflash:DRAFTER' (a DFlash block drafter, e.g. z-lab's: folder or HF repo), "
-              "'hybrid[:D]' (n-gram, suffix and D) or 'none'")
+              "'hybrid[:D]' (n-gram, suffix and D; 'hybrid:none': those two alone) or 'none'")
 NUM_DRAFT_HELP = ("Max draft tokens per round K (default: "
                   + ", ".join(f"{k} {v}" for k, v in registry.DEFAULT_K.items()) + ")")
 

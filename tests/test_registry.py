@@ -88,8 +88,19 @@ def test_num_draft_caps_every_round(tiny_target, loaded, text):
     assert len(stats.proposed_by_position) == 3
 
 
+def test_hybrid_none_is_the_contexts_sources_alone(tiny_target):
+    """`hybrid:none`: suffix and n-gram with no costly source, greedy-equal to plain decoding."""
+    from conftest import plain_greedy
+
+    model, tok = tiny_target
+    drafter = build("hybrid:none", tiny_target, Loaded())
+    assert [p.name for p in drafter.parts] == ["suffix", "ngram"]
+    toks, stats = spec(model, tok.encode(REPEAT), drafter, max_tokens=24, num_draft=3)
+    assert toks == plain_greedy(model, tok.encode(REPEAT), 24) and stats.proposed > 0
+
+
 @pytest.mark.parametrize("text,match", [("hybrid:ngram", "fall back"), ("hybrid:hybrid", "fall back"),
-                                        ("self:", "nothing after"), ("hybrid:none", "fall back"),
+                                        ("self:", "nothing after"), ("hybrid:off", "fall back"),
                                         ("ngram:1", "N must be"), ("ngram:x", "N must be"), ("ngram:", "N must be"),
                                         ("ngram:17", "N must be"), ("hybrid:ngram:3", "fall back"),
                                         ("quant-self:", "nothing after"), ("hybrid:suffix", "fall back"),

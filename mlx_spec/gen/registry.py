@@ -43,7 +43,7 @@ Spec = Union[DrafterSpec, str, None]
 
 def parse(spec: Spec) -> DrafterSpec:
     """'none'/None/'', 'ngram', 'ngram:N', 'suffix', 'suffix:shared', 'self', 'self:LAYERS', 'quant-self',
-    'quant-self:FORMAT', 'hybrid', 'hybrid:D', 'eagle3:FOLDER', 'mtp', 'mtp:FOLDER', 'dflash:FOLDER', or anything
+    'quant-self:FORMAT', 'hybrid', 'hybrid:D' ('hybrid:none': suffix and n-gram alone), 'eagle3:FOLDER', 'mtp', 'mtp:FOLDER', 'dflash:FOLDER', or anything
     else as a model spec; a DrafterSpec is returned as is."""
     if isinstance(spec, DrafterSpec):
         return spec
@@ -63,8 +63,9 @@ def parse(spec: Spec) -> DrafterSpec:
         raise GenerationError(f"'{spec}': a DFlash drafter needs its folder: 'dflash:FOLDER'")
     if head == "hybrid":
         inner = parse(arg or "self")
-        if inner.kind in ("hybrid", "ngram", "suffix", "none"):
-            raise GenerationError(f"hybrid needs a model or self drafter to fall back on, got '{arg}'")
+        if inner.kind in ("hybrid", "ngram", "suffix") or (inner.kind == "none" and arg != "none"):
+            raise GenerationError(f"hybrid needs a model or self drafter to fall back on (or 'none': the context's "
+                                  f"sources alone), got '{arg}'")
         return DrafterSpec(head, arg, inner)
     return DrafterSpec(head, arg) if head in KINDS[1:-1] else DrafterSpec("model", spec)
 
