@@ -58,9 +58,9 @@ def make_drafter(spec: registry.Spec, target, tokenizer, *, loaded: Optional[Dic
 def heads_resolved(spec: registry.Spec, log: Log = _quiet) -> registry.DrafterSpec:
     """`spec` with a learned drafter's head (a folder or an HF repo, fetched) named by its local folder."""
     s = registry.parse(spec)
-    if s.kind in ("eagle3", "mtp", "dflash") and s.arg:
+    if s.kind in registry.LEARNED and s.arg:
         return registry.DrafterSpec(s.kind, str(resolve(s.arg, log)))
-    if s.kind == "hybrid" and s.inner.kind in ("eagle3", "mtp", "dflash"):
+    if s.kind == "hybrid" and s.inner.kind in registry.LEARNED:
         inner = heads_resolved(s.inner, log)
         return registry.DrafterSpec("hybrid", str(inner), inner)
     return s
@@ -73,7 +73,7 @@ def short_name(spec: registry.Spec) -> str:
     if s.kind == "model":
         p = Path(s.arg).expanduser()
         return p.name if p.exists() else s.arg
-    return f"{s.kind}:{short_name(s.arg)}" if s.arg and s.kind in ("hybrid", "eagle3", "mtp", "dflash") else str(s)
+    return f"{s.kind}:{short_name(s.arg)}" if s.arg and s.kind in ("hybrid", *registry.LEARNED) else str(s)
 
 
 def draft_model_spec(draft: registry.Spec) -> Optional[str]:

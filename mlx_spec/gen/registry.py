@@ -15,6 +15,7 @@ DEFAULT_K = {"model": tunables.MODEL_K, "self": tunables.MODEL_K, "quant-self": 
              "ngram": tunables.NGRAM_K, "suffix": tunables.SUFFIX_K, "hybrid": tunables.SUFFIX_K,
              "eagle3": tunables.MODEL_K, "mtp": tunables.MODEL_K, "dflash": tunables.MODEL_K}
 KINDS = ("none", "ngram", "suffix", "self", "quant-self", "hybrid", "eagle3", "mtp", "dflash", "model")
+LEARNED = ("eagle3", "mtp", "dflash")  # drafters reading the target's states, loaded from a folder of their own
 NGRAM_N = (2, 16)  # the longest n-gram `ngram:N` may ask for
 
 
@@ -43,8 +44,8 @@ Spec = Union[DrafterSpec, str, None]
 
 def parse(spec: Spec) -> DrafterSpec:
     """'none'/None/'', 'ngram', 'ngram:N', 'suffix', 'suffix:shared', 'self', 'self:LAYERS', 'quant-self',
-    'quant-self:FORMAT', 'hybrid', 'hybrid:D' ('hybrid:none': suffix and n-gram alone), 'eagle3:FOLDER', 'mtp', 'mtp:FOLDER', 'dflash:FOLDER', or anything
-    else as a model spec; a DrafterSpec is returned as is."""
+    'quant-self:FORMAT', 'hybrid', 'hybrid:D' ('hybrid:none': suffix and n-gram alone), 'eagle3:FOLDER', 'mtp',
+    'mtp:FOLDER', 'dflash:FOLDER', or anything else as a model spec; a DrafterSpec is returned as is."""
     if isinstance(spec, DrafterSpec):
         return spec
     spec = (spec or "").strip()
@@ -143,16 +144,23 @@ def build(spec: Spec, target, tokenizer, *, load: Optional[Callable[[str], tuple
 _HEADS: Dict[tuple, object] = {}
 
 
+def _shared(kind: str, folder, target, load: Callable[[], object]):
+    """The learned drafter's module of `kind` in `folder` for `target`, loaded once: every request's drafter shares
+    it, so rows draft in one pass (let go with the target)."""
+    key = (kind, str(Path(folder).expanduser().resolve()), id(target))
+    if key not in _HEADS:
+        _HEADS[key] = load()
+        weakref.finalize(target, _HEADS.pop, key, None)
+    return _HEADS[key]
+
+
 def _eagle3(folder: str, target, width: int, real: int) -> Drafter:
     """The EAGLE-3 head in `folder` over `target`: one that was made for another target is refused in one line."""
     from ..make import eagle3
     from .drafters.eagle3 import Eagle3Drafter
 
-    key = (str(Path(folder).expanduser().resolve()), id(target))
-    if key not in _HEADS:  # one head a target: every request's drafter shares it, so rows draft in one pass
-        _HEADS[key] = eagle3.load(folder, embed=getattr(getattr(target, "model", None), "embed_tokens", None))
-        weakref.finalize(target, _HEADS.pop, key, None)
-    head = _HEADS[key]
+    head = _shared("eagle3", folder, target, lambda: eagle3.load(
+        folder, embed=getattr(getattr(target, "model", None), "embed_tokens", None)))
     c, n = head.config, len(target.layers)
     hidden = getattr(getattr(target, "args", None), "hidden_size", None)
     reads = c.reads or eagle3.default_reads(n)
@@ -175,11 +183,8 @@ def _mtp(folder: str, target, width: int, real: int) -> Drafter:
     where = Path(folder).expanduser() if folder else folder_of(target)
     if where is None:
         raise GenerationError("'mtp': the target was not loaded from a folder; name its checkpoint: 'mtp:FOLDER'")
-    key = ("mtp", str(where.resolve()), id(target))
-    if key not in _HEADS:  # one module a target, shared by every request's drafter
-        _HEADS[key] = mtp.load(where, target)
-        weakref.finalize(target, _HEADS.pop, key, None)
-    return MTPDrafter(_HEADS[key], len(target.layers), width, real)
+    return MTPDrafter(_shared("mtp", where, target, lambda: mtp.load(where, target)), len(target.layers), width,
+                      real)
 
 
 def _dflash(folder: str, target, width: int, real: int) -> Drafter:
@@ -187,11 +192,7 @@ def _dflash(folder: str, target, width: int, real: int) -> Drafter:
     from ..make import dflash
     from .drafters.dflash import DFlashDrafter
 
-    key = ("dflash", str(Path(folder).expanduser().resolve()), id(target))
-    if key not in _HEADS:  # one module a target: every request's drafter shares it, so rows draft in one pass
-        _HEADS[key] = dflash.load(folder, target)
-        weakref.finalize(target, _HEADS.pop, key, None)
-    module = _HEADS[key]
+    module = _shared("dflash", folder, target, lambda: dflash.load(folder, target))
     c, n = module.config, len(target.layers)
     hidden = getattr(getattr(getattr(target, "language_model", target), "args", None), "hidden_size", None)
     vocab = c.layer.get("vocab_size")

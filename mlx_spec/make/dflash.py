@@ -12,7 +12,7 @@ causal mask, to the whole block; the output layer reads it after `norm`, positio
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -20,6 +20,7 @@ from mlx_lm.models import qwen3
 from mlx_lm.models.cache import KVCache
 
 from ..errors import SourceError, UnsupportedError
+from . import drafter_weights
 from .layers import holder
 
 UNSUPPORTED = {  # what other DFlash variants add, each a one-line refusal: (key in config or dflash_config, default)
@@ -132,18 +133,6 @@ class DFlash(nn.Module):
         return self.head(h)
 
 
-def _weights(folder: Path) -> Dict[str, mx.array]:
-    files = sorted(folder.glob("model*.safetensors"))
-    if not files:
-        raise SourceError(f"{folder}: no .safetensors weights")
-    out = {}
-    for f in files:
-        for k, v in mx.load(str(f)).items():
-            if "rotary_emb" not in k:  # RoPE tables
-                out[k.removeprefix("model.")] = v
-    return out
-
-
 def load(folder, target=None) -> DFlash:
     """The drafter in `folder` (config.json + safetensors as z-lab ships them) over `target` (its embedding and
     output layer); a folder that is not a DFlash drafter, a variant that does not run here, or a missing, extra or
@@ -155,15 +144,5 @@ def load(folder, target=None) -> DFlash:
         raise SourceError(f"{folder}: not a DFlash drafter: {type(e).__name__}: {e}") from None
     except (SourceError, UnsupportedError) as e:
         raise type(e)(f"{folder}: {e}") from None
-    weights = _weights(folder)
-    module = DFlash(config, target)
-    quant = config.layer.get("quantization")
-    if quant:
-        nn.quantize(module, quant["group_size"], quant["bits"],
-                    class_predicate=lambda p, m: hasattr(m, "to_quantized") and f"{p}.scales" in weights)
-    try:
-        module.load_weights(list(weights.items()), strict=True)
-    except ValueError as e:
-        raise SourceError(f"{folder}: weights do not fit the DFlash config: {str(e).splitlines()[0]}") from None
-    mx.eval(module.parameters())
-    return module
+    return drafter_weights.fill(DFlash(config, target), drafter_weights.read(folder),
+                                f"{folder}: weights do not fit the DFlash config", config.layer.get("quantization"))

@@ -19,6 +19,7 @@ from mlx_lm.models import llama
 from mlx_lm.models.base import create_attention_mask
 
 from ..errors import SourceError, UnsupportedError
+from . import drafter_weights
 from .paths import atomic_dir
 
 FILE = "model.safetensors"
@@ -142,21 +143,13 @@ class Eagle3Head(nn.Module):
 
 
 def _weights(folder: Path) -> Dict[str, mx.array]:
-    files = sorted(folder.glob("model*.safetensors"))
-    if not files:
-        bins = list(folder.glob("*.bin")) + list(folder.glob("*.pt"))
-        raise SourceError(f"{folder}: no .safetensors weights" + (
-            f" ({bins[0].name} is a PyTorch pickle: save it as safetensors first)" if bins else ""))
-    weights = {}
-    for f in files:
-        weights.update(mx.load(str(f)))
+    """A head's weights in this module's names (SafeAILab's `midlayer` is layer 0)."""
     out = {}
-    for k, v in weights.items():
-        k = k.removeprefix("model.")
+    for k, v in drafter_weights.read(folder).items():
         if k.startswith("midlayer."):
             k = "layers.0." + k[len("midlayer."):]
-        if k == "t2d" or k.startswith("verifier_") or "rotary_emb" in k:
-            continue  # the target->draft mask (d2t says it), the verifier's copies, RoPE tables
+        if k == "t2d" or k.startswith("verifier_"):
+            continue  # the target->draft mask (d2t says it), the verifier's copies
         out[k] = v.astype(mx.int32) if k == "d2t" else v
     return out
 
@@ -186,16 +179,8 @@ def load(folder, embed: Optional[nn.Module] = None) -> Eagle3Head:
     head = Eagle3Head(config, None if own or embed is None else embed)
     if not own and embed is None:
         head.pop("embed_tokens")  # never allocated: its random initialisation was lazy
-    quant = config.layer.get("quantization")
-    if quant:
-        nn.quantize(head, quant["group_size"], quant["bits"],
-                    class_predicate=lambda p, m: hasattr(m, "to_quantized") and f"{p}.scales" in weights)
-    try:
-        head.load_weights(list(weights.items()), strict=True)
-    except ValueError as e:
-        raise SourceError(f"{folder}: weights do not fit the EAGLE-3 config: {str(e).splitlines()[0]}") from None
-    mx.eval(head.parameters())
-    return head
+    return drafter_weights.fill(head, weights, f"{folder}: weights do not fit the EAGLE-3 config",
+                                config.layer.get("quantization"))
 
 
 def save(head: Eagle3Head, folder, force: bool = False, provenance: Optional[dict] = None) -> None:

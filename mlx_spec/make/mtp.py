@@ -21,6 +21,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
 from ..errors import SourceError
+from . import drafter_weights
 from .layers import holder
 
 FILE = "mtp.safetensors"  # beside a converted model: the module's weights as it names them (mlx_lm.load skips it)
@@ -216,10 +217,5 @@ def load(folder, target) -> MTP:
                           "DeepSeek-V3's and GLM-4.5+'s, model.layers.<num_hidden_layers>.*; a copy converted by "
                           "mlx-lm has them dropped, one converted by mlx-spec keeps them)")
     n = 1 + max(int(k.split(".")[1]) for k in got if k.startswith("layers."))
-    module = MTP(target, n, head="head.weight" in got, embed="embed_tokens.weight" in got)
-    try:
-        module.load_weights(list(got.items()), strict=True)
-    except ValueError as e:
-        raise SourceError(f"{folder}: its MTP weights do not fit the target ({str(e).splitlines()[0]})") from None
-    mx.eval(module.parameters())
-    return module
+    return drafter_weights.fill(MTP(target, n, head="head.weight" in got, embed="embed_tokens.weight" in got), got,
+                                f"{folder}: its MTP weights do not fit the target")
