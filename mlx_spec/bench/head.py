@@ -35,20 +35,14 @@ def markdown(data: dict) -> str:
     from ..named import table_name
 
     rows: List[list] = []
-    for row in data["rows"]:
-        if row["draft"] == "none":
+    for e in data["summary"]:
+        if e["draft"] == "none":
             continue
-        recs = [r for r in data["records"] if r["row"] == row["key"] and r.get("stats")]
-        for name in dict.fromkeys(r["set"] for r in recs):
-            got = [r["stats"] for r in recs if r["set"] == name]
-            spec = sum(s.get("spec_rounds", 0) for s in got)
-            acc = sum(s["accepted"] for s in got)
-            by_p = [sum(s["proposed_by_position"][i] for s in got if i < len(s["proposed_by_position"]))
-                    for i in range(max(len(s["proposed_by_position"]) for s in got))]
-            by_a = [sum(s["accepted_by_position"][i] for s in got if i < len(s["accepted_by_position"]))
-                    for i in range(len(by_p))]
-            rows.append([table_name(row["draft"]), name, f"{1 + acc / spec:.2f}" if spec else "-", str(spec),
-                         " ".join(f"{a / p:.2f}" for a, p in zip(by_a, by_p) if p) or "-"])
+        for name, got in (e.get("by_set") or {}).items():  # its pooled acceptance on the set (`report._acceptance`)
+            spec = got.get("spec_rounds", 0)
+            rows.append([table_name(e["draft"]), name, f"{1 + got['accepted'] / spec:.2f}" if spec else "-", str(spec),
+                         " ".join(f"{a:.2f}" for a, p in zip(got["acceptance_by_position"], got["proposed_by_position"])
+                                  if p) or "-"])
     out = ("Per prompt set: tokens per drafting round (τ: accepted draft tokens + the target's own), drafting "
            "rounds, acceptance at draft position 1, 2, ... (accepted / proposed there)\n\n"
            + aligned_table(("Draft", "Set", "τ", "Rounds", "Acceptance by position"), rows) + "\n")

@@ -45,6 +45,7 @@ def _acceptance(rows: List[dict]) -> dict:
         "acceptance_rate": accepted / proposed if proposed else None,
         "mean_accepted": accepted / spec_rounds if spec_rounds else None,
         "acceptance_by_position": [a / p if p else 0.0 for a, p in zip(by_a, by_p)],
+        "proposed_by_position": by_p, "spec_rounds": spec_rounds,
     }
 
 
