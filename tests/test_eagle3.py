@@ -227,13 +227,19 @@ def test_the_states_a_head_is_handed_are_the_targets_at_the_positions_kept(targe
     assert mx.argmax(head.logits(out), -1)[0].tolist() == mx.argmax(target(mx.array(context)[None])[0, :-1], -1).tolist()
 
 
-def test_eagle3_drafts_equal_plain_greedy_alone_and_in_a_hybrid(target):
+def plain_alone_and_in_a_hybrid(target, make) -> None:
+    """A drafter from `make()`, alone (drafting) and behind the suffix table, gives plain greedy's tokens on three
+    prompts."""
     for prompt in (PROMPT, REPEATING, [2, 2, 1, 0, 2, 2, 1]):
         want = plain_greedy(target, prompt, 16)
-        toks, stats = spec(target, prompt, head_drafter(target), max_tokens=16, num_draft=3, adaptive=False)
+        toks, stats = spec(target, prompt, make(), max_tokens=16, num_draft=3, adaptive=False)
         assert toks == want and stats.proposed > 0
-        hybrid = HybridDrafter([SuffixDrafter()], head_drafter(target))
+        hybrid = HybridDrafter([SuffixDrafter()], make())
         assert spec(target, prompt, hybrid, max_tokens=16, num_draft=3, adaptive=False)[0] == want
+
+
+def test_eagle3_drafts_equal_plain_greedy_alone_and_in_a_hybrid(target):
+    plain_alone_and_in_a_hybrid(target, lambda: head_drafter(target))
 
 
 def rows_with_heads(target, prompts, drafters, maxes, samplers=None):

@@ -20,14 +20,12 @@ from conftest import (
     tiny_config,
 )
 from mlx.utils import tree_flatten, tree_map
-from test_eagle3 import rows_with_heads, run_rows
+from test_eagle3 import plain_alone_and_in_a_hybrid, rows_with_heads, run_rows
 
 from mlx_spec.errors import MlxSpecError
 from mlx_spec.gen import registry, verify
 from mlx_spec.gen.cache import new_cache
-from mlx_spec.gen.drafters.hybrid import HybridDrafter
 from mlx_spec.gen.drafters.mtp import MTPDrafter
-from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.hidden import taps
 from mlx_spec.gen.load import vocab_width
 from mlx_spec.make import mtp
@@ -245,12 +243,7 @@ def test_the_states_an_mtp_drafter_is_shown_are_the_targets_last_normed_states(t
 
 
 def test_mtp_drafts_equal_plain_greedy_alone_in_a_hybrid_and_beside_other_rows(target):
-    for prompt in (PROMPT, REPEATING, [2, 2, 1, 0, 2, 2, 1]):
-        want = plain_greedy(target, prompt, 16)
-        toks, stats = spec(target, prompt, drafter(target), max_tokens=16, num_draft=3, adaptive=False)
-        assert toks == want and stats.proposed > 0
-        hybrid = HybridDrafter([SuffixDrafter()], drafter(target))
-        assert spec(target, prompt, hybrid, max_tokens=16, num_draft=3, adaptive=False)[0] == want
+    plain_alone_and_in_a_hybrid(target, lambda: drafter(target))
     prompts, maxes = [REPEATING, PROMPT, [2, 2, 1, 0, 2, 2, 1]], [14, 20, 9]
     e, rows = rows_with_heads(target, prompts, [drafter(target), None, drafter(target)], maxes)
     outs = run_rows(e)
