@@ -252,15 +252,15 @@ def test_the_states_shown_are_the_targets_at_its_target_layer_ids(target, folder
 def proposals(monkeypatch):
     """Every non-empty greedy draft the drafting hands the engine, with the context it was proposed at."""
     seen = []
-    draft = drafting.DFlashDrafting._draft
+    propose = drafting.DFlashDrafting.propose
 
-    def record(self, members, k, chunk):
-        out = draft(self, members, k, chunk)
+    def record(self, members, *args, **kwargs):
+        out = propose(self, members, *args, **kwargs)
         seen.extend((list(m.context), d.tokens) for m, d in zip(members, out)
                     if len(d) and (m.sampler is None or m.sampler.temp == 0))
         return out
 
-    monkeypatch.setattr(drafting.DFlashDrafting, "_draft", record)
+    monkeypatch.setattr(drafting.DFlashDrafting, "propose", record)
     return seen
 
 

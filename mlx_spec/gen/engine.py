@@ -6,13 +6,13 @@ from collections import Counter
 from typing import Dict, List, NamedTuple, Optional
 
 import mlx.core as mx
-from mlx_lm.models.cache import can_trim_prompt_cache
+from mlx_lm.models.cache import KVCache, can_trim_prompt_cache
 
-from . import hidden, recurrent, shapes
+from . import hidden, recurrent, shapes, tree
 from .cache import context_limit
 from .drafters.base import Draft, Drafting, Member
 from .joint import Rows
-from .planner import PLAIN, Ask, Outcome, Plan, Planner
+from .planner import PLAIN, Ask, Outcome, Plan, Planner, tree_key
 from .registry import default_num_draft
 from .rows import FINISH_REASONS, Row, Step  # noqa: F401  (Step, FINISH_REASONS: the engine's output)
 from .sampling import sample
@@ -102,8 +102,7 @@ class Engine:
         plan, drain = self._plan(rows, asks)
         queued_before = self.pending is not None
         drafts = self._propose(plan, rows, offers)
-        lengths = [min(len(d), plan.k, r.room) if d is not None and d.source == plan.source(i) else 0
-                   for i, (r, d) in enumerate(zip(rows, drafts))]
+        lengths = [self._length(plan, i, r, d) for i, (r, d) in enumerate(zip(rows, drafts))]
         plan = plan if any(lengths) else PLAIN
         built, fed, cold, states = self._verify(plan, rows, drafts, lengths)
         queue = not plan.k and not drain and not self.hold and all(r.room > 0 for r in rows)
@@ -115,9 +114,19 @@ class Engine:
         self.pending = queued
         warm = not cold and not drain and (plan.k > 0 or queued_before)  # a plain step is timed as queued ahead
         self._record(plan, rows, asks, offers, drafts, lengths, kept, seconds, warm)
-        out = {i: r.deliver(d[:a] + [t], a) for i, (r, (d, a, t)) in enumerate(zip(rows, kept))}
+        out = {i: r.deliver(d[:a] + [t], a) for i, (r, (d, a, t, _)) in enumerate(zip(rows, kept))}
         self.out = time.perf_counter()
         return out
+
+    @staticmethod
+    def _length(plan: Plan, i: int, row: Row, draft: Optional[Draft]) -> int:
+        """The draft tokens of row i the round verifies: its draft's, up to the plan's k and the row's room (a tree:
+        all of it, if no path is deeper)."""
+        if draft is None or draft.source != plan.source(i):
+            return 0
+        if draft.parents is not None:
+            return len(draft) if max(tree.depths(draft.parents), default=0) <= min(plan.k, row.room) else 0
+        return min(len(draft), plan.k, row.room)
 
     def _lookup(self, row: Row) -> Optional[Draft]:
         """The row's first table-lookup draft (a suffix match before an n-gram's), or None."""
@@ -139,9 +148,15 @@ class Engine:
         if costly is not None and self.drafting[costly.name].takes(costly):
             ask.costly, ask.cap = costly.name, min(row.caps[costly.name], row.room)
             ask.behind = costly.behind(row.context)
+            ask.tree = costly.trees and len(self.cache.owners) == 1 and self._treeable()
         row.offered(max(ask.stats(ask.offer[0]).expected(ask.offer[1]) if offer is not None else 1.0,
                         ask.stats(ask.costly).expected(ask.cap) if ask.cap else 1.0))
         return ask
+
+    def _treeable(self) -> bool:
+        """Whether a lone row's tree can be verified: plain attention caches, the target's blocks as mlx-lm lays
+        them out (trees are not offered beside other rows)."""
+        return all(type(c) is KVCache for c in self.cache.layers) and tree.view(self.target).model is not None
 
     def _plan(self, rows: List[Row], asks: List[Ask]):
         """(the round's Plan, whether it drains a queued step instead: the plan drafts through the target's cache)."""
@@ -153,7 +168,8 @@ class Engine:
         plan = self.planner.plan(asks, len(self.cache.owners), self.cache.paddable(), self.pending is not None)
         if plan.k and self.limit is not None:  # no position, dummies included, past the model's context
             fit = min(self.limit - len(r.context) for r in rows) + 1  # positions a row's pass may span
-            plan = Plan(min(plan.k, fit - 1), plan.sources, min(plan.size, fit), plan.probe) if fit > 1 else PLAIN
+            plan = Plan(min(plan.k, fit - 1), plan.sources, min(plan.size, fit), plan.probe,
+                        min(plan.tree, fit - 1)) if fit > 1 else PLAIN
         in_target = plan.k and any(p.in_target_cache and p.name in plan.sources for r in rows for p in r.parts)
         if in_target and self.pending is not None:
             return PLAIN, True
@@ -171,7 +187,7 @@ class Engine:
         for s, idx in wanted.items():
             members = [Member(next(p for p in rows[i].parts if p.name == s), rows[i].context, rows[i].sampler,
                               self.cache.index(rows[i])) for i in idx]
-            for i, d in zip(idx, self.drafting[s].propose(members, plan.k, self.cache, chunk)):
+            for i, d in zip(idx, self.drafting[s].propose(members, plan.k, self.cache, chunk, plan.tree)):
                 drafts[i] = d
         return drafts
 
@@ -194,7 +210,9 @@ class Engine:
             n = sum(p.size for p in parts)
             inputs.append(mx.concatenate(parts + [mx.full((width - n,), fill, dtype=mx.uint32)]))
         self.cache.start_round()
-        logits, states = self._run(mx.stack(inputs))  # (places, width, V), (places, width, n * d) or None
+        treed = next((d.parents for d, n in zip(drafts, lengths) if n and d.parents is not None), None)
+        shape = tree.layout(treed, width, pending is None, self.cache.layers[0].offset) if treed is not None else None
+        logits, states = self._run(mx.stack(inputs), shape)  # (places, width, V), (places, width, n * d) or None
         if pending is not None:
             logits = mx.concatenate([pending.logits[:, None], logits], axis=1)
             states = mx.concatenate([pending.states, states], axis=1) if states is not None else None
@@ -203,15 +221,23 @@ class Engine:
                  for i, (r, n) in enumerate(zip(rows, lengths))]
         return built, width, cold, states
 
-    def _run(self, x: mx.array):
-        """The target's pass over x (places, L): (logits, the states its drafters read or None)."""
-        return self.taps(x, self.cache.layers) if self.taps is not None else (self.model(x, cache=self.cache.layers),
-                                                                             None)
+    def _run(self, x: mx.array, shape: Optional[tuple] = None):
+        """The target's pass over x (places, L): (logits, the states its drafters read or None); shape: a tree's
+        (mask, positions), `tree.layout`."""
+        layers = self.cache.layers
+        if shape is not None:
+            view = tree.view(self.target)
+            taps = hidden.taps(view.model, self.taps.reads) if self.taps is not None else None
+            return view.run(lambda m: taps(x, layers) if taps is not None else (m(x, cache=layers), None), *shape)
+        return self.taps(x, layers) if self.taps is not None else (self.model(x, cache=layers), None)
 
     @staticmethod
     def _targets(row: Row, logits: mx.array, draft: Optional[Draft], n: int):
         """What acceptance needs of a row's logits (n + 1, V): its own tokens (greedy, seeded), or speculative
         sampling's draws (accept (n,), candidates (n + 1,))."""
+        if n and draft.parents is not None:
+            return tree.exact_targets(row.sampler, logits, len(row.context), draft.parents) if row.sampler.exact else \
+                tree.sampling_targets(row.sampler.probs_fn(logits), draft.tokens[:n], draft.parents)
         if row.sampler.exact:
             return row.sampler.pick(logits, len(row.context))
         if not n:
@@ -255,22 +281,31 @@ class Engine:
 
     @staticmethod
     def _accept(rows: List[Row], built, drafts, lengths) -> List[tuple]:
-        """Per row: (its draft tokens, how many the target accepted, the token it adds)."""
+        """Per row: (its draft tokens (a tree's: those of the path kept), how many the target accepted, the token it
+        adds, the tree's nodes kept or None)."""
         out = []
         for r, b, d, n in zip(rows, built, drafts, lengths):
             drafted = d.tokens.tolist()[:n] if n else []
             if isinstance(b, _Given):
-                out.append(([], 0, b.tokens.tolist()[b.place]))
-                continue
-            a, nxt = accept_greedy(drafted, b.tolist()) if r.sampler.exact else \
-                accept_sampling(b[0].tolist(), b[1].tolist())
-            out.append((drafted, a, nxt))
+                out.append(([], 0, b.tokens.tolist()[b.place], None))
+            elif n and d.parents is not None:
+                path, nxt = tree.accept_greedy(drafted, d.parents, b.tolist()) if r.sampler.exact else \
+                    tree.accept_sampling(b[0].tolist(), b[1].tolist(), d.parents)
+                out.append(([drafted[j] for j in path], len(path), nxt, path))
+            else:
+                a, nxt = accept_greedy(drafted, b.tolist()) if r.sampler.exact else \
+                    accept_sampling(b[0].tolist(), b[1].tolist())
+                out.append((drafted, a, nxt, None))
         return out
 
     def _rewind(self, rows: List[Row], kept: List[tuple], fed: int) -> None:
         """Each place drops what it was fed beyond its kept tokens (a queued step is its first position)."""
         own = 0 if self.pending is not None else 1
-        keep = {id(r): own + a for r, (_, a, _) in zip(rows, kept)}
+        path = next((p for *_, p in kept if p is not None), None)
+        if path is not None:  # a lone row's tree: the path's positions kept, in order
+            self.cache.keep(list(range(own)) + [j + own for j in path], fed)
+            return
+        keep = {id(r): own + a for r, (_, a, _, _) in zip(rows, kept)}
         drop = [fed - keep[id(r)] if r is not None else fed for r in self.cache.owners]  # an empty place keeps none
         if any(drop):
             self.cache.rewind(drop)
@@ -278,20 +313,26 @@ class Engine:
     def _show(self, rows: List[Row], kept: List[tuple], states: Optional[mx.array]) -> None:
         """The drafters that read the target's states get those of the positions each row kept."""
         if states is not None:
-            for r, (_, a, _) in zip(rows, kept):
-                hidden.show(r.parts, len(r.context) - 1, states[self.cache.index(r), : a + 1], self.taps.reads)
+            for r, (_, a, _, path) in zip(rows, kept):
+                mine = states[self.cache.index(r)]
+                mine = mine[mx.array([0] + [j + 1 for j in path])] if path is not None else mine[: a + 1]
+                hidden.show(r.parts, len(r.context) - 1, mine, self.taps.reads)
 
     def _record(self, plan: Plan, rows, asks, offers, drafts, lengths, kept, seconds: float, warm: bool) -> None:
         """One observation of the round, which the planner, each row's stats and trace, and the drafters learn."""
         outcomes, together = [], Counter(plan.source(i) for i, n in enumerate(lengths) if n)
-        for i, (r, ask, offer, d, n, (drafted, a, nxt)) in enumerate(zip(rows, asks, offers, drafts, lengths, kept)):
+        for i, (r, ask, offer, d, n, (drafted, a, nxt, path)) in enumerate(zip(rows, asks, offers, drafts, lengths,
+                                                                              kept)):
             source = plan.source(i) if n else ""
             part = next((p for p in r.parts if p.name == source), None)
-            o = Outcome(r.accept, source, n, a, d.behind if n else 0, part is not None and not part.free)
+            nodes = n if path is not None else 0
+            n = max(tree.depths(d.parents)) if nodes else n  # a tree proposes as many tokens as it is deep
+            o = Outcome(r.accept, tree_key(source) if nodes else source, n, a, d.behind if n else 0,
+                        part is not None and not part.free)
             if offer is not None and offer.source != source:
                 o.judged = (offer.source, *shadow_judgement(offer.tokens.tolist(), drafted[:a] + [nxt]))
                 next(p for p in r.parts if p.name == offer.source).learn(*o.judged[1:])
-            if n and d.hindsight is not None and r.sampler.temp == 0:
+            if n and d.hindsight is not None and r.sampler.temp == 0 and not nodes:
                 o.hindsight = ([p == t for p, t in zip(d.hindsight[0].tolist(), d.hindsight[1])], r.k_max)
             if part is not None:
                 part.learn(n, a)
@@ -304,6 +345,8 @@ class Engine:
                          "size": plan.size if plan.k else 1, "behind": o.behind}
                 if plan.probe:
                     entry["probe"] = True
+                if nodes:
+                    entry["tree"] = nodes
                 if o.hindsight:
                     entry["hindsight"] = [sum(o.hindsight[0]), len(o.hindsight[0])]
                 r.stats.trace.append(entry)

@@ -181,6 +181,17 @@ class Rows:
         mx.eval([c.state for c in self.layers])
         self.owners = [self.owners[i] for i in keep]
 
+    def keep(self, kept: Sequence[int], fed: int) -> None:
+        """A lone row keeps, of the `fed` positions of the last pass, those at indices `kept`, in order (a draft
+        tree's path); the others are dropped. Plain attention caches only."""
+        idx = mx.array(kept)
+        for c in self.layers:
+            start = c.offset - fed
+            for name in ("keys", "values"):
+                a = getattr(c, name)
+                a[..., start : start + len(kept), :] = a[..., start + idx, :]
+            c.offset = start + len(kept)
+
     def start_round(self) -> None:
         """What the cache holds now is final: a round's rewind goes back no further than this."""
         recurrent.commit(self.layers)

@@ -25,21 +25,29 @@ from .tunables import (
     PROBE_BUDGET,
     PROBE_MIN,
     SIZES,
+    TREE_PER_DEPTH,
 )
 
 
 @dataclass(frozen=True)
 class Plan:
     """A round: row i drafts at most k tokens from `sources[i]` ("" for none), verified at `size` positions a row
-    (k = 0: a plain step for every row)."""
+    (k = 0: a plain step for every row); tree > 0: the costly source drafts a tree of that many tokens, k deep."""
 
     k: int = 0
     sources: Tuple[str, ...] = ()
     size: int = 1
     probe: bool = False
+    tree: int = 0
 
     def source(self, i: int = 0) -> str:
         return self.sources[i] if self.k and i < len(self.sources) else ""
+
+
+def tree_key(source: str) -> str:
+    """What a source's trees are learned under (their acceptance by depth, their drafting's cost): apart from its
+    chains'."""
+    return f"{source} tree"
 
 
 PLAIN = Plan()
@@ -100,6 +108,7 @@ class Ask:
     behind: int = 0  # tokens the costly source feeds it before drafting
     left: int = 1  # tokens the row may still produce
     pace: float = 1.0  # tokens its rounds yield, the mean over its rounds
+    tree: bool = False  # its costly source may draft it a tree
 
     def stats(self, source: str) -> SourceStats:
         return self.accept.setdefault(source, SourceStats())
@@ -126,6 +135,7 @@ class Planner(Costs):
     One Planner can serve many generations (a session keeps one), so later turns start from what earlier measured."""
 
     adaptive: bool = True
+    trees: bool = True  # a row alone whose costly source drafts trees may be given one where it pays
     idle: Dict[str, int] = field(default_factory=dict)  # rounds since a costly source last drafted
     credit: Dict[str, float] = field(default_factory=dict)  # probe budget it earned while passed over (seconds)
     refilled_w: float = 0.0  # discounted rows whose place a new row took, of `left_w` that left: none until seen
@@ -172,30 +182,41 @@ class Planner(Costs):
                 return self._probe(s, asks, b, pad)
         best, best_rate, best_seconds = PLAIN, n / plain, plain
         last, cal = self._last(asks), self.calibration
-        for option in [""] + [s for s in costly if s not in fresh]:
+        timed = [s for s in costly if s not in fresh]
+        options = [("", False)] + [(s, False) for s in timed] + [
+            (s, True) for s in timed if self.trees and any(a.tree and a.costly == s for a in asks)]
+        for option, treed in options:
+            key = tree_key(option) if treed else option
             top = max(max((a.offer[1] for a in asks), default=0),
                       max((a.cap for a in asks if option and a.costly == option), default=0))
-            for k in self._lengths(min(top, widest), pad):
+            for k in self._lengths(min(top, widest // TREE_PER_DEPTH if treed else widest), pad):
                 sources, gains = [], []
                 for a in asks:
                     free = a.stats(a.offer[0]).expected(min(k, a.offer[1])) if a.offer[1] else 1.0
-                    model = a.stats(option).expected(min(k, a.cap)) if option and a.costly == option else 0.0
+                    mine = option and a.costly == option and (a.tree or not treed)
+                    model = self._stats(a, key, option).expected(min(k, a.cap)) if mine else 0.0
                     pick, g = (option, model) if model > free else (a.offer[0] if a.offer[1] else "", free)
                     sources.append(pick)
                     gains.append(1 + (min(g, a.left) - 1) * cal)
-                if not any(sources):
+                if not any(sources) or treed and option not in sources:
                     continue
-                size = self.size(b, k, pad)
+                size = self.size(b, TREE_PER_DEPTH * k if treed else k, pad)
                 rows = [a for a, s in zip(asks, sources) if s and s == option]
                 seconds = self._verify_cost(b, size)
                 if rows:
                     horizon = min(min(a.left for a in rows), CATCH_UP_HORIZON)
                     behind = sum(a.behind * min(1.0, g / horizon) for a, g in zip(asks, gains) if a in rows)
-                    seconds += self.draft_cost(option, len(rows), k, behind)
+                    timed_key = key if any(d[0] == key for d in self.drafts) else option  # a tree: the chains' cost
+                    seconds += self.draft_cost(timed_key, len(rows), k, behind)  # until its own was measured
                 rate = sum(gains) / seconds
-                if self._value(gains, last, plain, seconds) >= 1 and rate > best_rate * (1 + MARGIN * (not best.k)):
-                    best, best_rate, best_seconds = Plan(k, tuple(sources), size), rate, seconds
+                margin = MARGIN * (not best.k or treed)  # drafting over plain, a tree over a chain: 5 % more
+                if self._value(gains, last, plain, seconds) >= 1 and rate > best_rate * (1 + margin):
+                    best, best_rate, best_seconds = Plan(k, tuple(sources), size, tree=(size - 1) * treed), rate, \
+                        seconds
         probe = self._credit(costly, fresh, best, best_seconds, best_rate, asks, b, pad)
+        if probe is not None:
+            return probe
+        probe = self._tree_credit(best, best_seconds, asks, b, pad)
         if probe is not None:
             return probe
         if not best.k and fresh:  # nothing else would draft: now a new source's catch-up is worth a look
@@ -204,7 +225,14 @@ class Planner(Costs):
 
     def promised(self, plan: Plan, asks: Sequence[Ask]) -> float:
         """Extra tokens the rows' estimates promise for a plan."""
-        return sum(min(a.stats(s).expected(plan.k), a.left) - 1 for a, s in zip(asks, plan.sources) if s)
+        return sum(min(self._stats(a, tree_key(s) if plan.tree and s == a.costly else s, s).expected(plan.k), a.left)
+                   - 1 for a, s in zip(asks, plan.sources) if s)
+
+    @staticmethod
+    def _stats(ask: Ask, key: str, source: str) -> SourceStats:
+        """The row's acceptance under `key`; a tree not measured yet is taken to accept as its source's chains do
+        (a tree is tried by a probe, `_tree_credit`, before it is chosen on its own)."""
+        return ask.stats(key if key in ask.accept or key == source else source)
 
     def _value(self, gains: List[float], last: List[float], plain: float, seconds: float) -> float:
         """Plain-decoding seconds a round's extra tokens save per second it takes (plain decoding's is 1)."""
@@ -240,6 +268,8 @@ class Planner(Costs):
         """Costly sources passed over earn probe credit, and probe once it covers what a probe would lose against
         rounds at `rate` tokens per second."""
         chosen = set(best.sources) if best.k else set()
+        if best.tree:
+            self.idle[tree_key(best.sources[0])], self.credit[tree_key(best.sources[0])] = 0, 0.0
         for s in costly:
             if s in fresh:
                 continue
@@ -254,6 +284,23 @@ class Planner(Costs):
             if self.idle[s] >= PROBE_MIN and self._hopeful(s, rows, asks, places, pad) and self.credit[s] >= lose:
                 return self._probe(s, asks, places, pad)
         return None
+
+    def _tree_credit(self, best: Plan, seconds: float, asks: Sequence[Ask], places: int, pad: bool) -> Optional[Plan]:
+        """A row given a chain it could have had as a tree earns credit towards trying the tree (its acceptance and
+        cost are learned only where it drafts), and tries it once the credit covers the extra positions' cost."""
+        ask = asks[0] if len(asks) == 1 else None
+        if not (self.trees and ask is not None and ask.tree and best.k and not best.tree and
+                best.source(0) == ask.costly):
+            return None
+        key = tree_key(ask.costly)
+        self.idle[key] = self.idle.get(key, 0) + 1
+        self.credit[key] = self.credit.get(key, 0.0) + PROBE_BUDGET * seconds
+        size = self.size(places, TREE_PER_DEPTH * best.k, pad)
+        extra = max(0.0, self._verify_cost(places, size) - self._verify_cost(places, best.size))
+        if self.idle[key] < PROBE_MIN or self.credit[key] < extra:
+            return None
+        self.idle[key], self.credit[key] = 0, 0.0
+        return Plan(best.k, best.sources, size, probe=True, tree=size - 1)
 
     def _hopeful(self, source: str, rows: Sequence[Ask], asks: Sequence[Ask], places: int, pad: bool) -> bool:
         """Whether `source` could beat plain decoding with every draft token accepted."""

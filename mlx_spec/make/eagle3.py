@@ -119,11 +119,12 @@ class Eagle3Head(nn.Module):
     def hidden_size(self) -> int:
         return self.fc.weight.shape[0]
 
-    def __call__(self, tokens: mx.array, hidden: mx.array, cache: Optional[list] = None) -> mx.array:
+    def __call__(self, tokens: mx.array, hidden: mx.array, cache: Optional[list] = None, mask=None) -> mx.array:
+        """mask: the attention's (a draft tree's), else causal."""
         if hidden.shape[-1] != self.hidden_size:
             hidden = self.fc(hidden)
         cache = cache if cache is not None else [None] * len(self.layers)
-        mask = create_attention_mask(hidden, cache[0])
+        mask = mask if mask is not None else create_attention_mask(hidden, cache[0])
         h = self.layers[0](self.embed(tokens), hidden, mask, cache[0])
         for layer, c in zip(self.layers[1:], cache[1:]):
             h = layer(h, mask, c)

@@ -5,12 +5,13 @@ ap.add_argument("--target"); ap.add_argument("--rows"); ap.add_argument("--human
 ap.add_argument("--edit", type=int, default=0); ap.add_argument("--prose", type=int, default=0)
 ap.add_argument("--max-tokens", type=int, default=128); ap.add_argument("--out"); ap.add_argument("--repeats", type=int, default=1)
 ap.add_argument("--sides", default="new,old"); ap.add_argument("--start", type=int, default=0)  # skip the first prompts
+ap.add_argument("--worker", default="/work/ab/worker.py")  # worker_tree.py: a row 'D#chain' is D with no trees
 a = ap.parse_args()
 sides = {"new": ("/work/main/.venv/bin/python", "/work/main"), "old": ("/work/base/.venv/bin/python", "/work/base")}
 sides = {k: sides[k] for k in a.sides.split(",")}
 procs = {}
 for name, (py, cwd) in sides.items():
-    procs[name] = subprocess.Popen([py, "/work/ab/worker.py", a.target], cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    procs[name] = subprocess.Popen([py, a.worker, a.target], cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     print(name, procs[name].stdout.readline().strip(), flush=True)
 sys.path.insert(0, "/work/main")
 import mlx_spec  # noqa
@@ -38,4 +39,4 @@ for rep in range(a.repeats):
                                 "at": time.strftime("%H:%M:%S"), "loadavg": os.getloadavg()[0]})
                 print(side, p.id, d, round(r["decode_tps"], 2), r["drafted"], len(r["tokens"]), flush=True)
             json.dump({"args": vars(a), "records": records, "script": open(__file__).read(),
-                       "worker": open("/work/ab/worker.py").read()}, open(a.out, "w"))
+                       "worker": open(a.worker).read()}, open(a.out, "w"))

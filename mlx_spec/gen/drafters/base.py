@@ -19,6 +19,7 @@ class Draft:
     hindsight: Optional[Tuple[mx.array, List[int]]] = None  # a catch-up over output the drafter sat out: its lazy
     # (m,) greedy predictions there and the m tokens the target produced
     cold: bool = False  # a pass of a shape this drafter never ran before (on a GPU: a kernel build, not a cost)
+    parents: Optional[Tuple[int, ...]] = None  # a tree (`gen.tree`): each token's parent, -1 for the last token's
 
     def __post_init__(self):
         if not isinstance(self.tokens, mx.array):
@@ -44,8 +45,10 @@ class Drafting:
         """Whether a row drafting with `part` can draft here."""
         return True
 
-    def propose(self, members: Sequence[Member], k: int, target=None, chunk: Optional[int] = None) -> List[Draft]:
-        """At most k tokens a member; target: the engine's `joint.Rows`; chunk: the most catch-up a member is fed."""
+    def propose(self, members: Sequence[Member], k: int, target=None, chunk: Optional[int] = None,
+                tree: int = 0) -> List[Draft]:
+        """At most k tokens a member; target: the engine's `joint.Rows`; chunk: the most catch-up a member is fed;
+        tree: a drafter that `trees` drafts a tree of that many tokens, k deep, for a member alone (else a chain)."""
         return [m.part.propose(m.context, k, m.sampler) for m in members]
 
     def leave(self, part: "Drafter") -> None:
@@ -60,6 +63,7 @@ class Drafter:
     in_target_cache = False  # drafts through the target's own cache, which must then hold the context but its last
     model = None  # the network it runs (a draft model, a view of the target); None for a table lookup
     reads: Tuple[int, ...] = ()  # the target's blocks whose outputs it reads (a learned drafter): given with `see`
+    trees = False  # drafts a tree (several continuations) for a row alone when asked
 
     @property
     def parts(self) -> Sequence["Drafter"]:

@@ -63,7 +63,7 @@ class DFlashDrafting(ModelDrafting):
     """The rows drafting with one DFlash module over their caches as one (`joint.Rows`): each row's new context
     states in one pass, every row's block in a second."""
 
-    def _draft(self, members: Sequence[Member], k: int, chunk: Optional[int]) -> List[Draft]:
+    def _draft(self, members: Sequence[Member], k: int, chunk: Optional[int], tree: int = 0) -> List[Draft]:
         for m in members:
             self._join(m.part)
         if sum(o is None for o in self.rows.owners) * 2 > len(self.rows.owners):  # rows that left hold half: pack

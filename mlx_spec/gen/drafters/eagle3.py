@@ -1,11 +1,16 @@
 """An EAGLE-3 head drafts from the target's own hidden states: each context token is fed beside the target's states
-of the position before it, each draft token beside the head's own state before it; one pass for all rows."""
+of the position before it, each draft token beside the head's own state before it; one pass for all rows, or for a
+row alone a tree (`tree`)."""
 
+import copy
 from typing import List, Optional, Sequence, Tuple
 
 import mlx.core as mx
+import mlx.nn as nn
 
+from .. import tree as trees
 from ..tunables import EAGLE_HELD_CHUNKS as HELD_CHUNKS
+from ..tunables import TREE_WIDTH
 from .base import Draft, Drafting, Member
 from .model import ModelDrafter, ModelDrafting
 
@@ -16,6 +21,7 @@ class Eagle3Drafter(ModelDrafter):
 
     name = "eagle3"
     origin = 1
+    trees = True
 
     def __init__(self, head, reads: Sequence[int], vocab_size: int, real_vocab: Optional[int] = None):
         """reads: the target's blocks whose outputs the head takes, in the order it concatenates them."""
@@ -24,6 +30,7 @@ class Eagle3Drafter(ModelDrafter):
         self.reads, self.ids = tuple(reads), head.ids()
         self.width = head.config.target_hidden_size * len(self.reads)
         self.held: List[Tuple[int, mx.array]] = []  # (first position, states (n, width)) not fed yet, in order
+        self._view = None  # the head as a tree's nodes run it (`_tree_view`)
 
     def drafting(self) -> Drafting:
         return Eagle3Drafting(self)
@@ -75,14 +82,71 @@ class Eagle3Drafter(ModelDrafter):
     def greedy(self, h: mx.array) -> mx.array:
         return self.ids[mx.argmax(self.model.logits(h), axis=-1)]
 
+    def tree(self, state: mx.array, k: int, nodes: int, rows) -> Tuple[mx.array, Tuple[int, ...]]:
+        """(tokens, parents) of a tree of at most `nodes` tokens, k deep, from the head's state (1, d) after the
+        context, in its cache `rows` (one place): EAGLE-2's tree. Each depth feeds its TREE_WIDTH likeliest nodes
+        in one pass, each attending to its ancestors, and each drafts its TREE_WIDTH likeliest children; a node's
+        likelihood is the product of the head's probabilities along its path, and the `nodes` likeliest are kept
+        (every ancestor of one is likelier). Its entries in the cache are dropped after."""
+        cache, view, pos = rows.layers, *self._tree_view()
+        start = cache[0].offset
+        score, token, parent, depth, fed, out = [], [], [], [], [], {}  # candidates; fed ones, their states
+
+        def expand(h: mx.array, who: List[int]) -> None:  # the children of candidates `who` (-1: the context)
+            logp = nn.log_softmax(self.model.logits(h).astype(mx.float32), axis=-1)
+            top = mx.argpartition(-logp, TREE_WIDTH - 1, axis=-1)[:, :TREE_WIDTH]
+            lp, ids = mx.take_along_axis(logp, top, axis=-1).tolist(), self.ids[top].tolist()
+            for w, lps, tks in zip(who, lp, ids):
+                for x, t in zip(lps, tks):
+                    score.append((score[w] if w >= 0 else 0.0) + x)
+                    token.append(t)
+                    parent.append(w)
+                    depth.append(depth[w] + 1 if w >= 0 else 1)
+
+        expand(state, [-1])
+        try:
+            for d in range(1, k):
+                level = sorted((c for c in range(len(score)) if depth[c] == d), key=lambda c: -score[c])[:TREE_WIDTH]
+                hidden = mx.stack([out[parent[c]] if parent[c] >= 0 else state[0] for c in level])[None]
+                mask = mx.ones((len(level), cache[0].offset + len(level)), dtype=mx.bool_)
+                for i, c in enumerate(level):
+                    line = [self._ancestor(f, c, parent) for f in fed] + [j == i for j in range(len(level))]
+                    mask[i, start:] = mx.array(line)
+                pos.at = mx.array(start + d - 1 - cache[0].offset)  # every node of a depth at the same position
+                h = view(mx.array([[token[c] for c in level]], dtype=mx.uint32), hidden, cache, mask=mask)[0]
+                fed += level
+                out.update({c: h[i] for i, c in enumerate(level)})
+                expand(h, level)
+        finally:
+            pos.at = None
+            rows.rewind([cache[0].offset - start])
+        keep = sorted(range(len(score)), key=lambda c: (-score[c], depth[c]))[:nodes]
+        at = {c: i for i, c in enumerate(keep)}
+        return mx.array([token[c] for c in keep], dtype=mx.uint32), tuple(at.get(parent[c], -1) for c in keep)
+
+    @staticmethod
+    def _ancestor(a: int, c: int, parent: List[int]) -> bool:
+        while c >= 0 and c != a:
+            c = parent[c]
+        return c == a
+
+    def _tree_view(self):
+        """The head whose attention reads the positions of a tree (made once; the head itself is unchanged)."""
+        if self._view is None:
+            pos, view = trees.Positions(), copy.copy(self.model)
+            view.layers = [trees.roped(b, pos) for b in self.model.layers]
+            self._view = (view, pos)
+        return self._view
+
 
 class Eagle3Drafting(ModelDrafting):
     """The rows drafting with one head: a draft model's drafting over each row's context from its second token."""
 
-    def propose(self, members: Sequence[Member], k: int, target=None, chunk: Optional[int] = None) -> List[Draft]:
+    def propose(self, members: Sequence[Member], k: int, target=None, chunk: Optional[int] = None,
+                tree: int = 0) -> List[Draft]:
         ready = [m for m in members if len(m.context) > 1]
         out = dict(zip([id(m) for m in ready], super().propose([m._replace(context=m.context[1:]) for m in ready], k,
-                                                              target, chunk))) if ready else {}
+                                                              target, chunk, tree))) if ready else {}
         for m in ready:
             m.part.forget()
         return [out.get(id(m), Draft([], source=self.part.name)) for m in members]

@@ -116,11 +116,12 @@ class ModelDrafting(Drafting):
                 raise GenerationError(f"{part.name} drafter: its KV cache cannot be trimmed, so drafts cannot rewind")
             self.rows.add(part, cache)
 
-    def propose(self, members: Sequence[Member], k: int, target=None, chunk: Optional[int] = None) -> List[Draft]:
+    def propose(self, members: Sequence[Member], k: int, target=None, chunk: Optional[int] = None,
+                tree: int = 0) -> List[Draft]:
         if k <= 0:
             return [Draft([], source=self.part.name) for _ in members]
         try:
-            return self._draft(members, k, chunk)
+            return self._draft(members, k, chunk, tree)
         except BaseException:  # interrupted mid-pass: every drafter gets its cache back as far as it can be rewound
             for o in [o for o in self.rows.owners if o is not None]:
                 o.drafted = None
@@ -131,7 +132,7 @@ class ModelDrafting(Drafting):
                     o.cache, o.fed = None, []
             raise
 
-    def _draft(self, members: Sequence[Member], k: int, chunk: Optional[int]) -> List[Draft]:
+    def _draft(self, members: Sequence[Member], k: int, chunk: Optional[int], tree: int = 0) -> List[Draft]:
         for m in members:
             self._join(m.part)
         for o in self.rows.owners:
@@ -150,7 +151,7 @@ class ModelDrafting(Drafting):
                 for o in [o for o in places if o is not None]:
                     o.cache, o.fed, o.drafted = None, [], None
                 self.rows = Rows()
-                return self._draft(members, k, chunk)
+                return self._draft(members, k, chunk, tree)
         self.rows.start_round()
         outs, state, cold = self._feed(feeds, [j + 1 if r else 0 for j, r in zip(judge, ready)])
         seen = {i: (part.greedy(h[:-1]), feeds[i][-j:]) for i, (h, j) in enumerate(zip(outs, judge)) if j}
@@ -158,6 +159,10 @@ class ModelDrafting(Drafting):
             for f in feeds:
                 part.head.add(f)
         drafting = [m if r else None for m, r in zip(mine, ready)]
+        if tree and part.trees and len(places) == 1 and drafting[0] is not None:  # a row alone: a tree, its entries
+            places[0].fed.extend(feeds[0])  # dropped from the cache after (the kept path is fed back with its states)
+            tokens, parents = part.tree(state, k, tree, self.rows)
+            return [Draft(tokens, None, part.name, len(feeds[0]) - 1, seen.get(0), cold, parents)]
         tokens, probs = draft_steps(part, state, drafting, k, self.rows.layers)
         if k > 1 and not all(drafting):  # places that drafted for nobody keep none of it
             self.rows.rewind([0 if m is not None else k - 1 for m in drafting])

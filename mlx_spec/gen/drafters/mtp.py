@@ -13,6 +13,7 @@ class MTPDrafter(Eagle3Drafter):
     are those of the target's last block, normed as the target's output layer reads them."""
 
     name = "mtp"
+    trees = False
 
     def __init__(self, module, blocks: int, vocab_size: int, real_vocab: Optional[int] = None):
         super(Eagle3Drafter, self).__init__(module, vocab_size, real_vocab)

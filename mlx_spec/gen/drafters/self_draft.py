@@ -75,7 +75,8 @@ class SelfDrafting(Drafting):
     def takes(self, part) -> bool:
         return getattr(part, "blocks", None) == self.part.blocks
 
-    def propose(self, members: Sequence[Member], k: int, target=None, chunk: Optional[int] = None) -> List[Draft]:
+    def propose(self, members: Sequence[Member], k: int, target=None, chunk: Optional[int] = None,
+                tree: int = 0) -> List[Draft]:
         part = self.part
         cache = [target.layers[i] for i in part.layers]
         if k <= 0 or target.joint and not all(isinstance(c, RaggedKVCache) for c in cache):
