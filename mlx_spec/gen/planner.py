@@ -7,6 +7,9 @@ that restarts the queue after it. The planner takes the plan with the most expec
 second among those that do not lower the rows' throughput below plain decoding's, and drafts only where that
 promises MARGIN more. What an extra token saves depends on whether a new row takes a row's place when it ends
 (`refill`, learned) or the rows drain. A costly source passed over probes once its earned budget covers the loss.
+A row alone whose costly source drafts trees may be given a tree of about TREE_PER_DEPTH tokens a depth: its
+acceptance by depth and its cost are learned apart from the chains' (`tree_key`), and until measured it is taken to
+accept as the chains do, so it is first tried by a probe, then chosen where it promises MARGIN more than a chain.
 """
 
 import math
