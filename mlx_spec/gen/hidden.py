@@ -1,13 +1,12 @@
 """The target's hidden states that a learned drafter reads: a view of the target whose read blocks hand over their
 outputs of each pass (the model is unchanged; where no drafter reads, the plain model runs and nothing is kept)."""
 
-import weakref
 from typing import Dict, Sequence, Tuple
 
 import mlx.core as mx
 
 from ..errors import UnsupportedError
-from ..make.layers import Watched, holder, holder_of, with_blocks
+from ..make.layers import Watched, holder, holder_of, per_model, with_blocks
 from . import recurrent
 
 
@@ -42,11 +41,7 @@ _VIEWS: Dict[tuple, Taps] = {}
 
 def taps(model, reads: Sequence[int]) -> Taps:
     """The `Taps` of `model` for blocks `reads` (made once per model and blocks)."""
-    key = (id(model), tuple(reads))
-    if key not in _VIEWS:
-        _VIEWS[key] = Taps(model, reads)
-        weakref.finalize(model, _VIEWS.pop, key, None)
-    return _VIEWS[key]
+    return per_model(_VIEWS, model, (id(model), tuple(reads)), lambda: Taps(model, reads))
 
 
 def reads(parts) -> Tuple[int, ...]:

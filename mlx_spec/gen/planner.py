@@ -271,8 +271,6 @@ class Planner(Costs):
         """Costly sources passed over earn probe credit, and probe once it covers what a probe would lose against
         rounds at `rate` tokens per second."""
         chosen = set(best.sources) if best.k else set()
-        if best.tree:
-            self.idle[tree_key(best.sources[0])], self.credit[tree_key(best.sources[0])] = 0, 0.0
         for s in costly:
             if s in fresh:
                 continue
@@ -292,8 +290,10 @@ class Planner(Costs):
         """A row given a chain it could have had as a tree earns credit towards trying the tree (its acceptance and
         cost are learned only where it drafts), and tries it once the credit covers the extra positions' cost."""
         ask = asks[0] if len(asks) == 1 else None
-        if not (self.trees and ask is not None and ask.tree and best.k and not best.tree and
-                best.source(0) == ask.costly):
+        if best.tree:  # a tree was chosen: it is measured, nothing to earn
+            self.idle[tree_key(best.sources[0])], self.credit[tree_key(best.sources[0])] = 0, 0.0
+            return None
+        if not (self.trees and ask is not None and ask.tree and best.k and best.source(0) == ask.costly):
             return None
         key = tree_key(ask.costly)
         self.idle[key] = self.idle.get(key, 0) + 1

@@ -11,7 +11,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
 from ..errors import UnsupportedError
-from ..make.layers import holder_of, with_blocks
+from ..make.layers import holder_of, per_model, with_blocks
 from .tunables import RECURRENT_CALLS as MAX_CALLS
 from .tunables import RECURRENT_RECORD as MAX_RECORD
 
@@ -208,20 +208,20 @@ _VIEWS: Dict[int, object] = {}
 
 def recording(model):
     """`model`, or a view of it whose recurrent blocks record their calls (made once per model, the model unchanged)."""
-    key = id(model)
-    if key not in _VIEWS:
-        layers, view = getattr(model, "layers", None), model
-        idx = [i for i, c in enumerate(make_prompt_cache(model)) if isinstance(c, ArraysCache)
-               and not isinstance(layers[i], Recorder)] if layers is not None else []  # its recurrent blocks
-        if idx:
-            holder = holder_of(model)  # the module holding the blocks (`model.layers` may be a copy of its list)
-            if holder is None:
-                raise UnsupportedError(f"{type(model).__name__}: recurrent layers rewind only in an mlx-lm model whose "
-                                       "blocks a submodule holds (model.model.layers, model.backbone.layers)")
-            view = with_blocks(model, [Recorder(b) if i in idx else b for i, b in enumerate(layers)], holder)
-        _VIEWS[key] = view
-        weakref.finalize(model, _VIEWS.pop, key, None)
-    return _VIEWS[key]
+    return per_model(_VIEWS, model, id(model), lambda: _recording(model))
+
+
+def _recording(model):
+    layers = getattr(model, "layers", None)
+    idx = [i for i, c in enumerate(make_prompt_cache(model)) if isinstance(c, ArraysCache)
+           and not isinstance(layers[i], Recorder)] if layers is not None else []  # its recurrent blocks
+    if not idx:
+        return model
+    holder = holder_of(model)  # the module holding the blocks (`model.layers` may be a copy of its list)
+    if holder is None:
+        raise UnsupportedError(f"{type(model).__name__}: recurrent layers rewind only in an mlx-lm model whose "
+                               "blocks a submodule holds (model.model.layers, model.backbone.layers)")
+    return with_blocks(model, [Recorder(b) if i in idx else b for i, b in enumerate(layers)], holder)
 
 
 def rewindable(cache: List) -> Optional[List]:

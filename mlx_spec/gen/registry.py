@@ -1,12 +1,12 @@
 """Drafter specs: parse one once into a DrafterSpec, build the drafter from it, and each kind's default K."""
 
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Union
 
 from ..errors import ConvertError, GenerationError
 from ..make.importance import vocabulary_texts
+from ..make.layers import per_model
 from . import tunables
 from .drafters.base import Drafter
 
@@ -147,11 +147,7 @@ _HEADS: Dict[tuple, object] = {}
 def _shared(kind: str, folder, target, load: Callable[[], object]):
     """The learned drafter's module of `kind` in `folder` for `target`, loaded once: every request's drafter shares
     it, so rows draft in one pass (let go with the target)."""
-    key = (kind, str(Path(folder).expanduser().resolve()), id(target))
-    if key not in _HEADS:
-        _HEADS[key] = load()
-        weakref.finalize(target, _HEADS.pop, key, None)
-    return _HEADS[key]
+    return per_model(_HEADS, target, (kind, str(Path(folder).expanduser().resolve()), id(target)), load)
 
 
 def _eagle3(folder: str, target, width: int, real: int) -> Drafter:

@@ -6,13 +6,12 @@ A tree is its nodes' tokens and `parents` (per node the index of its parent, -1 
 parent before its children, siblings in the drafter's order of preference."""
 
 import copy
-import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..make.layers import holder, holder_of, with_blocks
+from ..make.layers import holder, holder_of, per_model, with_blocks
 from .sampling import sample
 
 
@@ -135,11 +134,7 @@ _VIEWS: Dict[int, View] = {}
 def view(model) -> View:
     """The tree `View` of `model` (made once per model); its `model` is None where the blocks are not laid out as
     mlx-lm's attention models are (no tree runs there)."""
-    key = id(model)
-    if key not in _VIEWS:
-        _VIEWS[key] = View(model)
-        weakref.finalize(model, _VIEWS.pop, key, None)
-    return _VIEWS[key]
+    return per_model(_VIEWS, model, id(model), lambda: View(model))
 
 
 # --- acceptance ---

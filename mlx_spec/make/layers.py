@@ -5,7 +5,8 @@ Used by `convert --keep-layers/--layers` and by the self drafter, so both read o
 
 import copy
 import functools
-from typing import List, Optional, Sequence
+import weakref
+from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import ConvertError
 
@@ -41,6 +42,15 @@ def with_blocks(model, blocks: list, holder: Optional[str] = None):
     for parent, name, child in zip(copies[:-1], path, copies[1:]):
         setattr(parent, name, child)
     return copies[0]
+
+
+def per_model(store: Dict, model, key, make: Callable[[], object]):
+    """`make()`, kept in `store` under `key` until `model` is let go: a view of a model, or a module read beside it,
+    made once for every request that runs that model."""
+    if key not in store:
+        store[key] = make()
+        weakref.finalize(model, store.pop, key, None)
+    return store[key]
 
 
 def holder_of(model) -> Optional[str]:
