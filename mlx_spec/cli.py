@@ -222,7 +222,8 @@ def train_head(
     data: List[str] = typer.Option([], help="Text files or folders to train on (default: code and prose that ship "
                                    "with this machine's Python)"),
     regenerate: Optional[Path] = typer.Option(None, help="Prompts (one per line) whose replies by the target are "
-                                              "trained on first (self-distillation)"),
+                                              "trained on first (self-distillation; up to a quarter of the budget); "
+                                              "`default`: open questions and standard-library functions to complete"),
     reply_tokens: int = typer.Option(256, help="Tokens of each regenerated reply"),
     budget_minutes: float = typer.Option(120.0, help="Time for the whole run, the target's features included"),
     draft_vocab: int = typer.Option(8192, help="Tokens the head can draft (the ones the target says most often)"),

@@ -45,32 +45,82 @@ def read_texts(paths: Sequence[str]) -> List[str]:
     return out
 
 
-def replies(target, tokenizer, prompts: Sequence[str], max_tokens: int, log=lambda _m: None) -> List[List[int]]:
+# Open questions for the default self-distillation asks: topics apart from the benchmark's prose questions.
+TOPICS = (
+    "coral reefs", "the Silk Road", "electric cars", "learning a second language", "composting", "the Renaissance",
+    "chess", "jazz", "film photography", "hiking safety", "saving for retirement", "the human heart", "rainforests",
+    "the Industrial Revolution", "public libraries", "earthquakes", "balcony gardening", "time management",
+    "recycling plastics", "the Olympic Games", "the telephone", "penguins", "deserts", "the Great Wall of China",
+    "mountaineering", "cooking rice", "the metric system", "bird migration", "remote work", "public speaking",
+    "the Apollo program", "solar power", "rivers and floods", "friendship", "museums", "minimalism",
+    "ancient Egypt", "the theatre", "volunteering", "board games", "wind turbines", "coffee", "castles",
+    "lightning", "volcanoes",
+)
+ASKS = (
+    "Explain {} to a curious teenager in a few paragraphs.", "What are common misconceptions about {}?",
+    "Write a short essay about {}.", "Give practical advice to a beginner interested in {}.",
+    "Summarize the history of {}.", "What are the advantages and disadvantages of {}?",
+)
+CODE_ASK = ("Complete the following Python function. Reply with the whole function in one ```python code block.\n"
+            "```python\n{}```")
+
+
+def default_asks() -> List[str]:
+    """Requests like the ones a head serves, that need no network: open questions (`ASKS` x `TOPICS`) and code to
+    complete (the signature and docstring of standard-library functions), alternating."""
+    import ast
+
+    stubs = []
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(errors="ignore"))
+        except (SyntaxError, ValueError):
+            continue
+        for f in tree.body:
+            doc = ast.get_docstring(f) if isinstance(f, ast.FunctionDef) else None
+            if doc and not f.name.startswith("_") and 60 <= len(doc) <= 600:
+                doc = "\n    ".join(doc.splitlines())
+                stubs.append(CODE_ASK.format(f"def {f.name}({ast.unparse(f.args)}):\n    \"\"\"{doc}\n    \"\"\"\n"))
+    prose = [a.format(t) for t in TOPICS for a in ASKS]
+    random.Random(0).shuffle(stubs)
+    random.Random(1).shuffle(prose)
+    return [a for pair in zip(prose, stubs) for a in pair]
+
+
+def replies(target, tokenizer, prompts: Sequence[str], max_tokens: int, until: Optional[float] = None,
+            batch: int = 32, log=lambda _m: None) -> List[List[int]]:
     """Each prompt through the chat template, followed by the target's own greedy reply (self-distillation: what the
-    head will draft), generated with the suffix/n-gram drafters (no weights to load; the output is the target's)."""
-    from ..gen.generate import speculative_generate_step
-    from ..gen.registry import build
+    head will draft), `batch` prompts at a time through mlx-lm's `batch_generate` (on this CPU 32 rows give 9x the
+    tokens a second of one), until the time `until`."""
+    import time
+
+    from mlx_lm.generate import batch_generate
 
     out = []
-    for i, text in enumerate(prompts):
-        ids = (list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
-               if getattr(tokenizer, "chat_template", None) else tokenizer.encode(text))
-        reply = [s.token for s in speculative_generate_step(ids, target, build("hybrid:self", target, tokenizer),
-                                                            max_tokens=max_tokens,
-                                                            eos_token_ids=tokenizer.eos_token_ids)]
-        out.append(ids + reply)
-        log(f"reply {i + 1}/{len(prompts)}: {len(reply)} tokens")
+    for start in range(0, len(prompts), batch):
+        if until is not None and time.time() > until:
+            break
+        ids = [list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
+               if getattr(tokenizer, "chat_template", None) else tokenizer.encode(text)
+               for text in prompts[start : start + batch]]
+        got = batch_generate(target, tokenizer, ids, max_tokens=max_tokens, return_token_ids=True,
+                             completion_batch_size=len(ids), prefill_batch_size=len(ids))
+        out += [p + r for p, r in zip(ids, got.token_ids)]
+        log(f"replies {len(out)}/{len(prompts)}: {sum(map(len, got.token_ids))} tokens in this batch")
     return out
 
 
 def sequences(tokenizer, texts: Sequence[str], length: int, exclude: Sequence[str] = (),
               streams: Sequence[List[int]] = ()) -> List[List[int]]:
-    """The texts' tokens and the token `streams`, EOS between them, cut into sequences of `length` (shuffled, seeded);
-    a text holding any of `exclude` (the benchmark prompts) is left out."""
+    """The token `streams` (the target's replies), then the texts' tokens, EOS between them, cut into sequences of
+    `length`, the replies' first (each part shuffled, seeded: the features a budget has time for are the replies, then
+    a sample of the text); a text holding any of `exclude` (the benchmark prompts) is left out."""
     eos = (getattr(tokenizer, "eos_token_ids", None) or [0])
     stream: List[int] = []
     for ids in streams:
         stream += list(ids) + [min(eos)]
+    first = [stream[i : i + length] for i in range(0, len(stream) - length + 1, length)]
+    stream = stream[len(first) * length :]
     from transformers.utils import logging as hf_logging
 
     quiet, level = hf_logging.set_verbosity_error, hf_logging.get_verbosity()
@@ -81,11 +131,12 @@ def sequences(tokenizer, texts: Sequence[str], length: int, exclude: Sequence[st
                 stream += tokenizer.encode(t) + [min(eos)]
     finally:
         hf_logging.set_verbosity(level)
-    out = [stream[i : i + length] for i in range(0, len(stream) - length + 1, length)]
-    if not out:
+    rest = [stream[i : i + length] for i in range(0, len(stream) - length + 1, length)]
+    if not first and not rest:
         raise SourceError(f"the training text holds {len(stream)} tokens: fewer than one sequence of {length}")
-    random.Random(0).shuffle(out)  # the features a budget has time for are a sample of all the text, in one order
-    return out
+    random.Random(0).shuffle(first)
+    random.Random(0).shuffle(rest)
+    return first + rest
 
 
 def features(target, seq: List[int], reads: Sequence[int]):

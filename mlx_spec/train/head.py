@@ -162,10 +162,12 @@ def chain_acceptance(head, batch: dict, t2d: mx.array, steps: int = STEPS) -> Li
 
 
 def train(target, plan: Plan, out: Path, seqs: List[List[int]], *, resume: bool = False,
-          log: Callable[[str], None] = lambda _m: None, checkpoint_minutes: float = 10.0) -> Path:
-    """Train a head for `target` on `seqs` within `plan.minutes` (features first, at most `plan.data_share` of the
-    time) and save it in `out` (the speculators layout; `eagle3:OUT` loads it). Ctrl-C keeps the last checkpoint."""
-    started, state = time.time(), out / "train.json"
+          log: Callable[[str], None] = lambda _m: None, checkpoint_minutes: float = 10.0,
+          started: Optional[float] = None) -> Path:
+    """Train a head for `target` on `seqs` within `plan.minutes` from `started` (default: now; the features first, up
+    to `plan.data_share` of the time) and save it in `out` (the speculators layout; `eagle3:OUT` loads it). Ctrl-C
+    keeps the last checkpoint."""
+    started, state = started or time.time(), out / "train.json"
     if resume:
         if not state.is_file():
             raise SourceError(f"{out}: nothing to resume (no train.json)")

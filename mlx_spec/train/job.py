@@ -40,17 +40,24 @@ def run(model, tokenizer, target: str, out: Path, *, held: Sequence[str], data: 
         length: int = 512, batch: int = 2, limit_gb: float = 4.0, resume: bool = False,
         log: Log = lambda _m: None) -> Path:
     """Train a head for `model` (named `target` in its record) into `out`; `held`: prompts kept out of the text."""
+    import time
+
     from mlx.utils import tree_flatten
 
+    started = time.time()
     log(f"{len(held)} benchmark prompts (HumanEval, prose) are kept out of the training text")
     texts = td.read_texts(data) if data else td.default_texts()
-    streams = []
-    if regenerate is not None:
-        asks = [line.strip() for line in regenerate.read_text().splitlines() if line.strip()]
-        streams = td.replies(model, tokenizer, [a for a in asks if a not in held], reply_tokens, log)
+    streams, share = [], 0.4
+    if regenerate is not None and not resume:
+        asks = (td.default_asks() if str(regenerate) == "default" else
+                [line.strip() for line in regenerate.read_text().splitlines() if line.strip()])
+        share = 0.5  # replies up to a quarter of the minutes, then the features up to half
+        streams = td.replies(model, tokenizer, [a for a in asks if a not in held], reply_tokens,
+                             until=started + minutes * 60 * share / 2, log=log)
     seqs = td.sequences(tokenizer, texts, length, exclude=held, streams=streams)
-    plan = Plan(target, default_reads(len(model.layers)), draft_vocab, length, minutes, lr=3e-4, batch=batch,
-                limit_gb=limit_gb, data=[str(d) for d in data] or ["default"])
+    plan = Plan(target, default_reads(len(model.layers)), draft_vocab, length, minutes, data_share=share, lr=3e-4,
+                batch=batch, limit_gb=limit_gb,
+                data=[str(d) for d in data] or ["default"] + ([f"replies:{regenerate}"] if streams else []))
     d, inter = model.args.hidden_size, model.args.intermediate_size
     params = 3 * d * d + 8 * d * d + 3 * d * inter + d * draft_vocab  # fc, attention (q/k/v read 2 d), MLP, head
     weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
@@ -58,4 +65,4 @@ def run(model, tokenizer, target: str, out: Path, *, held: Sequence[str], data: 
     log(f"{len(seqs)} sequences of {length} tokens; the target's features take up to "
         f"{min(limit_gb, len(plan.reads) * d * 2 * len(seqs) * length / 1e9):.2f} GB of disk; training uses about "
         f"{(weights + params * 16 + step) / 1e9:.1f} GB of memory (the target, the head with its optimizer, a batch)")
-    return train(model, plan, out, seqs, resume=resume, log=log)
+    return train(model, plan, out, seqs, resume=resume, log=log, started=started)
