@@ -128,3 +128,23 @@ def test_bench_run_head_measures_the_head_with_its_training_record_and_learning_
         else:
             r = run_cli("bench", "run", str(suite), "--out", str(tmp_path / "runs2"), *args)
         assert r.returncode != 0 and words in one_line_error(r)
+
+
+def test_the_default_asks_are_open_questions_and_functions_to_complete_none_a_benchmark_prompt(tiny_target):
+    from mlx_spec.bench.prompts import PROSE_QUESTIONS, build
+
+    asks = td.default_asks()
+    held = [p.text for p in build(tiny_target[1], 164, 0, n_prose=len(PROSE_QUESTIONS))]
+    assert not set(asks) & set(held)
+    code = [a for a in asks if a.startswith("Complete the following Python function")]
+    assert len(code) == len(asks) // 2 and all(a.count("```") == 3 and "\ndef " in a for a in code)
+
+
+def test_the_replies_are_the_targets_own_greedy_continuations(tiny_target):
+    target, tok = tiny_target
+    asks = ["def add(a, b):", "The quick brown fox", "import numpy as np\nx = np.zeros((3, 4))\n"]
+    got = td.replies(target, tok, asks, 12, batch=2)
+    for ask, seq in zip(asks, got):
+        prompt = list(tok.apply_chat_template([{"role": "user", "content": ask}], add_generation_prompt=True))
+        plain = plain_greedy(target, prompt, 12, eos=set(tok.eos_token_ids))
+        assert seq == prompt + [t for t in plain if t not in tok.eos_token_ids]  # the stop token is not kept
