@@ -236,7 +236,7 @@ def test_a_head_is_trained_as_a_candidate_when_asked_and_found_by_the_next_searc
     result = search.search()
     assert not any(c.kind == "learned" for c in result.candidates)
     assert any("train-head --target" in n for n in result.notes)
-    search = ds.Search(target, budget_minutes=10, prompts=1, max_tokens=6, methods=[], train_minutes=0.25)
+    search = ds.Search(target, budget_minutes=10, prompts=1, max_tokens=6, methods=[], train_minutes=0.5)
     search.load()
     rows = {c.name: c for c in search.search().candidates}
     trained = rows[f"eagle3:{ds.TRAIN}"]

@@ -91,12 +91,18 @@ def test_resume_goes_on_from_the_checkpoint(trained, tiny_target, tmp_path):
 def test_bad_input_is_one_line_refused_and_writes_nothing(tiny_models, tmp_path):
     (tmp_path / "empty.txt").write_text("")
     cases = [("--target", str(tmp_path / "nowhere")), ("--data", str(tmp_path / "empty.txt")),
-             ("--data", str(tmp_path / "missing.txt"))]
+             ("--data", str(tmp_path / "missing.txt")), ("--regenerate", str(tmp_path / "missing.txt"))]
     for flag, value in cases:
         args = ["train-head", "--out", str(tmp_path / "out"), "--budget-minutes", "0.1"]
         args += [flag, value] if flag == "--target" else ["--target", str(tiny_models["qwen2"]), flag, value]
         assert one_line_error(run_cli(*args))
         assert not (tmp_path / "out").exists()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "config.json").write_text("{}")  # a head already there: refused before any reply is made
+    r = run_cli("train-head", "--out", str(tmp_path / "out"), "--target", str(tiny_models["qwen2"]), "--regenerate",
+                "default", "--budget-minutes", "0.1")
+    assert one_line_error(r) and "not empty" in r.stderr and "replies" not in r.stderr
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["config.json"]
 
 
 def test_bench_run_head_measures_the_head_with_its_training_record_and_learning_curve(trained, tiny_models, tmp_path):
@@ -148,3 +154,24 @@ def test_the_replies_are_the_targets_own_greedy_continuations(tiny_target):
         prompt = list(tok.apply_chat_template([{"role": "user", "content": ask}], add_generation_prompt=True))
         plain = plain_greedy(target, prompt, 12, eos=set(tok.eos_token_ids))
         assert seq == prompt + [t for t in plain if t not in tok.eos_token_ids]  # the stop token is not kept
+
+
+def test_the_replies_are_made_once_and_a_restart_trains_on_the_same_sequences(tiny_target, tmp_path, monkeypatch):
+    from mlx_spec.train import job
+
+    target, tok = tiny_target
+    (tmp_path / "asks.txt").write_text("def add(a, b):\nThe quick brown fox\n")
+    (tmp_path / "text.txt").write_text("".join(CORPUS))
+    seen = []
+    monkeypatch.setattr(job, "train", lambda model, plan, out, seqs, **kw: seen.append((plan, seqs)) or out)
+    kw = dict(held=[], data=[str(tmp_path / "text.txt")], regenerate=tmp_path / "asks.txt", reply_tokens=6,
+              minutes=1, draft_vocab=64, length=16)
+    job.run(target, tok, "tiny", tmp_path / "h", **kw)
+    monkeypatch.setattr(td, "replies", lambda *a, **k: pytest.fail("the replies were made again"))
+    job.run(target, tok, "tiny", tmp_path / "h", **kw)  # stopped before its first checkpoint: started again
+    (first_plan, first), (_, again) = seen
+    assert first == again and first_plan.data_share == 0.5
+    replies = json.loads((tmp_path / "h" / "data" / job.REPLIES).read_text())
+    stream = [t for r in replies for t in r + [min(tok.eos_token_ids)]]
+    chunks = [stream[i : i + 16] for i in range(0, len(stream) - 15, 16)]
+    assert len(replies) == 2 and chunks and sorted(first[: len(chunks)]) == sorted(chunks)  # the replies first

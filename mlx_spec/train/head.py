@@ -168,13 +168,10 @@ def train(target, plan: Plan, out: Path, seqs: List[List[int]], *, resume: bool 
     to `plan.data_share` of the time) and save it in `out` (the speculators layout; `eagle3:OUT` loads it). Ctrl-C
     keeps the last checkpoint."""
     started, state = started or time.time(), out / "train.json"
+    check_out(out, resume)
     if resume:
-        if not state.is_file():
-            raise SourceError(f"{out}: nothing to resume (no train.json)")
         done = json.loads(state.read_text())
         plan = Plan(**{**done, "minutes": plan.minutes, "max_steps": plan.max_steps})
-    elif out.exists() and any(out.iterdir()):
-        raise SourceError(f"{out} exists and is not empty: pass --resume to go on, or another folder")
     out.mkdir(parents=True, exist_ok=True)
     shards = Shards(out / "data")
     bytes_per_token = len(plan.reads) * target.args.hidden_size * 2 + TOP * 6 + 4
@@ -226,6 +223,15 @@ def train(target, plan: Plan, out: Path, seqs: List[List[int]], *, resume: bool 
     curve.append(_point(head, held_batch, t2d, steps, started, plan))
     _save(head, opt, out, plan, steps, curve, shards)
     return out
+
+
+def check_out(out: Path, resume: bool) -> None:
+    """Refuse, in one line, a folder that holds a head (or anything but the data of a run stopped before its first
+    checkpoint, which is taken up again) unless resuming, and resuming where nothing was saved."""
+    if resume and not (out / "train.json").is_file():
+        raise SourceError(f"{out}: nothing to resume (no train.json)")
+    if not resume and out.exists() and any(p.name != "data" for p in out.iterdir()):
+        raise SourceError(f"{out} exists and is not empty: pass --resume to go on, or another folder")
 
 
 def learning_rate(plan: Plan, steps: int, elapsed: float) -> float:

@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
 from ..make.eagle3 import default_reads
-from ..make.paths import home
+from ..errors import SourceError
+from ..make.paths import atomic_file, home
 from . import data as td
-from .head import Plan, train
+from .head import Plan, check_out, train
 
 Log = Callable[[str], None]
+REPLIES = "replies.json"  # the target's replies, kept beside the features
 
 
 def heads_dir() -> Path:
@@ -35,6 +37,28 @@ def heads_for(target: str) -> List[Path]:
     return out
 
 
+def _replies(model, tokenizer, path: Path, regenerate: Optional[Path], held: Sequence[str], tokens: int,
+             until: float, log: Log) -> List[List[int]]:
+    """The target's replies to the `regenerate` prompts (`default`: `td.default_asks`), generated once and kept in
+    `path` (so that a resumed or restarted run trains on the same sequences); none without `regenerate`."""
+    if path.is_file():
+        return json.loads(path.read_text())
+    if regenerate is None:
+        return []
+    if str(regenerate) == "default":
+        asks = td.default_asks()
+    elif regenerate.is_file():
+        asks = [line.strip() for line in regenerate.read_text().splitlines() if line.strip()]
+    else:
+        raise SourceError(f"--regenerate {regenerate}: no such file (or `default`)")
+    streams = td.replies(model, tokenizer, [a for a in asks if a not in held], tokens, until=until, log=log)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = atomic_file(path)
+    tmp.write_text(json.dumps(streams))
+    tmp.replace(path)
+    return streams
+
+
 def run(model, tokenizer, target: str, out: Path, *, held: Sequence[str], data: Sequence[str] = (),
         regenerate: Optional[Path] = None, reply_tokens: int = 256, minutes: float = 120.0, draft_vocab: int = 8192,
         length: int = 512, batch: int = 2, limit_gb: float = 4.0, resume: bool = False,
@@ -45,24 +69,22 @@ def run(model, tokenizer, target: str, out: Path, *, held: Sequence[str], data: 
     from mlx.utils import tree_flatten
 
     started = time.time()
-    log(f"{len(held)} benchmark prompts (HumanEval, prose) are kept out of the training text")
-    texts = td.read_texts(data) if data else td.default_texts()
-    streams, share = [], 0.4
-    if regenerate is not None and not resume:
-        asks = (td.default_asks() if str(regenerate) == "default" else
-                [line.strip() for line in regenerate.read_text().splitlines() if line.strip()])
-        share = 0.5  # replies up to a quarter of the minutes, then the features up to half
-        streams = td.replies(model, tokenizer, [a for a in asks if a not in held], reply_tokens,
-                             until=started + minutes * 60 * share / 2, log=log)
-    seqs = td.sequences(tokenizer, texts, length, exclude=held, streams=streams)
-    plan = Plan(target, default_reads(len(model.layers)), draft_vocab, length, minutes, data_share=share, lr=3e-4,
-                batch=batch, limit_gb=limit_gb,
-                data=[str(d) for d in data] or ["default"] + ([f"replies:{regenerate}"] if streams else []))
+    check_out(out, resume)  # before anything runs
     d, inter = model.args.hidden_size, model.args.intermediate_size
     params = 3 * d * d + 8 * d * d + 3 * d * inter + d * draft_vocab  # fc, attention (q/k/v read 2 d), MLP, head
     weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     step = batch * length * (draft_vocab * 4 * 3 * 3 + 14 * length * 4 * 3)  # logits, attention, 3 steps, kept
+    log(f"training uses about {(weights + params * 16 + step) / 1e9:.1f} GB of memory (the target, the head with "
+        "its optimizer, a batch)")
+    log(f"{len(held)} benchmark prompts (HumanEval, prose) are kept out of the training text")
+    texts = td.read_texts(data) if data else td.default_texts()
+    streams = _replies(model, tokenizer, out / "data" / REPLIES, regenerate, held, reply_tokens,
+                       started + minutes * 60 / 4, log)
+    share = 0.5 if streams else 0.4  # replies up to a quarter of the minutes, then the features up to half
+    seqs = td.sequences(tokenizer, texts, length, exclude=held, streams=streams)
+    plan = Plan(target, default_reads(len(model.layers)), draft_vocab, length, minutes, data_share=share, lr=3e-4,
+                batch=batch, limit_gb=limit_gb,
+                data=[str(d) for d in data] or ["default"] + ([f"replies:{regenerate}"] if streams else []))
     log(f"{len(seqs)} sequences of {length} tokens; the target's features take up to "
-        f"{min(limit_gb, len(plan.reads) * d * 2 * len(seqs) * length / 1e9):.2f} GB of disk; training uses about "
-        f"{(weights + params * 16 + step) / 1e9:.1f} GB of memory (the target, the head with its optimizer, a batch)")
+        f"{min(limit_gb, len(plan.reads) * d * 2 * len(seqs) * length / 1e9):.2f} GB of disk")
     return train(model, plan, out, seqs, resume=resume, log=log, started=started)
