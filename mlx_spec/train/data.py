@@ -90,8 +90,7 @@ def default_asks() -> List[str]:
 def replies(target, tokenizer, prompts: Sequence[str], max_tokens: int, until: Optional[float] = None,
             batch: int = 32, log=lambda _m: None) -> List[List[int]]:
     """Each prompt through the chat template, followed by the target's own greedy reply (self-distillation: what the
-    head will draft), `batch` prompts at a time through mlx-lm's `batch_generate` (on this CPU 32 rows give 9x the
-    tokens a second of one), until the time `until`."""
+    head will draft), `batch` prompts at a time through mlx-lm's `batch_generate`, until the time `until`."""
     import time
 
     from mlx_lm.generate import batch_generate

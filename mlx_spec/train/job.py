@@ -84,7 +84,7 @@ def run(model, tokenizer, target: str, out: Path, *, held: Sequence[str], data: 
     seqs = td.sequences(tokenizer, texts, length, exclude=held, streams=streams)
     plan = Plan(target, default_reads(len(model.layers)), draft_vocab, length, minutes, data_share=share, lr=3e-4,
                 batch=batch, limit_gb=limit_gb,
-                data=[str(d) for d in data] or ["default"] + ([f"replies:{regenerate}"] if streams else []))
+                data=([str(d) for d in data] or ["default"]) + ([f"replies:{regenerate}"] if streams else []))
     log(f"{len(seqs)} sequences of {length} tokens; the target's features take up to "
         f"{min(limit_gb, len(plan.reads) * d * 2 * len(seqs) * length / 1e9):.2f} GB of disk")
     return train(model, plan, out, seqs, resume=resume, log=log, started=started)
