@@ -16,7 +16,8 @@ from conftest import (
     tiny,
 )
 
-from mlx_spec.gen import engine as E
+from mlx_spec.gen import verify
+from mlx_spec.gen.acceptance import SourceStats
 from mlx_spec.gen.cache import new_cache, prefill_cache
 from mlx_spec.gen.drafters.hybrid import HybridDrafter
 from mlx_spec.gen.drafters.ngram import NGramDrafter
@@ -24,7 +25,7 @@ from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.engine import Engine
 from mlx_spec.gen.generate import speculative_generate_step
 from mlx_spec.gen.joint import Rows, batchable
-from mlx_spec.gen.planner import PLAIN, Ask, Plan, Planner, SourceStats
+from mlx_spec.gen.planner import PLAIN, Ask, Outcome, Plan, Planner
 from mlx_spec.gen.rows import Row
 from mlx_spec.gen.sampling import GREEDY, Sampler, make_probs_fn
 
@@ -207,8 +208,8 @@ def test_a_batched_round_keeps_the_targets_law(target):
 
 
 def test_a_broken_acceptance_rule_in_the_batch_fails_the_same_test(target, monkeypatch):
-    real = E.sampling_targets
-    monkeypatch.setattr(E, "sampling_targets", lambda q, d, p: (mx.ones(d.shape, dtype=mx.bool_), real(q, d, p)[1]))
+    real = verify.sampling_targets
+    monkeypatch.setattr(verify, "sampling_targets", lambda q, d, p: (mx.ones(d.shape, dtype=mx.bool_), real(q, d, p)[1]))
     kw = dict(temp=1.0)
     fn, _ = sample_row0(target, kw, others=False)
     counts = sample_pairs(fn, SAMPLES // 4)
@@ -330,11 +331,11 @@ def test_the_planner_scales_the_rows_estimates_by_what_its_drafting_rounds_deliv
     assert p.calibration == 1.0 and plan.k == 3
     promised = p.promised(plan, rows)
     assert promised == pytest.approx(16 * (rows[0].stats("suffix").expected(3) - 1))
-    outcomes = lambda kept: [E.Outcome(a.accept, "suffix", 3, kept) for a in rows]  # noqa: E731
+    outcomes = lambda kept: [Outcome(a.accept, "suffix", 3, kept) for a in rows]  # noqa: E731
     p.record(plan, 16, 1.0, outcomes(3), promised=promised)  # kept what it promised: nothing changes
     assert p.calibration == pytest.approx(1.0, abs=0.1) and p.plan(rows).k == 3
     for _ in range(6):  # the rounds keep a tenth of it (the rows' estimates run ahead)
-        p.record(plan, 16, 1.0, [E.Outcome({}, "suffix", 3, 0) for _ in rows], promised=promised)
+        p.record(plan, 16, 1.0, [Outcome({}, "suffix", 3, 0) for _ in rows], promised=promised)
     assert p.calibration < 0.5 and p.plan(rows) == PLAIN
 
 

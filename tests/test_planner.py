@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from mlx_spec.gen.planner import PLAIN, Ask, Outcome, Plan, Planner, SourceStats
+from mlx_spec.gen.acceptance import SourceStats
+from mlx_spec.gen.planner import PLAIN, Ask, Outcome, Plan, Planner
 from mlx_spec.gen.tunables import PROBE_BUDGET, PROBE_MIN
 
 STEP = 0.01  # seconds per plain step

@@ -98,18 +98,18 @@ def test_a_broken_acceptance_rule_fails_the_same_test(pair, monkeypatch, broken)
     if broken == "resample_from_target":
         monkeypatch.setattr(verify, "_residual", lambda q, p: q)  # forgets to subtract the draft
     elif broken == "always_accept":  # q/p huge: accepts every draft
-        monkeypatch.setattr("mlx_spec.gen.engine.sampling_targets", lambda q, d, p: real(q, d, p * 0 + 1e-9))
+        monkeypatch.setattr("mlx_spec.gen.verify.sampling_targets", lambda q, d, p: real(q, d, p * 0 + 1e-9))
     elif broken == "residual_from_wrong_row":  # on a rejection at a, resamples from row a+1's residual
         def wrong(q, d, p):
             accept, candidates = real(q, d, p)
             shifted = verify.sample(verify._residual(mx.concatenate([q[1:-1], q[-1:]]), p))
             return accept, mx.concatenate([shifted, candidates[-1:]])
-        monkeypatch.setattr("mlx_spec.gen.engine.sampling_targets", wrong)
+        monkeypatch.setattr("mlx_spec.gen.verify.sampling_targets", wrong)
     else:  # all accepted: the bonus drawn from the last draft position's row, not the row after it
         def wrong(q, d, p):
             accept, candidates = real(q, d, p)
             return accept, mx.concatenate([candidates[:-1], verify.sample(q[-2:-1])])
-        monkeypatch.setattr("mlx_spec.gen.engine.sampling_targets", wrong)
+        monkeypatch.setattr("mlx_spec.gen.verify.sampling_targets", wrong)
     ok, stat, crit = check(target, ModelDrafter(draft, V), dict(temp=1.0))
     assert not ok, f"broken rule {broken} passed: chi2 {stat:.1f} < {crit:.1f}"
 

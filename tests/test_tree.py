@@ -22,12 +22,13 @@ from mlx_lm.models.cache import make_prompt_cache
 from test_eagle3 import head_drafter, random_head, rows_with_heads, run_rows
 
 from mlx_spec.gen import tree
+from mlx_spec.gen.acceptance import SourceStats
 from mlx_spec.gen.cache import new_cache
 from mlx_spec.gen.drafters.eagle3 import Eagle3Drafter
 from mlx_spec.gen.drafters.hybrid import HybridDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.joint import Rows
-from mlx_spec.gen.planner import PLAIN, Ask, Plan, Planner, SourceStats, tree_key
+from mlx_spec.gen.planner import PLAIN, Ask, Plan, Planner, tree_key
 from mlx_spec.gen.sampling import Sampler
 from mlx_spec.gen.tunables import TREE_WIDTH
 

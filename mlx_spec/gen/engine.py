@@ -8,16 +8,15 @@ from typing import Dict, List, NamedTuple, Optional
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, can_trim_prompt_cache
 
-from . import hidden, recurrent, shapes, tree
+from . import hidden, recurrent, shapes, tree, verify
 from .cache import context_limit
 from .drafters.base import Draft, Drafting, Member
 from .joint import Rows
 from .planner import PLAIN, Ask, Outcome, Plan, Planner, tree_key
 from .registry import default_num_draft
 from .rows import FINISH_REASONS, Row, Step  # noqa: F401  (Step, FINISH_REASONS: the engine's output)
-from .sampling import sample
 from .tunables import PREFILL_STEP
-from .verify import accept_greedy, accept_sampling, sampling_targets, shadow_judgement
+from .verify import shadow_judgement
 
 
 class _Pending(NamedTuple):
@@ -27,13 +26,6 @@ class _Pending(NamedTuple):
     tokens: mx.array
     logits: mx.array
     states: Optional[mx.array] = None
-
-
-class _Given(NamedTuple):
-    """A plain round's token that a queued step drew: place `place` of its tokens."""
-
-    tokens: mx.array
-    place: int
 
 
 class Engine:
@@ -108,7 +100,7 @@ class Engine:
         queue = not plan.k and not drain and not self.hold and all(r.room > 0 for r in rows)
         queued = self._launch(built, rows) if queue else None
         seconds = self._read(rows, built, drafts, lengths)
-        kept = self._accept(rows, built, drafts, lengths)
+        kept = [verify.accept(r.sampler, b, d, n) for r, b, d, n in zip(rows, built, drafts, lengths)]
         self._rewind(rows, kept, fed)
         self._show(rows, kept, states)
         self.pending = queued
@@ -198,7 +190,7 @@ class Engine:
         at = {id(r): i for i, r in enumerate(rows)}
         places, pending = self.cache.owners, self.pending
         if not plan.k and pending is not None:  # read as queued: a new op on it would wait for the next queued step
-            return [_Given(pending.tokens, self.cache.index(r)) for r in rows], 0, False, pending.states
+            return [verify.Given(pending.tokens, self.cache.index(r)) for r in rows], 0, False, pending.states
         width = plan.size - (pending is not None) if plan.k else 1
         inputs = []
         for r in places:
@@ -217,7 +209,7 @@ class Engine:
             logits = mx.concatenate([pending.logits[:, None], logits], axis=1)
             states = mx.concatenate([pending.states, states], axis=1) if states is not None else None
         cold = shapes.first_time(self.model, (len(places), width)) or any(d is not None and d.cold for d in drafts)
-        built = [self._targets(r, logits[self.cache.index(r), : n + 1], drafts[i], n)
+        built = [verify.targets(r.sampler, len(r.context), logits[self.cache.index(r), : n + 1], drafts[i], n)
                  for i, (r, n) in enumerate(zip(rows, lengths))]
         return built, width, cold, states
 
@@ -230,20 +222,6 @@ class Engine:
             taps = hidden.taps(view.model, self.taps.reads) if self.taps is not None else None
             return view.run(lambda m: taps(x, layers) if taps is not None else (m(x, cache=layers), None), *shape)
         return self.taps(x, layers) if self.taps is not None else (self.model(x, cache=layers), None)
-
-    @staticmethod
-    def _targets(row: Row, logits: mx.array, draft: Optional[Draft], n: int):
-        """What acceptance needs of a row's logits (n + 1, V): its own tokens (greedy, seeded), or speculative
-        sampling's draws (accept (n,), candidates (n + 1,))."""
-        if n and draft.parents is not None:
-            return tree.exact_targets(row.sampler, logits, len(row.context), draft.parents) if row.sampler.exact else \
-                tree.sampling_targets(row.sampler.probs_fn(logits), draft.tokens[:n], draft.parents)
-        if row.sampler.exact:
-            return row.sampler.pick(logits, len(row.context))
-        if not n:
-            return mx.zeros((0,), dtype=mx.bool_), sample(row.sampler.probs_fn(logits))
-        p = draft.probs[:n] if draft.probs is not None else None
-        return sampling_targets(row.sampler.probs_fn(logits), draft.tokens[:n].astype(mx.uint32), p)
 
     def _launch(self, built: List, rows: List[Row]) -> _Pending:
         """Queue the next plain step of every place on the round's lazy tokens, before the host reads them."""
@@ -270,33 +248,14 @@ class Engine:
         spent outside the engine (the caller's)."""
         t = time.perf_counter()
         seen = [d.hindsight[0] for d in drafts if d is not None and d.hindsight is not None]
-        mx.eval(*[a for b in built for a in (b[:1] if isinstance(b, _Given) else b if isinstance(b, tuple) else (b,))],
-                *[d.tokens for d, n in zip(drafts, lengths) if n], *seen)
+        lazy = [b[:1] if isinstance(b, verify.Given) else b if isinstance(b, tuple) else (b,) for b in built]
+        mx.eval(*[a for b in lazy for a in b], *[d.tokens for d, n in zip(drafts, lengths) if n], *seen)
         now = time.perf_counter()
         for r in rows:
             r.stats.syncs += 1
             r.stats.wait_time += now - t
         seconds, self.last_read, self.away = now - self.last_read - self.away, now, 0.0
         return seconds
-
-    @staticmethod
-    def _accept(rows: List[Row], built, drafts, lengths) -> List[tuple]:
-        """Per row: (its draft tokens (a tree's: those of the path kept), how many the target accepted, the token it
-        adds, the tree's nodes kept or None)."""
-        out = []
-        for r, b, d, n in zip(rows, built, drafts, lengths):
-            drafted = d.tokens.tolist()[:n] if n else []
-            if isinstance(b, _Given):
-                out.append(([], 0, b.tokens.tolist()[b.place], None))
-            elif n and d.parents is not None:
-                path, nxt = tree.accept_greedy(drafted, d.parents, b.tolist()) if r.sampler.exact else \
-                    tree.accept_sampling(b[0].tolist(), b[1].tolist(), d.parents)
-                out.append(([drafted[j] for j in path], len(path), nxt, path))
-            else:
-                a, nxt = accept_greedy(drafted, b.tolist()) if r.sampler.exact else \
-                    accept_sampling(b[0].tolist(), b[1].tolist())
-                out.append((drafted, a, nxt, None))
-        return out
 
     def _rewind(self, rows: List[Row], kept: List[tuple], fed: int) -> None:
         """Each place drops what it was fed beyond its kept tokens (a queued step is its first position)."""

@@ -7,7 +7,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 from ..errors import GenerationError
 from .cache import context_limit
 from .drafters.base import Drafter
-from .planner import SourceStats
+from .acceptance import SourceStats
 from .sampling import GREEDY, Sampler
 from .stats import Stats
 

@@ -1,10 +1,18 @@
 """Verification: which draft tokens the target accepts and the token it adds, built lazily, then read on the host."""
 
-from typing import Optional, Sequence, Tuple
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
-from .sampling import sample
+from . import tree
+from .sampling import Sampler, sample
+
+
+class Given(NamedTuple):
+    """A plain round's token that a queued step drew: place `place` of its tokens."""
+
+    tokens: mx.array
+    place: int
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -56,3 +64,32 @@ def shadow_judgement(draft: Sequence[int], produced: Sequence[int]):
     sampling, a fixed token matches with the target's probability of it); tokens beyond the produced go unjudged."""
     m = common_prefix(draft, produced)
     return (len(draft) if m < len(produced) else m), m
+
+
+def targets(sampler: Sampler, position: int, logits: mx.array, draft, n: int):
+    """What acceptance needs of a row's logits (n + 1, V), its context `position` tokens long: its own tokens
+    (greedy, seeded), or speculative sampling's draws (accept (n,), candidates (n + 1,)), lazily."""
+    if n and draft.parents is not None:
+        return tree.exact_targets(sampler, logits, position, draft.parents) if sampler.exact else \
+            tree.sampling_targets(sampler.probs_fn(logits), draft.tokens[:n], draft.parents)
+    if sampler.exact:
+        return sampler.pick(logits, position)
+    if not n:
+        return mx.zeros((0,), dtype=mx.bool_), sample(sampler.probs_fn(logits))
+    p = draft.probs[:n] if draft.probs is not None else None
+    return sampling_targets(sampler.probs_fn(logits), draft.tokens[:n].astype(mx.uint32), p)
+
+
+def accept(sampler: Sampler, built, draft, n: int) -> tuple:
+    """Once read, a row's (draft tokens (a tree's: those of the path kept), how many the target accepted, the token it
+    adds, the tree's nodes kept or None) from what `targets` built, or from a queued step's `Given` token."""
+    drafted = draft.tokens.tolist()[:n] if n else []
+    if isinstance(built, Given):
+        return [], 0, built.tokens.tolist()[built.place], None
+    if n and draft.parents is not None:
+        path, nxt = tree.accept_greedy(drafted, draft.parents, built.tolist()) if sampler.exact else \
+            tree.accept_sampling(built[0].tolist(), built[1].tolist(), draft.parents)
+        return [drafted[j] for j in path], len(path), nxt, path
+    a, nxt = accept_greedy(drafted, built.tolist()) if sampler.exact else accept_sampling(built[0].tolist(),
+                                                                                         built[1].tolist())
+    return drafted, a, nxt, None

@@ -3,7 +3,8 @@ root: python notebooks/ab/plan_cost.py; it reuses tests/test_tree.py's timed pla
 import sys, time; sys.path.insert(0, "tests")
 import mlx_spec
 from test_tree import _planner
-from mlx_spec.gen.planner import Ask, SourceStats
+from mlx_spec.gen.acceptance import SourceStats
+from mlx_spec.gen.planner import Ask
 sizes = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 for tree in (False, True, False, True):
     p = _planner({s: 0.170 + 0.009 * s for s in sizes}, 0.005)
