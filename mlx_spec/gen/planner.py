@@ -6,7 +6,8 @@ at its size (`costs.py`) plus a costly source's part, and where it interrupts pl
 that restarts the queue after it. The planner takes the plan with the most expected tokens per
 second among those that do not lower the rows' throughput below plain decoding's, and drafts only where that
 promises MARGIN more. What an extra token saves depends on whether a new row takes a row's place when it ends
-(`refill`, learned) or the rows drain. A costly source passed over probes once its earned budget covers the loss.
+(`refill`, learned) or the rows drain. A costly source passed over probes once its earned budget covers the loss
+it expects, and pays from it what the probe lost as measured.
 A row alone whose costly source drafts trees may be given a tree of about TREE_PER_DEPTH tokens a depth: its
 acceptance by depth and its cost are learned apart from the chains' (`tree_key`), and until measured it is taken to
 accept as the chains do, so it is first tried by a probe, then chosen where it promises MARGIN more than a chain.
@@ -217,7 +218,7 @@ class Planner(Costs):
         return sorted(ks)
 
     def _probe(self, source: str, asks: Sequence[Ask], places: int, pad: bool) -> Plan:
-        self.idle[source], self.credit[source] = 0, 0.0
+        self.idle[source] = 0  # its credit pays for it once it is timed (`_pay`)
         return Plan(1, tuple(source if a.costly == source and a.cap else "" for a in asks),
                     self.size(places, 1, pad), probe=True)
 
@@ -299,6 +300,8 @@ class Planner(Costs):
         if plan.k and promised:
             self.kept_w = DISCOUNT * self.kept_w + sum(o.accepted for o in outcomes)
             self.promised_w = DISCOUNT * self.promised_w + promised
+        if plan.probe and not plan.tree:
+            self._pay(plan, places, seconds if warm else None, outcomes)
         if not warm:
             return
         costly = [o for o in outcomes if o.proposed and o.costly]
@@ -307,6 +310,15 @@ class Planner(Costs):
         else:
             self.time_draft(costly[0].source, len(costly), plan.k, sum(o.behind for o in costly), places, plan.size,
                             seconds)
+
+    def _pay(self, plan: Plan, places: int, seconds: Optional[float], outcomes: Sequence[Outcome]) -> None:
+        """A probe's source pays from its credit what the probe lost, as measured: its round's `seconds` (None: not
+        a cost) and, after a queued plain step, the whole restart of the queue (a probe is a stretch of one round),
+        beyond what plain decoding takes for the tokens it yielded. Credit left over is not kept."""
+        source, plain = next(s for s in plan.sources if s), self.cost(places, 1) or 0.0
+        yielded = (len(outcomes) + sum(o.accepted for o in outcomes)) / max(1, len(outcomes))
+        lost = max(0.0, seconds + plain * self.queued - plain * yielded) if seconds is not None else 0.0
+        self.credit[source] = min(0.0, self.credit.get(source, 0.0) - lost)
 
     # --- rows joining and leaving ---
 
