@@ -532,3 +532,41 @@ def test_a_plain_step_queued_ahead_is_the_first_position_of_the_next_verify_pass
         assert out == ref
     first = next(i for i, r in enumerate(stats.trace) if r["proposed"])
     assert first == LateScript.late and len(out) == 30
+
+
+class Clock:
+    """A clock that a target pass moves by one second when it is built: a round's seconds count its passes."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def perf_counter(self) -> float:
+        return self.t
+
+
+class Clocked:
+    """The target, each call one tick of `clock`."""
+
+    def __init__(self, model, clock: Clock):
+        self._model, self._clock = model, clock
+
+    def __call__(self, *args, **kwargs):
+        self._clock.t += 1.0
+        return self._model(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+def test_a_plain_step_is_timed_only_in_rounds_that_run_one(target, monkeypatch):
+    """A plain round reads the step queued in the round before and queues the next; the last round of a request
+    queues nothing, so it ran no pass (its step was built a round earlier) and is not a plain step's cost. Short
+    requests sharing a planner, as a server's do: every plain step timed took one pass."""
+    from mlx_spec.gen import engine
+
+    clock = Clock()
+    monkeypatch.setattr(engine, "time", clock)
+    (model, tok), planner = target, Planner()
+    for prompt in PROMPTS[:4]:
+        list(speculative_generate_step(tok.encode(prompt), Clocked(model, clock), planner=planner, max_tokens=3))
+    assert planner.cost(1, 1) == 1.0

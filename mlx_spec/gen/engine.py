@@ -104,7 +104,9 @@ class Engine:
         self._rewind(rows, kept, fed)
         self._show(rows, kept, states)
         self.pending = queued
-        warm = not cold and not drain and (plan.k > 0 or queued_before)  # a plain step is timed as queued ahead
+        # a plain round is timed where it read a step queued ahead and queued the next (without the next, its step ran
+        # in the round before: no pass is in its seconds)
+        warm = not cold and not drain and (plan.k > 0 or queued_before and queued is not None)
         self._record(plan, rows, asks, offers, drafts, lengths, kept, seconds, warm)
         out = {i: r.deliver(d[:a] + [t], a) for i, (r, (d, a, t, _)) in enumerate(zip(rows, kept))}
         self.out = time.perf_counter()
