@@ -104,8 +104,8 @@ class Engine:
         self._rewind(rows, kept, fed)
         self._show(rows, kept, states)
         self.pending = queued
-        # a plain round is timed where it read a step queued ahead and queued the next (without the next, its step ran
-        # in the round before: no pass is in its seconds)
+        # a plain round is timed where it read a step queued ahead and queued the next: one that queues nothing read a
+        # step already under way, and its seconds do not hold a pass
         warm = not cold and not drain and (plan.k > 0 or queued_before and queued is not None)
         self._record(plan, rows, asks, offers, drafts, lengths, kept, seconds, warm)
         out = {i: r.deliver(d[:a] + [t], a) for i, (r, (d, a, t, _)) in enumerate(zip(rows, kept))}
