@@ -2,7 +2,6 @@
 
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from mlx_spec_apps.server.defaults import (
@@ -30,8 +29,12 @@ from .named import (
     NUM_DRAFT_HELP,
 )
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Lossless speculative decoding on MLX: fetch, convert, generate, chat, serve, bench.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Lossless speculative decoding on MLX: fetch, convert, generate, chat, serve, bench.",
+)
 
 
 def _log(msg: str) -> None:
@@ -43,7 +46,7 @@ def _hint() -> None:
         typer.echo(h, err=True)
 
 
-def _layer_list(text: Optional[str]):
+def _layer_list(text: str | None):
     from .errors import ConvertError
 
     if not text:
@@ -82,18 +85,27 @@ def convert(
     source: str = typer.Argument(..., help="HF repo id, local HF/MLX folder, .gguf file or recipe"),
     out: str = typer.Argument(..., help="Output MLX folder (must not exist unless --force)"),
     dtype: str = typer.Option("auto", help="auto|float32|float16|bfloat16 (auto: bfloat16 on GPU, float32 on CPU)"),
-    quantize: Optional[str] = typer.Option(None, "--quantize", "-q", help=QUANTIZE_HELP),
+    quantize: str | None = typer.Option(None, "--quantize", "-q", help=QUANTIZE_HELP),
     group_size: int = typer.Option(DEFAULT_GROUP_SIZE, help="Affine quantization group size: 32|64|128"),
-    head_bits: Optional[int] = typer.Option(None, help="Bits for embedding and lm_head (16 keeps them float)"),
-    keep_layers: Optional[int] = typer.Option(None, help="Keep K blocks, picked by --layer-pick"),
-    layer_pick: str = typer.Option("even", help="How --keep-layers picks: even (first and last kept), first (the "
-                                   "first K), importance (the K that change their input most on --calibration)"),
-    layers: Optional[str] = typer.Option(None, help="Explicit blocks to keep, e.g. 0,4,8,11 or 0-5"),
-    prune: Optional[str] = typer.Option(None, help=f"Magnitude pruning of the blocks' linear weights: {PRUNE_HELP}. "
-                                        "MLX has no sparse kernels: pruned weights are stored and run dense "
-                                        "(quantized if asked), so pruning alone saves no memory or time"),
-    calibration: Optional[Path] = typer.Option(None, help="Calibration text for --layer-pick importance "
-                                               "(passages split by two blank lines; default: the project's own)"),
+    head_bits: int | None = typer.Option(None, help="Bits for embedding and lm_head (16 keeps them float)"),
+    keep_layers: int | None = typer.Option(None, help="Keep K blocks, picked by --layer-pick"),
+    layer_pick: str = typer.Option(
+        "even",
+        help="How --keep-layers picks: even (first and last kept), first (the "
+        "first K), importance (the K that change their input most on --calibration)",
+    ),
+    layers: str | None = typer.Option(None, help="Explicit blocks to keep, e.g. 0,4,8,11 or 0-5"),
+    prune: str | None = typer.Option(
+        None,
+        help=f"Magnitude pruning of the blocks' linear weights: {PRUNE_HELP}. "
+        "MLX has no sparse kernels: pruned weights are stored and run dense "
+        "(quantized if asked), so pruning alone saves no memory or time",
+    ),
+    calibration: Path | None = typer.Option(
+        None,
+        help="Calibration text for --layer-pick importance "
+        "(passages split by two blank lines; default: the project's own)",
+    ),
     force: bool = typer.Option(False, help="Replace an existing output folder"),
 ):
     """Convert a model into an MLX folder, optionally shrunk into a draft: layer-drop, prune, quantize."""
@@ -101,9 +113,22 @@ def convert(
 
     _hint()
     bits, mode = parse_quantize(quantize)
-    path = run(source, out, dtype=dtype, quantize=bits, quant_mode=mode, group_size=group_size, head_bits=head_bits,
-               keep_layers=keep_layers, layer_pick=layer_pick, layers=_layer_list(layers), prune=prune,
-               calibration=calibration, force=force, log=_log)
+    path = run(
+        source,
+        out,
+        dtype=dtype,
+        quantize=bits,
+        quant_mode=mode,
+        group_size=group_size,
+        head_bits=head_bits,
+        keep_layers=keep_layers,
+        layer_pick=layer_pick,
+        layers=_layer_list(layers),
+        prune=prune,
+        calibration=calibration,
+        force=force,
+        log=_log,
+    )
     typer.echo(str(path))
 
 
@@ -121,13 +146,13 @@ ADAPTIVE = typer.Option(True, help="Adapt K and switch speculation off when it d
 def generate(
     model: str = MODEL,
     prompt: str = typer.Option(DEFAULT_PROMPT, help="Prompt text"),
-    draft: Optional[str] = typer.Option(None, help=DRAFT_HELP),
-    num_draft: Optional[int] = NUM_DRAFT,
+    draft: str | None = typer.Option(None, help=DRAFT_HELP),
+    num_draft: int | None = NUM_DRAFT,
     max_tokens: int = typer.Option(DEFAULT_MAX_TOKENS, help="Max new tokens"),
     temp: float = TEMP,
     top_p: float = TOP_P,
     top_k: int = TOP_K,
-    seed: Optional[int] = SEED,
+    seed: int | None = SEED,
     adaptive: bool = ADAPTIVE,
     chat: bool = typer.Option(True, help="Wrap the prompt in the tokenizer's chat template, if it has one"),
     verbose: bool = typer.Option(False, help="Print the statistics"),
@@ -145,11 +170,24 @@ def generate(
     if seed is not None:
         mx.random.seed(seed)
     target, tok, drafter = load_pair(model, spec, log=_log)
-    ids = (tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-           if chat and getattr(tok, "chat_template", None) else tok.encode(prompt))
+    ids = (
+        tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        if chat and getattr(tok, "chat_template", None)
+        else tok.encode(prompt)
+    )
     ev = None
-    for ev in stream_generate(target, tok, ids, drafter, max_tokens=max_tokens, temp=temp, top_p=top_p,
-                              top_k=top_k, num_draft=num_draft, adaptive=adaptive):
+    for ev in stream_generate(
+        target,
+        tok,
+        ids,
+        drafter,
+        max_tokens=max_tokens,
+        temp=temp,
+        top_p=top_p,
+        top_k=top_k,
+        num_draft=num_draft,
+        adaptive=adaptive,
+    ):
         typer.echo(ev.text, nl=False)
     typer.echo("")
     if verbose and ev is not None:
@@ -161,13 +199,13 @@ def generate(
 def chat(
     model: str = MODEL,
     draft: str = typer.Option(DEFAULT_DRAFT, help=DRAFT_HELP),
-    system: Optional[str] = typer.Option(None, help="System message"),
-    num_draft: Optional[int] = NUM_DRAFT,
+    system: str | None = typer.Option(None, help="System message"),
+    num_draft: int | None = NUM_DRAFT,
     max_tokens: int = typer.Option(DEFAULT_MAX_TOKENS, help="Max new tokens per reply"),
     temp: float = TEMP,
     top_p: float = TOP_P,
     top_k: int = TOP_K,
-    seed: Optional[int] = SEED,
+    seed: int | None = SEED,
     adaptive: bool = ADAPTIVE,
 ):
     """Chat in the terminal; after each reply: tokens/s, drafts and acceptance, speed-up estimate. /help lists commands."""
@@ -176,8 +214,19 @@ def chat(
     from .gen import registry
 
     _hint()
-    run(model=model, draft=registry.parse(draft), system=system, num_draft=num_draft, max_tokens=max_tokens,
-        temp=temp, top_p=top_p, top_k=top_k, seed=seed, adaptive=adaptive, log=_log)
+    run(
+        model=model,
+        draft=registry.parse(draft),
+        system=system,
+        num_draft=num_draft,
+        max_tokens=max_tokens,
+        temp=temp,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        adaptive=adaptive,
+        log=_log,
+    )
 
 
 @app.command()
@@ -186,16 +235,23 @@ def serve(
     draft: str = typer.Option(DEFAULT_DRAFT, help=DRAFT_HELP),
     host: str = typer.Option(DEFAULT_HOST, help="Address to bind (another than 127.0.0.1 exposes the server)"),
     port: int = typer.Option(DEFAULT_PORT, help="Port (0: any free port)"),
-    api_key: Optional[str] = typer.Option(None, help="Require 'Authorization: Bearer KEY' on the API"),
-    max_concurrency: int = typer.Option(DEFAULT_MAX_CONCURRENCY,
-                                        help="Requests generating at once (each holds its own caches); "
-                                        "more wait in a FIFO queue"),
-    num_draft: Optional[int] = NUM_DRAFT,
+    api_key: str | None = typer.Option(None, help="Require 'Authorization: Bearer KEY' on the API"),
+    max_concurrency: int = typer.Option(
+        DEFAULT_MAX_CONCURRENCY,
+        help="Requests generating at once (each holds its own caches); more wait in a FIFO queue",
+    ),
+    num_draft: int | None = NUM_DRAFT,
     max_tokens: int = typer.Option(DEFAULT_MAX_TOKENS, help="Max new tokens when a request gives none"),
-    fixed_draft: bool = typer.Option(False, help="Requests may not switch the drafter (by default a request's "
-                                     "\"draft\" field, or the page's menu, picks any drafter that loads no weights)"),
-    batch: bool = typer.Option(True, help="Requests that start while others generate are verified together, one "
-                               "forward pass per round for all (--no-batch: each request takes its own turns)"),
+    fixed_draft: bool = typer.Option(
+        False,
+        help="Requests may not switch the drafter (by default a request's "
+        '"draft" field, or the page\'s menu, picks any drafter that loads no weights)',
+    ),
+    batch: bool = typer.Option(
+        True,
+        help="Requests that start while others generate are verified together, one "
+        "forward pass per round for all (--no-batch: each request takes its own turns)",
+    ),
 ):
     """Serve the web chat at / and an OpenAI-compatible API at /v1, speculating for every concurrent request."""
     from mlx_spec_apps.server.main import serve as run
@@ -210,20 +266,38 @@ def serve(
         raise MlxSpecError(f"--max-concurrency must be at least 1, got {max_concurrency}")
     if max_tokens < 1:
         raise MlxSpecError(f"--max-tokens must be at least 1, got {max_tokens}")
-    run(model=model, draft=spec, host=host, port=port, api_key=api_key, max_concurrency=max_concurrency,
-        num_draft=num_draft, max_tokens=max_tokens, fixed_draft=fixed_draft, batch=batch, log=_log)
+    run(
+        model=model,
+        draft=spec,
+        host=host,
+        port=port,
+        api_key=api_key,
+        max_concurrency=max_concurrency,
+        num_draft=num_draft,
+        max_tokens=max_tokens,
+        fixed_draft=fixed_draft,
+        batch=batch,
+        log=_log,
+    )
 
 
 @app.command("train-head")
 def train_head(
     target: str = typer.Option(DEFAULT_MODEL, help=MODEL_HELP),
-    out: Optional[Path] = typer.Option(None, help="Folder for the head (then `--draft eagle3:OUT`), its data and its "
-                                       "record (default: heads/TARGET in the cache, where draft-search finds it)"),
-    data: List[str] = typer.Option([], help="Text files or folders to train on (default: code and prose that ship "
-                                   "with this machine's Python)"),
-    regenerate: Optional[Path] = typer.Option(None, help="Prompts (one per line) whose replies by the target are "
-                                              "trained on first (self-distillation; up to a quarter of the budget); "
-                                              "`default`: open questions and standard-library functions to complete"),
+    out: Path | None = typer.Option(
+        None,
+        help="Folder for the head (then `--draft eagle3:OUT`), its data and its "
+        "record (default: heads/TARGET in the cache, where draft-search finds it)",
+    ),
+    data: list[str] = typer.Option(
+        [], help="Text files or folders to train on (default: code and prose that ship with this machine's Python)"
+    ),
+    regenerate: Path | None = typer.Option(
+        None,
+        help="Prompts (one per line) whose replies by the target are "
+        "trained on first (self-distillation; up to a quarter of the budget); "
+        "`default`: open questions and standard-library functions to complete",
+    ),
     reply_tokens: int = typer.Option(256, help="Tokens of each regenerated reply"),
     budget_minutes: float = typer.Option(120.0, help="Time for the whole run, the target's features included"),
     draft_vocab: int = typer.Option(8192, help="Tokens the head can draft (the ones the target says most often)"),
@@ -240,9 +314,23 @@ def train_head(
     _hint()
     model, tokenizer, _ = load_model(target, _log)
     held = [p.text for p in build(tokenizer, 164, 0, n_prose=len(PROSE_QUESTIONS))]
-    out = job.run(model, tokenizer, target, out or job.default_out(target), held=held, data=data,
-                  regenerate=regenerate, reply_tokens=reply_tokens, minutes=budget_minutes, draft_vocab=draft_vocab,
-                  length=length, batch=batch, limit_gb=limit_gb, resume=resume, log=_log)
+    out = job.run(
+        model,
+        tokenizer,
+        target,
+        out or job.default_out(target),
+        held=held,
+        data=data,
+        regenerate=regenerate,
+        reply_tokens=reply_tokens,
+        minutes=budget_minutes,
+        draft_vocab=draft_vocab,
+        length=length,
+        batch=batch,
+        limit_gb=limit_gb,
+        resume=resume,
+        log=_log,
+    )
     typer.echo(str(out))
 
 
@@ -250,18 +338,28 @@ def train_head(
 def draft_search(
     target: str = typer.Option(DEFAULT_MODEL, help=MODEL_HELP),
     budget_minutes: float = typer.Option(60.0, help="Time the search may take; it ranks cheaply first to keep it"),
-    calibration: Optional[Path] = typer.Option(None, help="Calibration prompts (passages split by two blank lines; "
-                                               "default: the project's own)"),
-    prompt_set: str = typer.Option("", help="Measure on the benchmark's prompts of these sets instead of the "
-                                   "calibration text (comma list of humaneval, edit, prose; e.g. humaneval,edit "
-                                   "for a coder model, where the context drafters do best)"),
+    calibration: Path | None = typer.Option(
+        None, help="Calibration prompts (passages split by two blank lines; default: the project's own)"
+    ),
+    prompt_set: str = typer.Option(
+        "",
+        help="Measure on the benchmark's prompts of these sets instead of the "
+        "calibration text (comma list of humaneval, edit, prose; e.g. humaneval,edit "
+        "for a coder model, where the context drafters do best)",
+    ),
     prompts: int = typer.Option(DS_PROMPTS, help="Calibration prompts per full measurement"),
     max_tokens: int = typer.Option(DS_MAX_TOKENS, help="Tokens generated per prompt"),
-    methods: str = typer.Option(",".join(DS_LADDER), help="Compression methods to make drafts with (convert's "
-                                "draft methods: int8, int4, mxfp4, nf4, layers-half, prune-2:4, gptq-int4, ...)"),
-    train_minutes: float = typer.Option(0.0, help="Where no EAGLE-3 head for TARGET is stored, train one for this "
-                                        "long as a candidate (at most half the budget; see `train-head`)"),
-    name: Optional[str] = typer.Option(None, help="Recipe name for a recommended draft (default: TARGET-draft)"),
+    methods: str = typer.Option(
+        ",".join(DS_LADDER),
+        help="Compression methods to make drafts with (convert's "
+        "draft methods: int8, int4, mxfp4, nf4, layers-half, prune-2:4, gptq-int4, ...)",
+    ),
+    train_minutes: float = typer.Option(
+        0.0,
+        help="Where no EAGLE-3 head for TARGET is stored, train one for this "
+        "long as a candidate (at most half the budget; see `train-head`)",
+    ),
+    name: str | None = typer.Option(None, help="Recipe name for a recommended draft (default: TARGET-draft)"),
     out: str = typer.Option(DEFAULT_OUT, help="Folder for the JSON result"),
 ):
     """Measure every drafter candidate for TARGET on this machine, recommend the fastest, save it for --draft."""
@@ -269,10 +367,17 @@ def draft_search(
     from .make.progress import progress
 
     _hint()
-    search = ds.Search(target, calibration=calibration, prompt_sets=[p for p in prompt_set.split(",") if p],
-                       budget_minutes=budget_minutes, prompts=prompts,
-                       max_tokens=max_tokens, methods=[m for m in methods.split(",") if m],
-                       train_minutes=train_minutes, log=_log)
+    search = ds.Search(
+        target,
+        calibration=calibration,
+        prompt_sets=[p for p in prompt_set.split(",") if p],
+        budget_minutes=budget_minutes,
+        prompts=prompts,
+        max_tokens=max_tokens,
+        methods=[m for m in methods.split(",") if m],
+        train_minutes=train_minutes,
+        log=_log,
+    )
     search.load()
     path = ds.result_path(out)
 
@@ -285,8 +390,10 @@ def draft_search(
         result = search.search(progress=step)
     saved = ds.save(search, result, name)
     ds.write_json(result, path)
-    typer.echo(f"target {result.target}: plain decoding {result.plain_tokens_per_s:.2f} tokens/s; "
-               f"measured on {', '.join(result.prompts)}\n")
+    typer.echo(
+        f"target {result.target}: plain decoding {result.plain_tokens_per_s:.2f} tokens/s; "
+        f"measured on {', '.join(result.prompts)}\n"
+    )
     typer.echo(result.table())
     for note in result.notes:
         typer.echo(f"\nnote: {note}")

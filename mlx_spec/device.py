@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Optional
 
 import mlx.core as mx
 
@@ -23,8 +22,8 @@ class Device:
     kind: str  # "gpu" or "cpu": MLX's default device type
     backend: str  # "metal", "cuda" or "cpu": the MLX backend that computes there
     name: str  # the chip MLX reports: "NVIDIA H100 80GB HBM3", "Apple M3 Max", "AMD EPYC"
-    driver: Optional[str] = None  # the NVIDIA driver's version on CUDA, else None
-    blas: Optional[str] = None  # on the CPU backend, the BLAS under MLX: "OpenBLAS", "reference BLAS", "Accelerate"
+    driver: str | None = None  # the NVIDIA driver's version on CUDA, else None
+    blas: str | None = None  # on the CPU backend, the BLAS under MLX: "OpenBLAS", "reference BLAS", "Accelerate"
 
     def __str__(self) -> str:
         """One line: 'gpu (CUDA, NVIDIA H100 80GB HBM3, driver 580.159.04)', 'cpu (AMD EPYC, OpenBLAS)'."""
@@ -74,13 +73,17 @@ def _blas_name() -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def nvidia_driver() -> Optional[str]:
+def nvidia_driver() -> str | None:
     """The NVIDIA driver's version as `nvidia-smi` prints it ('580.159.04'); None where it cannot say."""
     if shutil.which("nvidia-smi") is None:
         return None
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     first = out.strip().splitlines()[0].strip() if out.strip() else ""

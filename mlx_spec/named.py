@@ -4,8 +4,8 @@ Names (recipes, hub ids, .gguf files) are resolved through the making layer, whi
 and convert; the folders are loaded and the drafters built through the generating layer.
 """
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Dict, Optional, Tuple
 
 import mlx.nn as nn
 from mlx.utils import tree_flatten
@@ -20,14 +20,17 @@ DEFAULT_DRAFT = "hybrid:qwen2.5-coder-0.5b"  # the README's main job
 DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime."
 # What the faces' --model, --draft and --num-draft accept: one wording for every command that takes them.
 MODEL_HELP = "Target: recipe, folder, .gguf or HF repo"
-DRAFT_HELP = ("Drafter: a model spec, 'ngram[:N]', 'suffix[:shared]' (the longest earlier match; shared: also in "
-              "this process's earlier outputs), 'self[:LAYERS|importance[:K]]', 'quant-self[:FORMAT]' (a quantized "
-              "copy of the target drafting in its cache), 'eagle3:HEAD' (an EAGLE-3 head: folder or HF repo), "
-              "'mtp[:CHECKPOINT]' (the target's own MTP layers: Qwen3-Next, Qwen3.5, DeepSeek-V3, GLM-4.5+), "
-              "'dflash:DRAFTER' (a DFlash block drafter, e.g. z-lab's: folder or HF repo), "
-              "'hybrid[:D]' (n-gram, suffix and D; 'hybrid:none': those two alone) or 'none'")
-NUM_DRAFT_HELP = ("Max draft tokens per round K (default: "
-                  + ", ".join(f"{k} {v}" for k, v in registry.DEFAULT_K.items()) + ")")
+DRAFT_HELP = (
+    "Drafter: a model spec, 'ngram[:N]', 'suffix[:shared]' (the longest earlier match; shared: also in "
+    "this process's earlier outputs), 'self[:LAYERS|importance[:K]]', 'quant-self[:FORMAT]' (a quantized "
+    "copy of the target drafting in its cache), 'eagle3:HEAD' (an EAGLE-3 head: folder or HF repo), "
+    "'mtp[:CHECKPOINT]' (the target's own MTP layers: Qwen3-Next, Qwen3.5, DeepSeek-V3, GLM-4.5+), "
+    "'dflash:DRAFTER' (a DFlash block drafter, e.g. z-lab's: folder or HF repo), "
+    "'hybrid[:D]' (n-gram, suffix and D; 'hybrid:none': those two alone) or 'none'"
+)
+NUM_DRAFT_HELP = (
+    "Max draft tokens per round K (default: " + ", ".join(f"{k} {v}" for k, v in registry.DEFAULT_K.items()) + ")"
+)
 
 Log = Callable[[str], None]
 
@@ -41,12 +44,20 @@ def load_model(spec: str, log: Log = _quiet):
     return load_folder(resolve(spec, log))
 
 
-def make_drafter(spec: registry.Spec, target, tokenizer, *, loaded: Optional[Dict[str, Tuple]] = None,
-                 log: Log = _quiet, subset_head: bool = True):
+def make_drafter(
+    spec: registry.Spec,
+    target,
+    tokenizer,
+    *,
+    loaded: dict[str, tuple] | None = None,
+    log: Log = _quiet,
+    subset_head: bool = True,
+):
     """A drafter from any spec (a string or a parsed `gen.registry.DrafterSpec`), loading draft models by name.
 
     loaded: {model spec: (model, tokenizer)} already in memory, so a draft is never loaded twice.
     """
+
     def load(name: str):
         if loaded is not None and name in loaded:
             return loaded[name]
@@ -76,7 +87,7 @@ def short_name(spec: registry.Spec) -> str:
     return f"{s.kind}:{short_name(s.arg)}" if s.arg and s.kind in ("hybrid", *registry.LEARNED) else str(s)
 
 
-def draft_model_spec(draft: registry.Spec) -> Optional[str]:
+def draft_model_spec(draft: registry.Spec) -> str | None:
     """The model a drafter spec loads (a model spec, or a hybrid's inner one), else None."""
     return registry.parse(draft).model
 
@@ -112,8 +123,13 @@ def quantization(model) -> str:
     weights' dtype."""
     if model is None:
         return "N/A"
-    formats = sorted({format_name(m.bits, getattr(m, "mode", "affine")) for _, m in model.named_modules()
-                      if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))})
+    formats = sorted(
+        {
+            format_name(m.bits, getattr(m, "mode", "affine"))
+            for _, m in model.named_modules()
+            if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+        }
+    )
     if formats:
         return "/".join(formats)
     weights = tree_flatten(model.parameters())

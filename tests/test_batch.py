@@ -62,8 +62,13 @@ def run(e: Engine, outs: dict, rounds=None):
 
 def test_every_row_equals_its_solo_greedy_run_as_rows_join_and_leave(target):
     prompts = [REPEATING, PROMPT, [2, 2, 1, 0, 2, 2, 1], REPEATING + [2, 1, 3], [0, 1]]
-    drafters = [NGramDrafter(), SuffixDrafter(), None, HybridDrafter([SuffixDrafter(), NGramDrafter()], None),
-                SuffixDrafter()]
+    drafters = [
+        NGramDrafter(),
+        SuffixDrafter(),
+        None,
+        HybridDrafter([SuffixDrafter(), NGramDrafter()], None),
+        SuffixDrafter(),
+    ]
     maxes, eos = [12, 20, 7, 16, 10], [(), (), (), (3,), ()]
     e, outs, rows = fixed(target), {}, []
     for p, d, m, s in list(zip(prompts, drafters, maxes, eos))[:4]:
@@ -104,8 +109,12 @@ def test_a_row_leaving_mid_generation_continues_alone_from_its_cache(target):
     run(e, outs, rounds=3)
     cache = e.remove(a)  # cancelled, say: the session keeps the cache for the conversation's next turn
     assert {x.offset for x in cache} == {len(a.context) - 1}
-    rest = [s.token for s in speculative_generate_step(a.context, target, SuffixDrafter(), prompt_cache=cache,
-                                                        max_tokens=30 - len(outs[id(a)]))]
+    rest = [
+        s.token
+        for s in speculative_generate_step(
+            a.context, target, SuffixDrafter(), prompt_cache=cache, max_tokens=30 - len(outs[id(a)])
+        )
+    ]
     assert outs[id(a)] + rest == plain_greedy(target, REPEATING, 30)
     run(e, outs)
     assert outs[id(c)] == plain_greedy(target, PROMPT, 30)
@@ -135,8 +144,9 @@ def test_a_row_rewound_further_than_the_others_keeps_a_masked_gap_and_no_keys_mo
     for j, cache in ((0, rows.remove(0, len(kept[0]) + 1)), (1, mine), (2, rows.remove(2, len(kept[2]) + 1))):
         solo = new_cache(target)
         target(mx.array([kept[j] + [nxt[j, 0].item()]]), cache=solo)
-        assert all(mx.allclose(a.keys[..., : a.offset, :], b.keys[..., : b.offset, :], atol=1e-5)
-                   for a, b in zip(cache, solo))
+        assert all(
+            mx.allclose(a.keys[..., : a.offset, :], b.keys[..., : b.offset, :], atol=1e-5) for a, b in zip(cache, solo)
+        )
 
 
 def launch_bound(planner: Planner, places=(1, 2, 3, 4, 8, 16), sizes=(1, 2, 3, 4), seconds=0.01, copy=10.0):
@@ -188,6 +198,7 @@ def sample_first_row(target, rows, k=2):
             toks += [s.token for s in e.round()[0]]
         seen.append(len(made[0].stats.proposed_by_position))
         return toks
+
     return one, seen
 
 
@@ -209,7 +220,9 @@ def test_a_batched_round_keeps_the_targets_law(target):
 
 def test_a_broken_acceptance_rule_in_the_batch_fails_the_same_test(target, monkeypatch):
     real = verify.sampling_targets
-    monkeypatch.setattr(verify, "sampling_targets", lambda q, d, p: (mx.ones(d.shape, dtype=mx.bool_), real(q, d, p)[1]))
+    monkeypatch.setattr(
+        verify, "sampling_targets", lambda q, d, p: (mx.ones(d.shape, dtype=mx.bool_), real(q, d, p)[1])
+    )
     kw = dict(temp=1.0)
     fn, _ = sample_row0(target, kw, others=False)
     counts = sample_pairs(fn, SAMPLES // 4)
@@ -223,8 +236,11 @@ def seeded(target, seed, drafter, others, adaptive=False):
     s = Sampler(temp=1.0, seed=seed)
     mine, cache = row(target, PROMPT, drafter, 24, s, k=3)
     e.add(mine, cache)
-    for p, d, smp in [(REPEATING, SuffixDrafter(), GREEDY), ([2, 2, 1, 0], NGramDrafter(), Sampler(temp=0.8)),
-                      (REPEATING + [1], None, Sampler(temp=1.2))][:others]:
+    for p, d, smp in [
+        (REPEATING, SuffixDrafter(), GREEDY),
+        ([2, 2, 1, 0], NGramDrafter(), Sampler(temp=0.8)),
+        (REPEATING + [1], None, Sampler(temp=1.2)),
+    ][:others]:
         e.add(*row(target, p, d, 30, smp))
     out = {}
     run(e, out)
@@ -253,7 +269,7 @@ def test_seeded_rows_keep_the_targets_law_and_a_rule_keyed_by_round_fails(target
             r, cache = row(target, REPEATING, NGramDrafter(), N_TOKENS, Sampler(seed=5000 + i, **kw), k=2)
             e.add(r, cache)
             run(e, {})
-            key = tuple(r.context[len(REPEATING):])
+            key = tuple(r.context[len(REPEATING) :])
             out[key] = out.get(key, 0) + 1
         return out
 
@@ -269,8 +285,10 @@ def asks(accept: float, offers, cost_rows=None, left=100):
     """One Ask per offered draft length, every source accepted at `accept`."""
     out = []
     for n in offers:
-        a = {s: SourceStats(accepted_w=accept, judged_w=1.0, first_accepted_w=accept, first_judged_w=1.0)
-             for s in ("suffix", "model")}
+        a = {
+            s: SourceStats(accepted_w=accept, judged_w=1.0, first_accepted_w=accept, first_judged_w=1.0)
+            for s in ("suffix", "model")
+        }
         out.append(Ask(a, ("suffix", n) if n else ("", 0), left=left))
     return out
 

@@ -48,8 +48,12 @@ def spread():
 
 
 def test_rows_drafting_with_a_draft_model_in_one_pass_equal_their_solo_runs(target, draft):
-    drafters = [ModelDrafter(draft, V), HybridDrafter([SuffixDrafter()], ModelDrafter(draft, V)), SuffixDrafter(),
-                ModelDrafter(draft, V)]
+    drafters = [
+        ModelDrafter(draft, V),
+        HybridDrafter([SuffixDrafter()], ModelDrafter(draft, V)),
+        SuffixDrafter(),
+        ModelDrafter(draft, V),
+    ]
     maxes = [14, 20, 9, 16]
     e, outs, rows = fixed(target), {}, []
     for p, d, m in list(zip(PROMPTS, drafters, maxes))[:3]:
@@ -120,8 +124,19 @@ def test_a_row_leaving_gets_its_draft_cache_back_and_continues_alone_from_it(tar
     cache = e.remove(a)  # cancelled, say: the session keeps the caches for the conversation's next turn
     assert {x.offset for x in cache} == {len(a.context) - 1}
     stats = Stats(trace=[])
-    rest = [s.token for s in speculative_generate_step(a.context, target, mine, prompt_cache=cache, adaptive=False,
-                                                        num_draft=3, max_tokens=30 - len(outs[id(a)]), stats=stats)]
+    rest = [
+        s.token
+        for s in speculative_generate_step(
+            a.context,
+            target,
+            mine,
+            prompt_cache=cache,
+            adaptive=False,
+            num_draft=3,
+            max_tokens=30 - len(outs[id(a)]),
+            stats=stats,
+        )
+    ]
     assert outs[id(a)] + rest == plain_greedy(target, REPEATING, 30)
     assert stats.trace[0]["source"] == "model" and stats.trace[0]["behind"] <= 1
     assert stats.proposed > 0 and stats.accepted == stats.proposed
@@ -192,16 +207,23 @@ def test_quant_self_rows_draft_with_one_shared_copy_and_each_row_equals_its_solo
         assert r.stats.drafted_together == 3  # one copy of the weights: the three drafted in one pass
 
 
-MAKERS = {"model": lambda target, draft: ModelDrafter(draft, V),
-          "quant-self": lambda target, draft: QuantSelfDrafter(target, "mxfp4", V)}  # 32 wide: mxfp4's group
+MAKERS = {
+    "model": lambda target, draft: ModelDrafter(draft, V),
+    "quant-self": lambda target, draft: QuantSelfDrafter(target, "mxfp4", V),
+}  # 32 wide: mxfp4's group
 
 
 def sample_model_row(target, draft, kw, kind):
     """Row 0 drafting 2 sampled tokens with a draft model or a view of the target (`kind`) beside a greedy row
     drafting with it too: row 0's tokens, and how many draft positions it verified per sample."""
     make = MAKERS[kind]
-    return sample_first_row(target, [(PROMPT, lambda: make(target, draft), Sampler(**kw), N_TOKENS),
-                                     (REPEATING, lambda: make(target, draft), GREEDY, 6)])
+    return sample_first_row(
+        target,
+        [
+            (PROMPT, lambda: make(target, draft), Sampler(**kw), N_TOKENS),
+            (REPEATING, lambda: make(target, draft), GREEDY, 6),
+        ],
+    )
 
 
 @pytest.mark.parametrize("kind", MAKERS)
@@ -241,8 +263,12 @@ def test_the_planner_runs_the_draft_model_only_where_its_passes_pay():
         probe = p.plan(rows, 4)
         assert probe == Plan(1, ("model",) * 4, 2, probe=True)  # not timed yet: the model drafts once to be
         for plan in (probe, Plan(8, ("model",) * 4, 9)):  # rounds whose model passes over the four rows cost this
-            p.record(plan, 4, p.cost(4, plan.size) + plan.k * draft_pass,
-                     [Outcome(a.accept, "model", plan.k, plan.k, costly=True) for a in rows])
+            p.record(
+                plan,
+                4,
+                p.cost(4, plan.size) + plan.k * draft_pass,
+                [Outcome(a.accept, "model", plan.k, plan.k, costly=True) for a in rows],
+            )
         plans[name] = p.plan(model_asks(0.8), 4)
     assert plans["cheap"].sources == ("model",) * 4 and plans["cheap"].k >= 4
     assert plans["dear"] == PLAIN  # nothing else offered: plain

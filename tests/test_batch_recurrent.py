@@ -152,12 +152,16 @@ def test_a_row_taken_out_continues_alone_to_its_solo_tokens(models, arch, drafte
         e.round()
     cache = e.remove(a)  # cancelled, say: the session keeps the cache for the conversation's next turn
     assert {x.offset for x in cache} == {len(a.context) - 1}
-    made = a.context[len(pa):]
-    rest = [s.token for s in speculative_generate_step(a.context, model, oracle(model, pa, n, 1) if drafted else None,
-                                                        prompt_cache=cache, max_tokens=n - len(made))]
+    made = a.context[len(pa) :]
+    rest = [
+        s.token
+        for s in speculative_generate_step(
+            a.context, model, oracle(model, pa, n, 1) if drafted else None, prompt_cache=cache, max_tokens=n - len(made)
+        )
+    ]
     assert made + rest == solo(model, pa, n)
     run(e, {})  # the row that stays is unchanged
-    assert c.context[len(pc):] == solo(model, pc, n)
+    assert c.context[len(pc) :] == solo(model, pc, n)
 
 
 @pytest.mark.parametrize("back", [(0,) * 5, (1, 1, 0, 1, 0)])

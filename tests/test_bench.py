@@ -1,7 +1,7 @@
 """Bench helpers: mlx-lm's acceptance rebuilt from its from_draft flags, the prompt sets, and rounds priced."""
 
-from mlx_spec.bench.common import first_mismatch, rounds_from_flags
 from mlx_spec.bench import rounds
+from mlx_spec.bench.common import first_mismatch, rounds_from_flags
 from mlx_spec.bench.prompts import PROSE_QUESTIONS, build
 from mlx_spec.bench.results import SCHEMA, read_current
 
@@ -42,9 +42,17 @@ def test_prompt_sets_are_interleaved():
     """One prompt of each set in turn, each set in its own order, so noise falls on all sets; a longer set's
     rest comes last."""
     prompts = build(_Tok(), 3, 2, n_prose=3, n_ptq=1)
-    assert [p.id for p in prompts] == ["HumanEval/0", "HumanEval/0:type-hints", "prose/0", "ptq/0",
-                                       "HumanEval/1", "HumanEval/1:rename", "prose/1",
-                                       "HumanEval/2", "prose/2"]
+    assert [p.id for p in prompts] == [
+        "HumanEval/0",
+        "HumanEval/0:type-hints",
+        "prose/0",
+        "ptq/0",
+        "HumanEval/1",
+        "HumanEval/1:rename",
+        "prose/1",
+        "HumanEval/2",
+        "prose/2",
+    ]
     assert [p.set for p in prompts[:4]] == ["humaneval", "edit", "prose", "ptq"]
     assert prompts[2].text == PROSE_QUESTIONS[0] and "def has_close_elements" in prompts[1].text
 
@@ -57,9 +65,15 @@ def test_the_spec_benchmark_runs_every_drafter_kind_on_tiny_models(tiny_models, 
     from mlx_spec.bench.spec import SpecSettings, run_spec
 
     draft = str(tiny_models["qwen2_draft"])
-    s = SpecSettings(target=str(tiny_models["qwen2"]), drafts={"f32": draft, "int8": draft, "int4": draft},
-                     configs=["plain", "model-f32", "ngram", "suffix", "self", "quant-self", "hybrid"],
-                     humaneval=1, edit=0, prose=1, max_tokens=12)  # the edits outgrow the tiny context
+    s = SpecSettings(
+        target=str(tiny_models["qwen2"]),
+        drafts={"f32": draft, "int8": draft, "int4": draft},
+        configs=["plain", "model-f32", "ngram", "suffix", "self", "quant-self", "hybrid"],
+        humaneval=1,
+        edit=0,
+        prose=1,
+        max_tokens=12,
+    )  # the edits outgrow the tiny context
     run = run_spec(s, str(tmp_path))
     data = json.loads(run.json_path.read_text())
     assert data["complete"] and not data["errors"]
@@ -75,9 +89,11 @@ def _result(tmp_path):
     rows = [{"key": f"t|{d}", "target": "t", "draft": d} for d in ("none", "hybrid:d", "mlx-lm-spec:d")]
     plain = [["", 0, 0, s, 0.0, 0.0, 0] for s in (0.3, 0.5, 1.0)]  # median 0.5 (the mean would be 0.6)
     drafted = [["suffix", 4, 3, 0.7, 0.1, 0.0, 0], ["", 0, 0, 0.5, 0.0, 0.0, 0], ["model", 3, 0, 0.6, 0.3, 0.0, 0]]
-    records = [{"row": f"t|{d}", "prompt": p, "set": s, "stats": {"trace": trace}}
-               for p, s in (("HumanEval/0", "humaneval"), ("prose/0", "prose"))
-               for d, trace in (("none", plain), ("hybrid:d", drafted), ("mlx-lm-spec:d", None))]
+    records = [
+        {"row": f"t|{d}", "prompt": p, "set": s, "stats": {"trace": trace}}
+        for p, s in (("HumanEval/0", "humaneval"), ("prose/0", "prose"))
+        for d, trace in (("none", plain), ("hybrid:d", drafted), ("mlx-lm-spec:d", None))
+    ]
     path = tmp_path / "r.json"
     path.write_text(json.dumps({"schema": SCHEMA, "rows": rows, "records": records}))
     return path

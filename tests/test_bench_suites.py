@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import long_context, one_line_error, run_cli
 
-from mlx_spec.bench import rounds, runner, suite as suites
+from mlx_spec.bench import rounds, runner
+from mlx_spec.bench import suite as suites
 from mlx_spec.bench.results import SCHEMA, ResultError, ResultFile
 
 
@@ -18,8 +19,13 @@ def cli(*args, timeout=300):
 
 
 def suite_file(path: Path, target, drafts=("ngram",), **fields) -> Path:
-    top = {"kind": "table", "max_tokens": 6, "repeats": 2, "prompts": {"humaneval": 1, "edit": 0, "prose": 2},
-           "description": "test"} | fields
+    top = {
+        "kind": "table",
+        "max_tokens": 6,
+        "repeats": 2,
+        "prompts": {"humaneval": 1, "edit": 0, "prose": 2},
+        "description": "test",
+    } | fields
     lines = []
     for k, v in top.items():
         if isinstance(v, dict):
@@ -48,29 +54,32 @@ def test_bench_list_shows_every_builtin_suite_and_each_loads():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("text, field", [
-    ('kind = "table"\nmax_tokns = 5\n[[targets]]\nmodel = "m"\n', "'max_tokns'"),
-    ('kind = "tabel"\n[[targets]]\nmodel = "m"\n', "'kind'"),
-    ('kind = "table"\nmax_tokens = 0\n[[targets]]\nmodel = "m"\n', "'max_tokens'"),
-    ('kind = "table"\nprompts = { humaneval = 1, prosa = 1 }\n[[targets]]\nmodel = "m"\n', "'prosa'"),
-    ('kind = "table"\n[[targets]]\nmodel = "m@int5"\n', "'int5'"),
-    ('kind = "table"\n[[targets]]\nmodel = "m"\ndrafs = ["ngram"]\n', "'drafs'"),
-    ('kind = "table"\n', "[[targets]]"),
-    ('kind = "table"\ntop_p = 1.5\n[[targets]]\nmodel = "m"\n', "'top_p'"),
-    ('kind = "table"\n[[targets]\n', "suite file"),
-    ('kind = "ngram"\n[[targets]]\nmodel = "m"\n', "[[sweeps]]"),
-    ('kind = "ngram"\n[[targets]]\nmodel = "m"\n[[sweeps]]\nk = [1]\nn = [1]\n', "'n'"),
-    ('kind = "ngram"\n[[targets]]\nmodel = "m"\ndrafts = ["ngram"]\n[[sweeps]]\nk = [1]\nn = [2]\n', "'drafts'"),
-    ('kind = "table"\nadaptive = "no"\n[[targets]]\nmodel = "m"\n', "'adaptive'"),
-    ('kind = "compression"\nk = [5]\nmethods = ["int5"]\n[[targets]]\nmodel = "m"\n', "'int5'"),
-    ('kind = "compression"\n[[targets]]\nmodel = "m"\n', "'k'"),
-    ('kind = "table"\nprompts = { prose = 33 }\n[[targets]]\nmodel = "m"\n', "'prose'"),
-    ('kind = "table"\ntemps = [0.5]\n[[targets]]\nmodel = "m"\n', "'temps' belongs to quality suites"),
-    ('kind = "table"\nbandwidth_gb = 0.1\n[[targets]]\nmodel = "m"\n', "'bandwidth_gb' belongs to roofline"),
-    ('kind = "roofline"\nbandwidth_gb = 0\n[[targets]]\nmodel = "m"\n', "'bandwidth_gb'"),
-    ('kind = "quality"\ntemps = [0.5]\ntop_ks = [0]\n[[targets]]\nmodel = "m"\n', "'top_ks'"),
-    ('kind = "table"\ntemp = 0.5\n[[targets]]\nmodel = "m"\ndrafts = ["mlx-lm-spec:d"]\n', "'mlx-lm-spec:d'"),
-])
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ('kind = "table"\nmax_tokns = 5\n[[targets]]\nmodel = "m"\n', "'max_tokns'"),
+        ('kind = "tabel"\n[[targets]]\nmodel = "m"\n', "'kind'"),
+        ('kind = "table"\nmax_tokens = 0\n[[targets]]\nmodel = "m"\n', "'max_tokens'"),
+        ('kind = "table"\nprompts = { humaneval = 1, prosa = 1 }\n[[targets]]\nmodel = "m"\n', "'prosa'"),
+        ('kind = "table"\n[[targets]]\nmodel = "m@int5"\n', "'int5'"),
+        ('kind = "table"\n[[targets]]\nmodel = "m"\ndrafs = ["ngram"]\n', "'drafs'"),
+        ('kind = "table"\n', "[[targets]]"),
+        ('kind = "table"\ntop_p = 1.5\n[[targets]]\nmodel = "m"\n', "'top_p'"),
+        ('kind = "table"\n[[targets]\n', "suite file"),
+        ('kind = "ngram"\n[[targets]]\nmodel = "m"\n', "[[sweeps]]"),
+        ('kind = "ngram"\n[[targets]]\nmodel = "m"\n[[sweeps]]\nk = [1]\nn = [1]\n', "'n'"),
+        ('kind = "ngram"\n[[targets]]\nmodel = "m"\ndrafts = ["ngram"]\n[[sweeps]]\nk = [1]\nn = [2]\n', "'drafts'"),
+        ('kind = "table"\nadaptive = "no"\n[[targets]]\nmodel = "m"\n', "'adaptive'"),
+        ('kind = "compression"\nk = [5]\nmethods = ["int5"]\n[[targets]]\nmodel = "m"\n', "'int5'"),
+        ('kind = "compression"\n[[targets]]\nmodel = "m"\n', "'k'"),
+        ('kind = "table"\nprompts = { prose = 33 }\n[[targets]]\nmodel = "m"\n', "'prose'"),
+        ('kind = "table"\ntemps = [0.5]\n[[targets]]\nmodel = "m"\n', "'temps' belongs to quality suites"),
+        ('kind = "table"\nbandwidth_gb = 0.1\n[[targets]]\nmodel = "m"\n', "'bandwidth_gb' belongs to roofline"),
+        ('kind = "roofline"\nbandwidth_gb = 0\n[[targets]]\nmodel = "m"\n', "'bandwidth_gb'"),
+        ('kind = "quality"\ntemps = [0.5]\ntop_ks = [0]\n[[targets]]\nmodel = "m"\n', "'top_ks'"),
+        ('kind = "table"\ntemp = 0.5\n[[targets]]\nmodel = "m"\ndrafts = ["mlx-lm-spec:d"]\n', "'mlx-lm-spec:d'"),
+    ],
+)
 def test_a_suite_file_with_a_mistake_is_one_line_naming_the_file_and_field(tmp_path, text, field):
     path = tmp_path / "mine.toml"
     path.write_text(text)
@@ -87,8 +96,11 @@ def test_an_unknown_suite_is_one_line_naming_the_builtin_ones(tmp_path):
 
 @pytest.mark.slow
 def test_a_table_suite_runs_every_row_and_marks_an_unavailable_model(target, tiny_models, tmp_path):
-    path = suite_file(tmp_path / "t.toml", target,
-                      drafts=["ngram", str(tiny_models["qwen2_draft"]), "no-such-model-anywhere", "self:1"])
+    path = suite_file(
+        tmp_path / "t.toml",
+        target,
+        drafts=["ngram", str(tiny_models["qwen2_draft"]), "no-such-model-anywhere", "self:1"],
+    )
     r = cli("run", str(path), "--out", str(tmp_path / "runs"))
     assert r.returncode == 0, r.stderr
     files = list((tmp_path / "runs").glob("t-*.json"))
@@ -96,7 +108,9 @@ def test_a_table_suite_runs_every_row_and_marks_an_unavailable_model(target, tin
     assert data["schema"] == SCHEMA and data["complete"] and data["suite"]["name"] == "t"
     assert {"cpu", "memory_gb", "mlx", "blas_status", "git_rev"} <= set(data["machine"])
     assert len(data["models"][str(target)]["sha256"]) == 64
-    assert all(isinstance(r["loadavg"], float) and r["loadavg"] >= 0 for r in data["records"])  # others' load, per record
+    assert all(
+        isinstance(r["loadavg"], float) and r["loadavg"] >= 0 for r in data["records"]
+    )  # others' load, per record
     rows = {e["draft"]: e for e in data["summary"]}
     assert rows["no-such-model-anywhere"]["status"] == "unavailable" and rows["no-such-model-anywhere"]["reason"]
     for d in ("none", "ngram", str(tiny_models["qwen2_draft"]), "self:1"):
@@ -108,8 +122,11 @@ def test_a_table_suite_runs_every_row_and_marks_an_unavailable_model(target, tin
     assert rows[str(tiny_models["qwen2_draft"])]["draft_quant"] == "float32"
     assert rows["ngram"]["draft_quant"] == "N/A"
     md = files[0].with_suffix(".md").read_text()
-    assert "| Target" in md and "| Relative Improvement |" in md.splitlines()[md.splitlines().index(
-        next(x for x in md.splitlines() if x.startswith("| Target")))]
+    assert (
+        "| Target" in md
+        and "| Relative Improvement |"
+        in md.splitlines()[md.splitlines().index(next(x for x in md.splitlines() if x.startswith("| Target")))]
+    )
     assert "unavailable: " in md and md in r.stdout
     table = [x for x in md.splitlines() if x.startswith("| ") and "Token/s" not in x and "Speed-up" not in x]
     assert table[0].split("|")[2].strip() == "N/A"  # the target alone first, as in the paper's tables
@@ -129,8 +146,10 @@ def test_mlx_lm_speculative_decoding_is_a_row_with_its_acceptance(target, tiny_m
     # Each draft against that baseline, per prompt set, on the same prompts: tokens/s over tokens/s.
     vs = rows[draft]["vs_reference"]
     assert vs["draft"] == f"mlx-lm-spec:{draft}" and set(vs["by_set"]) == {"humaneval", "prose"}
-    tps = lambda row, name: (sum(r["n_tokens"] for r in data["records"] if r["row"] == row and r["set"] == name)  # noqa: E731
-                             / sum(r["total"] for r in data["records"] if r["row"] == row and r["set"] == name))
+    tps = lambda row, name: (
+        sum(r["n_tokens"] for r in data["records"] if r["row"] == row and r["set"] == name)  # noqa: E731
+        / sum(r["total"] for r in data["records"] if r["row"] == row and r["set"] == name)
+    )
     for name in ("humaneval", "prose"):
         assert vs["by_set"][name]["speedup"] == pytest.approx(tps(rows[draft]["key"], name) / tps(mlx["key"], name))
         assert vs["by_set"][name]["compared"] == {"humaneval": 1, "prose": 2}[name]
@@ -194,8 +213,12 @@ def test_kill_ends_a_run_of_mlx_spec_bench_with_its_results_kept(target, tmp_pat
 
     path = suite_file(tmp_path / "k.toml", target, drafts=["ngram", "self"], max_tokens=40, repeats=20)
     runs = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "mlx_spec.cli", "bench", "run", str(path), "--out", str(runs)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlx_spec.cli", "bench", "run", str(path), "--out", str(runs)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         files = list(runs.glob("k-*.json"))
@@ -319,8 +342,10 @@ def test_results_read_refuses_other_json(tmp_path):
 
 def test_the_ngram_sweep_measures_each_k_and_n_with_the_anpd_bound(target, tmp_path):
     path = tmp_path / "sweep.toml"
-    path.write_text(f'kind = "ngram"\nadaptive = false\nmax_tokens = 8\nprompts = {{ humaneval = 1, edit = 1 }}\n'
-                    f'[[targets]]\nmodel = "{target}"\n[[sweeps]]\nk = [1, 3]\nn = [2]\n[[sweeps]]\nk = [3]\nn = [2, 4]\n')
+    path.write_text(
+        f'kind = "ngram"\nadaptive = false\nmax_tokens = 8\nprompts = {{ humaneval = 1, edit = 1 }}\n'
+        f'[[targets]]\nmodel = "{target}"\n[[sweeps]]\nk = [1, 3]\nn = [2]\n[[sweeps]]\nk = [3]\nn = [2, 4]\n'
+    )
     result = runner.run_suite(str(path), str(tmp_path / "runs"))
     data = json.loads(result.path.read_text())
     rows = {(e["draft"], e["k"]): e for e in data["summary"] if e["draft"] != "none"}
@@ -348,8 +373,10 @@ def test_the_compression_suite_takes_its_methods_from_the_converter(target, tmp_
     methods = convert.draft_methods()
     assert {"float16", "int8", "int4", "layers-half"} <= set(methods)
     path = tmp_path / "comp.toml"
-    path.write_text(f'kind = "compression"\nadaptive = false\nk = [2, 4]\nmax_tokens = 8\nprompts = {{ prefix = 2 }}\n'
-                    f'[[targets]]\nmodel = "{target}"\n')
+    path.write_text(
+        f'kind = "compression"\nadaptive = false\nk = [2, 4]\nmax_tokens = 8\nprompts = {{ prefix = 2 }}\n'
+        f'[[targets]]\nmodel = "{target}"\n'
+    )
     shown = dict(list(methods.items())[:1] + [("int8", methods["int8"]), ("layers-half", methods["layers-half"])])
     monkeypatch.setattr(convert, "draft_methods", lambda: shown)  # fewer methods: a shorter test, same code path
     result = runner.run_suite(str(path), str(tmp_path / "runs"))
@@ -375,9 +402,11 @@ def test_duplicate_content_words_ignores_stop_words():
 
 def test_the_quality_suite_samples_a_temperature_by_top_k_grid_per_model(target, tmp_path):
     path = tmp_path / "q.toml"
-    path.write_text(f'kind = "quality"\nmax_tokens = 12\ntemps = [0.5, 1.0]\ntop_ks = [2, 50]\n'
-                    f'prompts = {{ ptq = 2 }}\n[[targets]]\nmodel = "{target}"\n[[targets]]\nmodel = "{target}@int8"\n'
-                    f'[[targets]]\nmodel = "not-a-model-here"\n')
+    path.write_text(
+        f'kind = "quality"\nmax_tokens = 12\ntemps = [0.5, 1.0]\ntop_ks = [2, 50]\n'
+        f'prompts = {{ ptq = 2 }}\n[[targets]]\nmodel = "{target}"\n[[targets]]\nmodel = "{target}@int8"\n'
+        f'[[targets]]\nmodel = "not-a-model-here"\n'
+    )
     result = runner.run_suite(str(path), str(tmp_path / "runs"))
     data = json.loads(result.path.read_text())
     assert data["complete"]
@@ -399,9 +428,20 @@ def test_bytes_read_per_token_leave_out_an_untied_embedding_table():
     from mlx_spec.bench.roofline import bytes_per_token
 
     def model(tied):
-        return qwen2.Model(qwen2.ModelArgs(model_type="qwen2", hidden_size=32, num_hidden_layers=1, intermediate_size=64,
-                                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
-                                           vocab_size=1000, tie_word_embeddings=tied))
+        return qwen2.Model(
+            qwen2.ModelArgs(
+                model_type="qwen2",
+                hidden_size=32,
+                num_hidden_layers=1,
+                intermediate_size=64,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                rms_norm_eps=1e-6,
+                vocab_size=1000,
+                tie_word_embeddings=tied,
+            )
+        )
+
     tied, untied = model(True), model(False)
     table = 1000 * 32 * 4  # float32 bytes of the embedding table
     assert bytes_per_token(untied) == bytes_per_token(tied)  # the untied head replaces the table that is read whole
@@ -417,7 +457,9 @@ def params_total(m):
 def test_the_overhead_rows_on_a_random_model_with_mlx_lm_and_the_rounds_table(tmp_path):
     """`random:tiny` is built into the cache once; mlx-lm's plain loop is a row; every row of ours reports what its
     rounds cost, one read of the device a round, and a prediction from its rounds beside the measured speed-up."""
-    path = suite_file(tmp_path / "ov.toml", "random:tiny", drafts=("mlx-lm", "suffix", "self"), max_tokens=12, repeats=1)
+    path = suite_file(
+        tmp_path / "ov.toml", "random:tiny", drafts=("mlx-lm", "suffix", "self"), max_tokens=12, repeats=1
+    )
     result = runner.run_suite(str(path), str(tmp_path / "runs"))
     data = json.loads(result.path.read_text())
     rows = {e["draft"]: e for e in data["summary"]}
@@ -445,9 +487,11 @@ def test_predict_measures_the_pair_and_predicts_each_target(tmp_path):
     """The pair's acceptance by position, its costs and its speed-up at the predicted best K (and with the planner
     choosing); every other target's costs; a table that says which rows are predictions only."""
     path = tmp_path / "predict.toml"
-    path.write_text('description = "t"\nkind = "predict"\nmax_tokens = 12\nrepeats = 1\nprompts = { humaneval = 1, edit = 1 }\n'
-                    '[[targets]]\nmodel = "random:tiny"\ndrafts = ["random:tiny"]\n'
-                    '[[targets]]\nmodel = "random:tiny@int8"\n')
+    path.write_text(
+        'description = "t"\nkind = "predict"\nmax_tokens = 12\nrepeats = 1\nprompts = { humaneval = 1, edit = 1 }\n'
+        '[[targets]]\nmodel = "random:tiny"\ndrafts = ["random:tiny"]\n'
+        '[[targets]]\nmodel = "random:tiny@int8"\n'
+    )
     result = runner.run_suite(str(path), str(tmp_path / "runs"))
     d = json.loads(result.path.read_text())["predict"]
     assert d["acceptance"][:3] == [1.0, 1.0, 1.0]  # the target drafting for itself

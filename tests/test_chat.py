@@ -29,9 +29,10 @@ class Terminal:
         self.base = ["tmux", "-L", self.socket, "-f", str(conf)]
         envs = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
         # The shell reports the exit status and keeps the pane open so the test can read it.
-        shell = f"{command}; echo \"[exit $?]\"; sleep 600"
-        subprocess.run(self.base + ["new-session", "-d", "-s", "chat", "-x", "160", "-y", "50", *envs, shell],
-                       check=True, cwd=tmp)
+        shell = f'{command}; echo "[exit $?]"; sleep 600'
+        subprocess.run(
+            self.base + ["new-session", "-d", "-s", "chat", "-x", "160", "-y", "50", *envs, shell], check=True, cwd=tmp
+        )
 
     def keys(self, *keys: str, literal: bool = False) -> None:
         subprocess.run(self.base + ["send-keys", "-t", "chat", *(["-l"] if literal else []), *keys], check=True)
@@ -41,8 +42,12 @@ class Terminal:
         self.keys("Enter")
 
     def screen(self) -> str:
-        return subprocess.run(self.base + ["capture-pane", "-p", "-J", "-S", "-", "-t", "chat"],
-                              capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            self.base + ["capture-pane", "-p", "-J", "-S", "-", "-t", "chat"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
 
     def wait(self, ok, timeout: float = 60.0, what: str = "") -> str:
         end = time.monotonic() + timeout
@@ -67,15 +72,29 @@ def stats_lines(text: str):
 
 
 def after(text: str, marker: str) -> str:
-    return text[text.rindex(marker) + len(marker):] if marker in text else ""
+    return text[text.rindex(marker) + len(marker) :] if marker in text else ""
 
 
 def test_chat_in_a_terminal(tiny_models, tmp_path):
     target = long_context(tiny_models["qwen2"], tmp_path / "target")
     draft = long_context(tiny_models["qwen2_draft"], tmp_path / "draft")
-    cmd = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "mlx_spec.cli", "chat", "--model", str(target),
-                                            "--draft", f"hybrid:{draft}", "--max-tokens", "1000",
-                                            "--system", "You write Python."])
+    cmd = " ".join(
+        shlex.quote(a)
+        for a in [
+            sys.executable,
+            "-m",
+            "mlx_spec.cli",
+            "chat",
+            "--model",
+            str(target),
+            "--draft",
+            f"hybrid:{draft}",
+            "--max-tokens",
+            "1000",
+            "--system",
+            "You write Python.",
+        ]
+    )
     env = {k: os.environ[k] for k in ("MLX_SPEC_HOME", "HF_HUB_OFFLINE", "PATH") if k in os.environ}
     term = Terminal(tmp_path, cmd, env)
     try:
@@ -106,7 +125,12 @@ def test_chat_in_a_terminal(tiny_models, tmp_path):
         s = term.wait(lambda s: prompts(s) == 5, timeout=90, what="/compare")
         table = [l for l in after(s, "/compare").splitlines() if l.startswith("|")]
         assert [c.strip() for c in table[0].strip("|").split("|")] == [
-            "Target", "Draft", "Quantization", "Token/s", "Relative Improvement"]
+            "Target",
+            "Draft",
+            "Quantization",
+            "Token/s",
+            "Relative Improvement",
+        ]
         assert "N/A" in table[2] and "hybrid:draft" in table[3] and "float32" in table[3], table
         assert "greedy: the two replies are token-identical" in s
 
@@ -124,8 +148,16 @@ def test_chat_in_a_terminal(tiny_models, tmp_path):
 
 def test_offline_recipe_draft_is_one_line(tiny_models):
     """`--draft tinyllama-int4` offline fails before loading anything: one line, why, and a pair that works."""
-    res = run_cli("chat", "--model", str(tiny_models["qwen2"]), "--draft", "tinyllama-int4", stdin=subprocess.DEVNULL,
-                  env={"HF_HUB_OFFLINE": "1"}, timeout=60)
+    res = run_cli(
+        "chat",
+        "--model",
+        str(tiny_models["qwen2"]),
+        "--draft",
+        "tinyllama-int4",
+        stdin=subprocess.DEVNULL,
+        env={"HF_HUB_OFFLINE": "1"},
+        timeout=60,
+    )
     line = one_line_error(res)
     assert line.startswith("error: --draft tinyllama-int4:") and "HF_HUB_OFFLINE" in line
     assert f"a local pair that works: --model {tiny_models['qwen2']} --draft ngram" in line
@@ -134,8 +166,18 @@ def test_offline_recipe_draft_is_one_line(tiny_models):
 
 def test_piped_input_needs_no_terminal(tiny_models):
     """Without a terminal the chat reads plain lines (no line editor) and ends at end of input."""
-    cmd = [sys.executable, "-m", "mlx_spec.cli", "chat", "--model", str(tiny_models["qwen2"]), "--draft", "ngram",
-           "--max-tokens", "8"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlx_spec.cli",
+        "chat",
+        "--model",
+        str(tiny_models["qwen2"]),
+        "--draft",
+        "ngram",
+        "--max-tokens",
+        "8",
+    ]
     res = subprocess.run(cmd, input="def add(a, b):\n/stats\n", capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert len(stats_lines(res.stdout.replace(PROMPT + " ", "\n"))) == 1

@@ -4,28 +4,40 @@ import json
 
 import mlx.nn as nn
 import pytest
-
-from mlx_spec.gen.stats import Stats
-from mlx_spec.gen.session import Session
-from mlx_spec import named
-from mlx_spec.named import load_pair
 from mlx_spec_apps.chat import commands, pair, report
 from mlx_spec_apps.chat.conversation import Chat, Settings
+
+from mlx_spec import named
+from mlx_spec.gen.session import Session
+from mlx_spec.gen.stats import Stats
+from mlx_spec.named import load_pair
 
 
 def spec_stats() -> Stats:
     # 101 tokens in 2 s (100 after the first), 40 of 50 drafts accepted over 20 speculative rounds.
-    return Stats(generation_tokens=101, generation_time=2.0, proposed=50, accepted=40, spec_rounds=20, rounds=61,
-                 proposed_by_position=[20, 20, 10], accepted_by_position=[18, 15, 7], wait_time=1.5)
+    return Stats(
+        generation_tokens=101,
+        generation_time=2.0,
+        proposed=50,
+        accepted=40,
+        spec_rounds=20,
+        rounds=61,
+        proposed_by_position=[20, 20, 10],
+        accepted_by_position=[18, 15, 7],
+        wait_time=1.5,
+    )
 
 
 def test_stats_line_has_speed_drafts_acceptance_and_an_estimated_speedup():
     line = report.stats_line(spec_stats(), plain_step_s=0.04, drafting=True)
-    assert line == ("[50.0 tok/s · 40% of tokens from drafts · acceptance 80% · mean accepted 2.00 · "
-                    "2.00x vs plain ~25.0 tok/s (est. from measured target steps)]")
+    assert line == (
+        "[50.0 tok/s · 40% of tokens from drafts · acceptance 80% · mean accepted 2.00 · "
+        "2.00x vs plain ~25.0 tok/s (est. from measured target steps)]"
+    )
     assert report.stats_line(Stats(generation_tokens=11, generation_time=1.0), 0.1, drafting=True) == (
         "[10.0 tok/s · 0% of tokens from drafts · no draft tokens proposed · 1.00x vs plain ~10.0 tok/s "
-        "(est. from measured target steps)]")
+        "(est. from measured target steps)]"
+    )
     assert report.stats_line(spec_stats(), None, drafting=False) == "[50.0 tok/s · plain decoding (drafter off)]"
 
 
@@ -36,8 +48,10 @@ def test_stats_detail_lists_each_position_and_the_times():
 
 
 def test_compare_table_is_the_m3_max_layout_plain_row_first():
-    table = report.compare_table(report.Row("qwen2.5-coder-1.5b float32", "N/A", "N/A", 20.0),
-                                 report.Row("qwen2.5-coder-1.5b float32", "hybrid:qwen2.5-coder-0.5b", "int4", 29.0))
+    table = report.compare_table(
+        report.Row("qwen2.5-coder-1.5b float32", "N/A", "N/A", 20.0),
+        report.Row("qwen2.5-coder-1.5b float32", "hybrid:qwen2.5-coder-0.5b", "int4", 29.0),
+    )
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()]
     assert rows[0] == ["Target", "Draft", "Quantization", "Token/s", "Relative Improvement"]
     assert set("".join(rows[1])) == {"-"}
@@ -79,7 +93,8 @@ def test_pair_that_works_names_the_qwen_pair_once_it_is_on_disk(tmp_path):
         recipe_path(name).mkdir(parents=True)
         (recipe_path(name) / "config.json").write_text("{}")
     assert pair.pair_that_works(str(tmp_path)) == (
-        "a local pair that works: --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b")
+        "a local pair that works: --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b"
+    )
 
 
 @pytest.fixture
@@ -163,8 +178,9 @@ def test_save_writes_the_transcript_with_stats_atomically(chat, tmp_path):
 
 
 def test_model_text_cannot_drive_the_terminal(capsys):
-    from mlx_spec.gen.stream import Event
     from mlx_spec_apps.chat.repl import _show
+
+    from mlx_spec.gen.stream import Event
 
     _show(Event(0, "a\x1b[2J\rb\n\tc\x9b", False, Stats()))
     assert capsys.readouterr().out == "a\ufffd[2J\ufffdb\n\tc\ufffd"

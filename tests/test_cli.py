@@ -25,8 +25,9 @@ def test_generate_plain_and_speculative_agree(tiny_models):
 
 def test_convert_cli_and_generate_from_result(tiny_models, tmp_path):
     out = tmp_path / "draft"
-    res = run_cli("convert", str(tiny_models["qwen2"]), str(out), "--quantize", "int4", "--keep-layers", "2",
-                  "--group-size", "32")
+    res = run_cli(
+        "convert", str(tiny_models["qwen2"]), str(out), "--quantize", "int4", "--keep-layers", "2", "--group-size", "32"
+    )
     assert res.returncode == 0, res.stderr
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["num_hidden_layers"] == 2 and cfg["quantization"]["bits"] == 4
@@ -36,8 +37,21 @@ def test_convert_cli_and_generate_from_result(tiny_models, tmp_path):
 
 def test_convert_cli_composes_the_draft_lab_methods(tiny_models, tmp_path):
     out = tmp_path / "lab"
-    res = run_cli("convert", str(tiny_models["qwen2"]), str(out), "-q", "mxfp4", "--prune", "2:4", "--keep-layers", "2",
-                  "--layer-pick", "importance", "--dtype", "float32")
+    res = run_cli(
+        "convert",
+        str(tiny_models["qwen2"]),
+        str(out),
+        "-q",
+        "mxfp4",
+        "--prune",
+        "2:4",
+        "--keep-layers",
+        "2",
+        "--layer-pick",
+        "importance",
+        "--dtype",
+        "float32",
+    )
     assert res.returncode == 0, res.stderr
     ops = json.loads((out / "config.json").read_text())["mlx_spec"]["operations"]
     assert [o["op"] for o in ops] == ["layer_drop", "dtype", "prune", "quantize"]
@@ -49,22 +63,37 @@ def test_convert_cli_composes_the_draft_lab_methods(tiny_models, tmp_path):
     assert "Quantizing" not in res.stderr and "Hessians" not in res.stderr
 
 
-@pytest.mark.parametrize("args,match", [
-    (["convert", "SRC", "OUT", "--quantize", "int5"], "bits"),
-    (["convert", "SRC", "OUT", "--quantize", "fp4"], "--quantize"),
-    (["convert", "SRC", "OUT", "--keep-layers", "0"], "keep-layers"),
-    (["convert", "SRC", "OUT", "--prune", "5:4"], "--prune"),
-    (["convert", "SRC", "OUT", "--layer-pick", "importance"], "needs --keep-layers"),
-    (["convert", "SRC", "OUT", "--keep-layers", "2", "--layer-pick", "importance", "--calibration", "/no/such.txt"],
-     "calibration file"),
-    (["convert", "SRC", "OUT", "--keep-layers", "99"], "keep-layers"),
-    (["convert", "no-such-recipe", "OUT"], "unknown model"),
-    (["fetch", "tinyllama-int4"], "HF_HUB_OFFLINE"),
-    (["generate", "--model", "MODEL", "--draft", "ngram", "--num-draft", "0"], "num-draft"),
-    (["generate", "--model", "MODEL", "--temp", "-1"], "temp"),
-    (["generate", "--model", "MODEL", "--draft", "OTHER"], "tokenizer differs"),
-    (["generate", "--model", "/nonexistent/model.gguf"], "not found"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["convert", "SRC", "OUT", "--quantize", "int5"], "bits"),
+        (["convert", "SRC", "OUT", "--quantize", "fp4"], "--quantize"),
+        (["convert", "SRC", "OUT", "--keep-layers", "0"], "keep-layers"),
+        (["convert", "SRC", "OUT", "--prune", "5:4"], "--prune"),
+        (["convert", "SRC", "OUT", "--layer-pick", "importance"], "needs --keep-layers"),
+        (
+            [
+                "convert",
+                "SRC",
+                "OUT",
+                "--keep-layers",
+                "2",
+                "--layer-pick",
+                "importance",
+                "--calibration",
+                "/no/such.txt",
+            ],
+            "calibration file",
+        ),
+        (["convert", "SRC", "OUT", "--keep-layers", "99"], "keep-layers"),
+        (["convert", "no-such-recipe", "OUT"], "unknown model"),
+        (["fetch", "tinyllama-int4"], "HF_HUB_OFFLINE"),
+        (["generate", "--model", "MODEL", "--draft", "ngram", "--num-draft", "0"], "num-draft"),
+        (["generate", "--model", "MODEL", "--temp", "-1"], "temp"),
+        (["generate", "--model", "MODEL", "--draft", "OTHER"], "tokenizer differs"),
+        (["generate", "--model", "/nonexistent/model.gguf"], "not found"),
+    ],
+)
 def test_bad_input_is_one_line(tiny_models, tmp_path, args, match):
     subs = {"SRC": str(tiny_models["qwen2"]), "OUT": str(tmp_path / "out"), "MODEL": str(tiny_models["qwen2"])}
     if "OTHER" in args:

@@ -8,8 +8,9 @@ import pytest
 from conftest import provenance
 from mlx_lm.utils import load
 
-from mlx_spec.make import layers, resolve as conv
 from mlx_spec.errors import ConvertError, SourceError, UnsupportedError
+from mlx_spec.make import layers
+from mlx_spec.make import resolve as conv
 
 
 def logits(folder, tokens=(1, 2, 3, 4)):
@@ -90,17 +91,20 @@ def test_other_architectures(tiny_models, tmp_path, arch):
     assert mx.allclose(logits(out), logits(tiny_models[arch]), atol=1e-4).item()
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(quantize=5), "bits"),
-    (dict(quantize=4, group_size=48), "group-size"),
-    (dict(dtype="float8"), "dtype"),
-    (dict(keep_layers=0), "keep-layers"),
-    (dict(keep_layers=5), "keep-layers"),
-    (dict(layers=[0, 9]), "layers"),
-    (dict(layers=[1, 1]), "layers"),
-    (dict(keep_layers=2, layers=[0]), "either"),
-    (dict(head_bits=8), "needs --quantize"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(quantize=5), "bits"),
+        (dict(quantize=4, group_size=48), "group-size"),
+        (dict(dtype="float8"), "dtype"),
+        (dict(keep_layers=0), "keep-layers"),
+        (dict(keep_layers=5), "keep-layers"),
+        (dict(layers=[0, 9]), "layers"),
+        (dict(layers=[1, 1]), "layers"),
+        (dict(keep_layers=2, layers=[0]), "either"),
+        (dict(head_bits=8), "needs --quantize"),
+    ],
+)
 def test_bad_options(tiny_models, tmp_path, kwargs, match):
     with pytest.raises(ConvertError, match=match):
         conv.convert(tiny_models["qwen2"], tmp_path / "out", **kwargs)

@@ -10,7 +10,8 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import load
 
 from mlx_spec.errors import ConvertError
-from mlx_spec.make import importance, resolve as conv
+from mlx_spec.make import importance
+from mlx_spec.make import resolve as conv
 from mlx_spec.make.convert import draft_methods
 from mlx_spec.make.prune import block_mask, nm_mask, parse_prune, unstructured_mask
 from mlx_spec.make.quant import FP_MODES, nf4_codebook, nf4_roundtrip, parse_quantize
@@ -18,11 +19,16 @@ from mlx_spec.make.quant import FP_MODES, nf4_codebook, nf4_roundtrip, parse_qua
 
 def block_weights(model):
     """Every 2-D linear weight inside the blocks, by path."""
-    return {f"{i}.{k}": v for i, layer in enumerate(model.model.layers)
-            for k, v in tree_flatten(layer.parameters()) if k.endswith(".weight") and v.ndim == 2}
+    return {
+        f"{i}.{k}": v
+        for i, layer in enumerate(model.model.layers)
+        for k, v in tree_flatten(layer.parameters())
+        if k.endswith(".weight") and v.ndim == 2
+    }
 
 
 # ---- pruning patterns -------------------------------------------------------------------------------
+
 
 def test_unstructured_prunes_exactly_the_smallest_weights():
     w = mx.random.normal((32, 48), key=mx.random.key(0))
@@ -55,11 +61,14 @@ def test_n_m_keeps_exactly_n_of_every_m(n, m):
     assert (dropped_max <= kept_min).all().item()
 
 
-@pytest.mark.parametrize("spec,check", [
-    ("unstructured:0.5", lambda w: (w == 0).sum().item() == w.size // 2),
-    ("block:16:0.25", lambda w: (w == 0).sum().item() == w.size // 4),
-    ("2:4", lambda w: ((w != 0).reshape(w.shape[0], -1, 4).sum(-1) <= 2).all().item()),
-])
+@pytest.mark.parametrize(
+    "spec,check",
+    [
+        ("unstructured:0.5", lambda w: (w == 0).sum().item() == w.size // 2),
+        ("block:16:0.25", lambda w: (w == 0).sum().item() == w.size // 4),
+        ("2:4", lambda w: ((w != 0).reshape(w.shape[0], -1, 4).sum(-1) <= 2).all().item()),
+    ],
+)
 def test_convert_prunes_every_block_matrix_and_nothing_else(tiny_models, tmp_path, spec, check):
     out = conv.convert(tiny_models["qwen2"], tmp_path / "p", dtype="float32", prune=spec)
     model, _ = load(str(out))
@@ -82,6 +91,7 @@ def test_pruning_composes_with_quantization(tiny_models, tmp_path):
 
 
 # ---- formats ----------------------------------------------------------------------------------------
+
 
 def test_nf4_codebook_and_round_trip():
     code = nf4_codebook()
@@ -130,6 +140,7 @@ def test_parse_quantize():
 
 
 # ---- layer picks ------------------------------------------------------------------------------------
+
 
 def test_first_layers_keeps_exactly_the_first_k(tiny_models, tmp_path):
     out = conv.convert(tiny_models["qwen2"], tmp_path / "first", dtype="float32", keep_layers=3, layer_pick="first")
@@ -189,26 +200,32 @@ def test_importance_ranking_leaves_the_model_unchanged(tiny_models):
 
 # ---- bad input --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(prune="3:2"), "0 < N < M"),
-    (dict(prune="unstructured:1.5"), "sparsity"),
-    (dict(prune="block:7:0.5"), "7x7 blocks"),
-    (dict(prune="half"), "--prune must be"),
-    (dict(layer_pick="first"), "needs --keep-layers"),
-    (dict(keep_layers=2, layer_pick="random"), "--layer-pick"),
-    (dict(quantize=4, quant_mode="mxfp4", group_size=128), "group-size"),
-    (dict(quantize=4, quant_mode="nf4", head_bits=8), "head-bits"),
-    (dict(quant_mode="mxfp4"), "needs --quantize"),
-    (dict(keep_layers=5, layer_pick="first"), "between 1 and"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(prune="3:2"), "0 < N < M"),
+        (dict(prune="unstructured:1.5"), "sparsity"),
+        (dict(prune="block:7:0.5"), "7x7 blocks"),
+        (dict(prune="half"), "--prune must be"),
+        (dict(layer_pick="first"), "needs --keep-layers"),
+        (dict(keep_layers=2, layer_pick="random"), "--layer-pick"),
+        (dict(quantize=4, quant_mode="mxfp4", group_size=128), "group-size"),
+        (dict(quantize=4, quant_mode="nf4", head_bits=8), "head-bits"),
+        (dict(quant_mode="mxfp4"), "needs --quantize"),
+        (dict(keep_layers=5, layer_pick="first"), "between 1 and"),
+    ],
+)
 def test_bad_method_options(tiny_models, tmp_path, kwargs, match):
     with pytest.raises(ConvertError, match=match):
         conv.convert(tiny_models["qwen2"], tmp_path / "out", dtype="float32", **kwargs)
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("content,match", [(b"", "empty"), (b"\x00\x01\x02", "not text"),
-                                           (b"\xff\xfe\xfa", "not UTF-8"), (None, "No such file")])
+@pytest.mark.parametrize(
+    "content,match",
+    [(b"", "empty"), (b"\x00\x01\x02", "not text"), (b"\xff\xfe\xfa", "not UTF-8"), (None, "No such file")],
+)
 def test_bad_calibration_file(tiny_models, tmp_path, content, match):
     cal = tmp_path / "cal.txt"
     if content is not None:
@@ -233,6 +250,7 @@ def test_every_draft_method_writes_a_folder_that_loads_and_generates(tiny_models
 
 # ---- calibrated quantization (mlx-lm's GPTQ, AWQ, DWQ) --------------------------------------------------
 
+
 def _output_error(folder, ref_model, tokens):
     model, _ = load(str(folder))
     x = mx.array(tokens)[None]
@@ -241,8 +259,9 @@ def _output_error(folder, ref_model, tokens):
 
 @pytest.mark.parametrize("method", ["gptq", "awq", "dwq"])
 def test_calibrated_quantization_through_mlx_lm(tiny_models, tmp_path, method):
-    out = conv.convert(tiny_models["qwen2"], tmp_path / method, dtype="float32", quantize=4, group_size=32,
-                       quant_mode=method)
+    out = conv.convert(
+        tiny_models["qwen2"], tmp_path / method, dtype="float32", quantize=4, group_size=32, quant_mode=method
+    )
     op = provenance(out)["operations"][-1]
     assert op["method"] == method and op["format"] == f"{method}-int4" and op["calibration_tokens"] > 0
     model, tok = load(str(out))
@@ -258,6 +277,13 @@ def test_dwq_needs_enough_calibration_text(tiny_models, tmp_path):
     cal = tmp_path / "short.txt"
     cal.write_text("def f(x):\n    return x\n")
     with pytest.raises(ConvertError, match="at least"):
-        conv.convert(tiny_models["qwen2"], tmp_path / "out", dtype="float32", quantize=4, group_size=32,
-                     quant_mode="dwq", calibration=cal)
+        conv.convert(
+            tiny_models["qwen2"],
+            tmp_path / "out",
+            dtype="float32",
+            quantize=4,
+            group_size=32,
+            quant_mode="dwq",
+            calibration=cal,
+        )
     assert not (tmp_path / "out").exists()

@@ -3,9 +3,8 @@
 import mlx.core as mx
 import pytest
 
-from mlx_spec import blas
+from mlx_spec import blas, device
 from mlx_spec.bench.common import machine_info, machine_line
-from mlx_spec import device
 
 H100 = "NVIDIA H100 80GB HBM3"
 

@@ -48,12 +48,28 @@ VARIANTS = ("architectures", "layer_types", "final_logit_softcapping")  # config
 def config(target, reads, block=BLOCK, mask=None, layers=2, **over) -> dict:
     """A z-lab config.json (a Qwen3 config with `dflash_config`) for a drafter over `target`."""
     d, vocab = target.args.hidden_size, vocab_width(target)
-    return dict(dict(
-        architectures=["DFlashDraftModel"], model_type="qwen3", hidden_size=d, intermediate_size=2 * d,
-        num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6,
-        rope_theta=10000.0, max_position_embeddings=512, vocab_size=vocab, tie_word_embeddings=False,
-        block_size=block, num_target_layers=len(target.layers), layer_types=["full_attention"] * layers,
-        dflash_config={"mask_token_id": vocab - 1 if mask is None else mask, "target_layer_ids": list(reads)}), **over)
+    return dict(
+        dict(
+            architectures=["DFlashDraftModel"],
+            model_type="qwen3",
+            hidden_size=d,
+            intermediate_size=2 * d,
+            num_hidden_layers=layers,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            rms_norm_eps=1e-6,
+            rope_theta=10000.0,
+            max_position_embeddings=512,
+            vocab_size=vocab,
+            tie_word_embeddings=False,
+            block_size=block,
+            num_target_layers=len(target.layers),
+            layer_types=["full_attention"] * layers,
+            dflash_config={"mask_token_id": vocab - 1 if mask is None else mask, "target_layer_ids": list(reads)},
+        ),
+        **over,
+    )
 
 
 def write_drafter(folder, target, reads, seed=0, scale=1.0, **over):
@@ -63,8 +79,9 @@ def write_drafter(folder, target, reads, seed=0, scale=1.0, **over):
     mx.random.seed(seed)  # a variant that does not run here gets the weights of one that does
     runs = config(target, reads, **{k: v for k, v in over.items() if k not in VARIANTS})
     module = dflash.DFlash(dflash.DFlashConfig.from_dict(runs))
-    module.update(tree_map(lambda w: w * scale if w.ndim > 1 else w + 0.2 * mx.random.normal(w.shape),
-                           module.parameters()))
+    module.update(
+        tree_map(lambda w: w * scale if w.ndim > 1 else w + 0.2 * mx.random.normal(w.shape), module.parameters())
+    )
     folder.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(module.parameters())))
     (folder / "config.json").write_text(json.dumps(c))
@@ -83,9 +100,20 @@ def reference(folder, target):
 def qwen3_target(vocab=64, layers=4):
     from mlx_lm.models import qwen3
 
-    args = qwen3.ModelArgs(model_type="qwen3", hidden_size=32, num_hidden_layers=layers, intermediate_size=64,
-                           num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-6, vocab_size=vocab,
-                           max_position_embeddings=256, head_dim=16, tie_word_embeddings=False, rope_theta=10000.0)
+    args = qwen3.ModelArgs(
+        model_type="qwen3",
+        hidden_size=32,
+        num_hidden_layers=layers,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        rms_norm_eps=1e-6,
+        vocab_size=vocab,
+        max_position_embeddings=256,
+        head_dim=16,
+        tie_word_embeddings=False,
+        rope_theta=10000.0,
+    )
     return randomized(qwen3.Model, args, 3, 2.0)
 
 
@@ -123,6 +151,7 @@ def test_a_causal_block_or_a_misplaced_context_fails_the_same_comparison(tmp_pat
     target = qwen3_target()
     folder = write_drafter(tmp_path / "d", target, GOLDEN_READS)
     if broken == "causal_block":
+
         def block(self, tokens, cache, mask=None):
             h = self.embed(tokens)
             for layer, c in zip(self.layers, cache):
@@ -131,6 +160,7 @@ def test_a_causal_block_or_a_misplaced_context_fails_the_same_comparison(tmp_pat
 
         monkeypatch.setattr(dflash.DFlash, "block", block)
     else:
+
         def context(self, states, cache):
             h = self.hidden_norm(self.fc(states))
             B, S, _ = h.shape
@@ -156,8 +186,10 @@ def test_a_quantized_drafter_loads_as_it_was_quantized(tmp_path):
     mx.save_safetensors(str(tmp_path / "q" / "model.safetensors"), dict(tree_flatten(module.parameters())))
     (tmp_path / "q" / "config.json").write_text(json.dumps(c))
     loaded = dflash.load(tmp_path / "q", target)
-    assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(tree_flatten(loaded.parameters()),
-                                                                   tree_flatten(module.parameters())))
+    assert all(
+        mx.array_equal(a, b).item()
+        for (_, a), (_, b) in zip(tree_flatten(loaded.parameters()), tree_flatten(module.parameters()))
+    )
     assert "fc.scales" in dict(tree_flatten(loaded.parameters()))
 
 
@@ -175,20 +207,23 @@ def test_a_folder_that_is_not_a_dflash_drafter_or_one_for_another_target_is_one_
         with pytest.raises(MlxSpecError, match="not a DFlash drafter") as e:
             registry.build(f"dflash:{tmp_path / bad}", target, tok)
         assert "\n" not in str(e.value)
-    for name, over in (("sliding", dict(layer_types=["sliding_attention", "full_attention"])),
-                       ("dflash2", dict(architectures=["DFlash2DraftModel"])), ("softcap", dict(
-                           final_logit_softcapping=30.0))):
+    for name, over in (
+        ("sliding", dict(layer_types=["sliding_attention", "full_attention"])),
+        ("dflash2", dict(architectures=["DFlash2DraftModel"])),
+        ("softcap", dict(final_logit_softcapping=30.0)),
+    ):
         write_drafter(tmp_path / name, target, (0, 1, 2), **over)
         with pytest.raises(UnsupportedError) as e:
             registry.build(f"dflash:{tmp_path / name}", target, tok)
         assert "\n" not in str(e.value)
     vocab = vocab_width(target)
-    for name, folder in (("hidden", write_drafter(tmp_path / "hidden", target, (0, 1, 2), hidden_size=32)),
-                         ("layers", write_drafter(tmp_path / "layers", target, (0, 1, 2), num_target_layers=n + 4)),
-                         ("deep", write_drafter(tmp_path / "deep", target, (0, 1, n), num_target_layers=None)),
-                         ("vocab", write_drafter(tmp_path / "vocab", target, (0, 1, 2),
-                                                 vocab_size=vocab + 64)),
-                         ("mask", write_drafter(tmp_path / "mask", target, (0, 1, 2), mask=vocab))):
+    for name, folder in (
+        ("hidden", write_drafter(tmp_path / "hidden", target, (0, 1, 2), hidden_size=32)),
+        ("layers", write_drafter(tmp_path / "layers", target, (0, 1, 2), num_target_layers=n + 4)),
+        ("deep", write_drafter(tmp_path / "deep", target, (0, 1, n), num_target_layers=None)),
+        ("vocab", write_drafter(tmp_path / "vocab", target, (0, 1, 2), vocab_size=vocab + 64)),
+        ("mask", write_drafter(tmp_path / "mask", target, (0, 1, 2), mask=vocab)),
+    ):
         with pytest.raises(GenerationError, match="another target") as e:
             registry.build(f"dflash:{folder}", target, tok)
         assert "\n" not in str(e.value), name
@@ -256,8 +291,11 @@ def proposals(monkeypatch):
 
     def record(self, members, *args, **kwargs):
         out = propose(self, members, *args, **kwargs)
-        seen.extend((list(m.context), d.tokens) for m, d in zip(members, out)
-                    if len(d) and (m.sampler is None or m.sampler.temp == 0))
+        seen.extend(
+            (list(m.context), d.tokens)
+            for m, d in zip(members, out)
+            if len(d) and (m.sampler is None or m.sampler.temp == 0)
+        )
         return out
 
     monkeypatch.setattr(drafting.DFlashDrafting, "propose", record)
@@ -316,14 +354,17 @@ def test_a_misaligned_context_fails_the_reference_check(target, folder, proposal
     assert proposals and not are_references(target, folder, proposals)
 
 
-def test_rows_drafting_together_in_one_pass_get_mlx_vlms_blocks_and_equal_their_solo_runs(target, folder,
-                                                                                          proposals):
+def test_rows_drafting_together_in_one_pass_get_mlx_vlms_blocks_and_equal_their_solo_runs(target, folder, proposals):
     """Rows of different lengths in one pass (one a hybrid, one plain), catching up two states a round beside the
     others, rows leaving and a row joining in a free place: every draft is the reference's, every output plain
     decoding's."""
     prompts = [REPEATING, PROMPT, [2, 2, 1, 0, 2, 2, 1], REPEATING + [2, 1, 3]]
-    drafters = [drafter(target, folder), HybridDrafter([SuffixDrafter()], drafter(target, folder)), None,
-                drafter(target, folder)]
+    drafters = [
+        drafter(target, folder),
+        HybridDrafter([SuffixDrafter()], drafter(target, folder)),
+        None,
+        drafter(target, folder),
+    ]
     maxes = [6, 20, 9, 16]
     e, rows = rows_with_heads(target, prompts, drafters, maxes)
     e.chunk = 2  # a row catches up two states a round while the others draft
@@ -360,7 +401,8 @@ def peaked(spread, tmp_path_factory):
 @pytest.mark.parametrize("where", ["alone", "beside"])
 @pytest.mark.parametrize("broken", [False, True])
 def test_sampled_block_drafts_keep_the_targets_law_and_a_rule_that_resamples_from_the_target_fails(
-        spread, peaked, where, broken, monkeypatch):
+    spread, peaked, where, broken, monkeypatch
+):
     if broken:
         monkeypatch.setattr(verify, "_residual", lambda q, p: q)  # forgets to subtract the draft's law
     kw = dict(temp=1.0)
@@ -370,16 +412,22 @@ def test_sampled_block_drafts_keep_the_targets_law_and_a_rule_that_resamples_fro
         seen = []
 
         def one():
-            e, rows = rows_with_heads(spread, [PROMPT, REPEATING], [drafter(spread, peaked), drafter(spread, peaked)],
-                                      [N_TOKENS, 6], [Sampler(**kw), GREEDY])
+            e, rows = rows_with_heads(
+                spread,
+                [PROMPT, REPEATING],
+                [drafter(spread, peaked), drafter(spread, peaked)],
+                [N_TOKENS, 6],
+                [Sampler(**kw), GREEDY],
+            )
             toks = []
             while not rows[0].done:
                 toks += [s.token for s in e.round()[0]]
             seen.append(len(rows[0].stats.proposed_by_position))
             return toks
 
-        ok, stat, crit = chi_square_pvalue_ok(sample_pairs(one, SAMPLES), exact_joint(spread, Sampler(**kw).probs_fn),
-                                              SAMPLES)
+        ok, stat, crit = chi_square_pvalue_ok(
+            sample_pairs(one, SAMPLES), exact_joint(spread, Sampler(**kw).probs_fn), SAMPLES
+        )
         assert min(seen) == max(seen) == 2
     assert ok != broken, f"{'broken' if broken else 'exact'} rule, {where}: chi2 {stat:.1f} vs {crit:.1f}"
 

@@ -3,14 +3,13 @@
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+from conftest import PROMPTS, plain_greedy, spec
 
 from mlx_spec.gen.drafters.head import SubsetHead
 from mlx_spec.gen.drafters.model import ModelDrafter
 from mlx_spec.gen.drafters.self_draft import SelfDrafter
 from mlx_spec.gen.registry import build, head_ids
 from mlx_spec.named import load_model
-
-from conftest import PROMPTS, plain_greedy, spec
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +23,7 @@ def test_subset_rows_equal_the_full_head(models, name, quantized):
     model, _ = models[name]
     if quantized:
         import copy
+
         model = copy.deepcopy(model)
         nn.quantize(model, group_size=32, bits=8)
     assert SubsetHead.supports(model)
@@ -53,8 +53,10 @@ def test_a_model_whose_output_is_not_its_head_keeps_the_full_head(models):
 def test_greedy_drafts_with_a_subset_head_are_lossless(models, ids):
     model, tok = models["qwen2"]
     v = model.args.vocab_size
-    for make in (lambda: ModelDrafter(models["qwen2_draft"][0], v, head_ids=ids),
-                 lambda: SelfDrafter(model, [0, 3], v, head_ids=ids)):
+    for make in (
+        lambda: ModelDrafter(models["qwen2_draft"][0], v, head_ids=ids),
+        lambda: SelfDrafter(model, [0, 3], v, head_ids=ids),
+    ):
         for text in PROMPTS:
             prompt = tok.encode(text)
             d = make()

@@ -53,6 +53,7 @@ def planted_full(order, planted):
     def full(self, c):
         order.append(c.name)
         c.speedup, c.identical, c.status = planted.get(c.name, 0.8), True, "measured"
+
     return full
 
 
@@ -167,8 +168,14 @@ def test_bad_options_and_target(tiny_models, home, tmp_path):
 
 
 def test_prompt_sets_stand_in_for_the_calibration_text(tiny_models, home, tmp_path):
-    search = ds.Search(str(tiny_models["qwen2"]), prompt_sets=["humaneval", "prose"], budget_minutes=10, prompts=2,
-                       max_tokens=4, methods=[])
+    search = ds.Search(
+        str(tiny_models["qwen2"]),
+        prompt_sets=["humaneval", "prose"],
+        budget_minutes=10,
+        prompts=2,
+        max_tokens=4,
+        methods=[],
+    )
     search.load()
     assert search.prompt_names == ["HumanEval/0", "prose/0"]  # one of each set in turn
     assert len(search.prompts) == 2 and all(len(p) > 20 for p in search.prompts)
@@ -183,8 +190,14 @@ def test_prompt_sets_stand_in_for_the_calibration_text(tiny_models, home, tmp_pa
 
 def test_speed_ups_are_reported_per_prompt_set(tiny_models, home):
     plant("good", tiny_models["qwen2"])
-    search = ds.Search(str(tiny_models["qwen2"]), prompt_sets=["humaneval", "prose"], budget_minutes=10, prompts=2,
-                       max_tokens=6, methods=[])
+    search = ds.Search(
+        str(tiny_models["qwen2"]),
+        prompt_sets=["humaneval", "prose"],
+        budget_minutes=10,
+        prompts=2,
+        max_tokens=6,
+        methods=[],
+    )
     search.load()
     result = search.search()
     assert result.sets == ["humaneval", "prose"]
@@ -198,11 +211,13 @@ def test_speed_ups_are_reported_per_prompt_set(tiny_models, home):
 
 def test_margins_judge_the_recommendation_against_the_best_other_single_drafter():
     C = ds.Candidate
-    cands = [C("hybrid:x", "hybrid", by_set={"humaneval": 3.0, "edit": 2.2}, identical=True),
-             C("suffix", "drafter", by_set={"humaneval": 2.5, "edit": 2.0}, identical=True),
-             C("x", "recipe", by_set={"humaneval": 1.5, "edit": 2.1}, identical=True),
-             C("hybrid:y", "hybrid", by_set={"humaneval": 2.9, "edit": 2.9}, identical=True),  # not a single drafter
-             C("wrong", "drafter", by_set={"humaneval": 9.0, "edit": 9.0}, identical=False)]  # not lossless
+    cands = [
+        C("hybrid:x", "hybrid", by_set={"humaneval": 3.0, "edit": 2.2}, identical=True),
+        C("suffix", "drafter", by_set={"humaneval": 2.5, "edit": 2.0}, identical=True),
+        C("x", "recipe", by_set={"humaneval": 1.5, "edit": 2.1}, identical=True),
+        C("hybrid:y", "hybrid", by_set={"humaneval": 2.9, "edit": 2.9}, identical=True),  # not a single drafter
+        C("wrong", "drafter", by_set={"humaneval": 9.0, "edit": 9.0}, identical=False),
+    ]  # not lossless
     result = ds.SearchResult("t", cands, 1.0, "hybrid:x", sets=["humaneval", "edit", "humaneval"])
     m = result.margins()
     assert m["humaneval"] == (pytest.approx(0.2), "suffix") and m["edit"] == (pytest.approx(2.2 / 2.1 - 1), "x")
@@ -212,16 +227,41 @@ def test_margins_judge_the_recommendation_against_the_best_other_single_drafter(
 @pytest.mark.slow
 def test_cli(tiny_models, home, tmp_path):
     env = {"MLX_SPEC_HOME": str(home), "PATH": "/usr/bin:/bin"}
-    res = subprocess.run([sys.executable, "-m", "mlx_spec.cli", "draft-search", "--target", str(tiny_models["qwen2"]),
-                          "--prompts", "1", "--max-tokens", "6", "--methods", "", "--budget-minutes", "5",
-                          "--prompt-set", "humaneval", "--out", str(tmp_path / "runs")], capture_output=True, text=True,
-                         env=env)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlx_spec.cli",
+            "draft-search",
+            "--target",
+            str(tiny_models["qwen2"]),
+            "--prompts",
+            "1",
+            "--max-tokens",
+            "6",
+            "--methods",
+            "",
+            "--budget-minutes",
+            "5",
+            "--prompt-set",
+            "humaneval",
+            "--out",
+            str(tmp_path / "runs"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
     assert "| method |" in res.stdout and "ngram" in res.stdout and "measured on HumanEval/0\n" in res.stdout
     data = json.loads(next((tmp_path / "runs").glob("draft-search-*.json")).read_text())
     assert data["kind"] == "draft-search" and data["candidates"] and data["prompts"] == ["HumanEval/0"]
-    bad = subprocess.run([sys.executable, "-m", "mlx_spec.cli", "draft-search", "--target", "/no/such/model"],
-                         capture_output=True, text=True, env=env)
+    bad = subprocess.run(
+        [sys.executable, "-m", "mlx_spec.cli", "draft-search", "--target", "/no/such/model"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     one_line_error(bad)
 
 

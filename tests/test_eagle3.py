@@ -36,8 +36,16 @@ from mlx_spec.gen.rows import Row
 from mlx_spec.gen.sampling import GREEDY, Sampler
 from mlx_spec.make import eagle3
 
-LAYER = dict(model_type="llama", hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
-             rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=256)
+LAYER = dict(
+    model_type="llama",
+    hidden_size=32,
+    intermediate_size=64,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    max_position_embeddings=256,
+)
 
 
 def random_head(seed: int, vocab: int, draft_vocab: int, target_hidden: int, reads, scale=1.0, **config):
@@ -91,11 +99,11 @@ def test_a_misplaced_input_or_norm_fails_the_same_comparison(tmp_path, monkeypat
 
     def wrong(self, embeds, hidden, mask, cache):
         normed = self.hidden_norm(hidden)
-        parts = {"inputs_swapped": [normed, self.input_layernorm(embeds)],
-                 "hidden_not_normed": [self.input_layernorm(embeds), hidden]}.get(
-            broken, [self.input_layernorm(embeds), normed])
-        h = (normed if broken == "residual_normed" else hidden) + self.self_attn(mx.concatenate(parts, -1), mask,
-                                                                                 cache)
+        parts = {
+            "inputs_swapped": [normed, self.input_layernorm(embeds)],
+            "hidden_not_normed": [self.input_layernorm(embeds), hidden],
+        }.get(broken, [self.input_layernorm(embeds), normed])
+        h = (normed if broken == "residual_normed" else hidden) + self.self_attn(mx.concatenate(parts, -1), mask, cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
     monkeypatch.setattr(eagle3.FirstLayer, "__call__", wrong)
@@ -112,13 +120,26 @@ def test_the_safeailab_layout_loads_into_the_same_head(tmp_path):
     network; the target's embedding is used where the head ships none."""
     head = random_head(3, 64, 24, 48, [1, 3, 5])
     eagle3.save(head, tmp_path / "spec")
-    weights = {k.replace("layers.0.", "midlayer."): v for k, v in mx.load(str(tmp_path / "spec" / eagle3.FILE)).items()
-               if not k.startswith("embed_tokens")}
+    weights = {
+        k.replace("layers.0.", "midlayer."): v
+        for k, v in mx.load(str(tmp_path / "spec" / eagle3.FILE)).items()
+        if not k.startswith("embed_tokens")
+    }
     (tmp_path / "safe").mkdir()
     mx.save_safetensors(str(tmp_path / "safe" / "model.safetensors"), dict(weights, t2d=mx.zeros((64,), mx.bool_)))
-    (tmp_path / "safe" / "config.json").write_text(json.dumps(dict(
-        LAYER, architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1, vocab_size=64, draft_vocab_size=24,
-        target_hidden_size=48, eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 4, 6]})))
+    (tmp_path / "safe" / "config.json").write_text(
+        json.dumps(
+            dict(
+                LAYER,
+                architectures=["LlamaForCausalLMEagle3"],
+                num_hidden_layers=1,
+                vocab_size=64,
+                draft_vocab_size=24,
+                target_hidden_size=48,
+                eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 4, 6]},
+            )
+        )
+    )
     assert "embed_tokens" not in eagle3.load(tmp_path / "safe")  # to convert or save: the target's comes at load
     safe = eagle3.load(tmp_path / "safe", embed=head.embed_tokens)
     assert "embed_tokens" not in dict(tree_flatten(safe.parameters()))  # the target's, not the head's
@@ -182,8 +203,11 @@ def mirror(target) -> Eagle3Drafter:
         lin.weight = mx.concatenate([mx.zeros_like(w.weight), w.weight], axis=1)
         lin.bias = w.bias
     first.self_attn.o_proj, first.self_attn.rope = last.self_attn.o_proj, last.self_attn.rope
-    first.hidden_norm, first.mlp, first.post_attention_layernorm = (last.input_layernorm, last.mlp,
-                                                                    last.post_attention_layernorm)
+    first.hidden_norm, first.mlp, first.post_attention_layernorm = (
+        last.input_layernorm,
+        last.mlp,
+        last.post_attention_layernorm,
+    )
     head.norm, head.lm_head.weight = target.model.norm, target.model.embed_tokens.weight
     return Eagle3Drafter(head, (1, 1, 1), V)
 
@@ -224,7 +248,9 @@ def test_the_states_a_head_is_handed_are_the_targets_at_the_positions_kept(targe
     assert covered == set(range(len(context) - 1))  # every position the target's cache holds, once handed
     head = d.model
     out = head(mx.array(context[1:])[None], pick(states[None, :-1], (1,), (1, 1, 1)), new_cache(head))
-    assert mx.argmax(head.logits(out), -1)[0].tolist() == mx.argmax(target(mx.array(context)[None])[0, :-1], -1).tolist()
+    assert (
+        mx.argmax(head.logits(out), -1)[0].tolist() == mx.argmax(target(mx.array(context)[None])[0, :-1], -1).tolist()
+    )
 
 
 def plain_alone_and_in_a_hybrid(target, make) -> None:
@@ -267,8 +293,12 @@ def run_rows(e) -> dict:
 
 def test_rows_drafting_with_one_head_in_one_pass_equal_their_solo_runs(target):
     prompts = [REPEATING, PROMPT, [2, 2, 1, 0, 2, 2, 1], REPEATING + [2, 1, 3]]
-    drafters = [head_drafter(target), HybridDrafter([SuffixDrafter()], head_drafter(target)), None,
-                head_drafter(target)]
+    drafters = [
+        head_drafter(target),
+        HybridDrafter([SuffixDrafter()], head_drafter(target)),
+        None,
+        head_drafter(target),
+    ]
     maxes = [14, 20, 9, 16]
     e, rows = rows_with_heads(target, prompts, drafters, maxes)
     outs = run_rows(e)
@@ -287,9 +317,13 @@ def beside(spread, kw):
     seen = []
 
     def one():
-        e, rows = rows_with_heads(spread, [PROMPT, REPEATING], [head_drafter(spread, scale=4.0),
-                                                                head_drafter(spread, scale=4.0)],
-                                  [N_TOKENS, 6], [Sampler(**kw), GREEDY])
+        e, rows = rows_with_heads(
+            spread,
+            [PROMPT, REPEATING],
+            [head_drafter(spread, scale=4.0), head_drafter(spread, scale=4.0)],
+            [N_TOKENS, 6],
+            [Sampler(**kw), GREEDY],
+        )
         toks = []
         while not rows[0].done:
             toks += [s.token for s in e.round()[0]]
@@ -302,7 +336,8 @@ def beside(spread, kw):
 @pytest.mark.parametrize("where", ["alone", "beside"])
 @pytest.mark.parametrize("broken", [False, True])
 def test_sampled_head_drafts_keep_the_targets_law_and_a_rule_that_resamples_from_the_target_fails(
-        spread, where, broken, monkeypatch):
+    spread, where, broken, monkeypatch
+):
     if broken:
         monkeypatch.setattr(verify, "_residual", lambda q, p: q)  # forgets to subtract the draft's law
     kw = dict(temp=1.0)
@@ -310,8 +345,9 @@ def test_sampled_head_drafts_keep_the_targets_law_and_a_rule_that_resamples_from
         ok, stat, crit = check(spread, head_drafter(spread, scale=4.0), kw)
     else:
         fn, seen = beside(spread, kw)
-        ok, stat, crit = chi_square_pvalue_ok(sample_pairs(fn, SAMPLES), exact_joint(spread, Sampler(**kw).probs_fn),
-                                              SAMPLES)
+        ok, stat, crit = chi_square_pvalue_ok(
+            sample_pairs(fn, SAMPLES), exact_joint(spread, Sampler(**kw).probs_fn), SAMPLES
+        )
         assert min(seen) == max(seen) == 2
     assert ok != broken, f"{'broken' if broken else 'exact'} rule, {where}: chi2 {stat:.1f} vs {crit:.1f}"
 
@@ -325,14 +361,29 @@ def test_convert_takes_a_head_into_mlx_quantized_and_the_drafter_runs_it(tmp_pat
     d, vocab = target.args.hidden_size, target.args.vocab_size
     head = random_head(4, vocab, 64, d, [1, 2, 3], hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
     eagle3.save(head, tmp_path / "spec")
-    weights = {k.replace("layers.0.", "midlayer."): v for k, v in mx.load(str(tmp_path / "spec" / eagle3.FILE)).items()
-               if not k.startswith("embed_tokens")}
+    weights = {
+        k.replace("layers.0.", "midlayer."): v
+        for k, v in mx.load(str(tmp_path / "spec" / eagle3.FILE)).items()
+        if not k.startswith("embed_tokens")
+    }
     (tmp_path / "safe").mkdir()
     mx.save_safetensors(str(tmp_path / "safe" / "model.safetensors"), weights)
-    (tmp_path / "safe" / "config.json").write_text(json.dumps(dict(
-        LAYER, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, architectures=["LlamaForCausalLMEagle3"],
-        num_hidden_layers=1, vocab_size=vocab, draft_vocab_size=64, target_hidden_size=d,
-        eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 3, 4]})))
+    (tmp_path / "safe" / "config.json").write_text(
+        json.dumps(
+            dict(
+                LAYER,
+                hidden_size=64,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                architectures=["LlamaForCausalLMEagle3"],
+                num_hidden_layers=1,
+                vocab_size=vocab,
+                draft_vocab_size=64,
+                target_hidden_size=d,
+                eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 3, 4]},
+            )
+        )
+    )
     res = run_cli("convert", str(tmp_path / "safe"), str(tmp_path / "mlx"), "--quantize", "8", "--group-size", "32")
     assert res.returncode == 0, res.stderr
     config = json.loads((tmp_path / "mlx" / "config.json").read_text())
@@ -349,8 +400,9 @@ def test_convert_takes_a_head_into_mlx_quantized_and_the_drafter_runs_it(tmp_pat
 
 
 @pytest.mark.slow
-def test_served_with_a_head_concurrent_clients_get_the_plain_replies_and_one_cli_generate_agrees(tmp_path, tiny_models,
-                                                                                                  tiny_target):
+def test_served_with_a_head_concurrent_clients_get_the_plain_replies_and_one_cli_generate_agrees(
+    tmp_path, tiny_models, tiny_target
+):
     """`serve --draft eagle3:HEAD` (four requests at once share the head) and `generate --draft hybrid:eagle3:HEAD`:
     the replies of plain decoding."""
     target, _ = tiny_target

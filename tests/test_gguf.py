@@ -24,18 +24,30 @@ from mlx_spec.make.gguf_reader import read_gguf_info, read_header
 from mlx_spec.make.gguf_weights import gguf_to_hf
 
 HIDDEN, FFN, HEADS, KV_HEADS = 256, 512, 4, 2  # 256: K-quant blocks fit every weight row
-QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-            r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_RE = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 CORPUS = [
-    "def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n",
-    "The quick brown fox jumps over the lazy dog.", "import numpy as np\nx = np.zeros((3, 4))\n",
+    "def add(a, b):\n    return a + b\n",
+    "for i in range(10):\n    print(i)\n",
+    "The quick brown fox jumps over the lazy dog.",
+    "import numpy as np\nx = np.zeros((3, 4))\n",
     "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
     "Hello world, hello there. It's a test of the tokenizer!",
 ] * 10
-SAMPLES = ["def add(a, b):\n    return a + b", "Hello world, it's the fox.", "x = np.zeros((3, 4))",
-           "unseen: \u00fc\u00df\u4e2d \U0001F600", "  two  spaces\tand tab", ""]
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SAMPLES = [
+    "def add(a, b):\n    return a + b",
+    "Hello world, it's the fox.",
+    "x = np.zeros((3, 4))",
+    "unseen: \u00fc\u00df\u4e2d \U0001f600",
+    "  two  spaces\tand tab",
+    "",
+]
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 # Weight types cycled over the 2-D tensors: quantizable ones via gguf.quants.quantize,
 # K-quants and Q5_0 as random-but-valid block bytes.
 QTYPES = [Q.F32, Q.Q8_0, Q.Q4_K, Q.Q4_0, Q.Q5_0, Q.Q6_K, Q.F16, Q.Q5_K, Q.BF16, Q.Q8_0]
@@ -59,47 +71,75 @@ def permute(w, n_head, n_head_kv):
 
 def train_tokenizer(kind):
     """A small real BPE (vocab, merges, pipeline) of the given family, and its HF reference."""
-    from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
-                            pre_tokenizers, trainers)
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     if kind == "gpt2":
         specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-        pipe = dict(normalizer=normalizers.NFC(), pre_tokenizer=pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(QWEN2_RE), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
-            decoder=decoders.ByteLevel())
+        pipe = dict(
+            normalizer=normalizers.NFC(),
+            pre_tokenizer=pre_tokenizers.Sequence(
+                [
+                    pre_tokenizers.Split(Regex(QWEN2_RE), behavior="isolated"),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+                ]
+            ),
+            decoder=decoders.ByteLevel(),
+        )
         alphabet = pre_tokenizers.ByteLevel.alphabet()
     else:
-        specials = (["<unk>", "<s>", "</s>"] if kind == "llama" else
-                    ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"])
+        specials = (
+            ["<unk>", "<s>", "</s>"]
+            if kind == "llama"
+            else ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+        )
         specials += [f"<0x{b:02X}>" for b in range(256)]
         if kind == "llama":  # Llama 2's tokenizer.json pipeline
-            pipe = dict(normalizer=normalizers.Sequence([normalizers.Prepend("\u2581"),
-                                                         normalizers.Replace(" ", "\u2581")]),
-                        decoder=decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
-                                                   decoders.Fuse(), decoders.Strip(" ", 1, 0)]))
+            pipe = dict(
+                normalizer=normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]),
+                decoder=decoders.Sequence(
+                    [
+                        decoders.Replace("\u2581", " "),
+                        decoders.ByteFallback(),
+                        decoders.Fuse(),
+                        decoders.Strip(" ", 1, 0),
+                    ]
+                ),
+            )
         else:
-            pipe = dict(normalizer=normalizers.Replace(" ", "\u2581"),
-                        decoder=decoders.Sequence([decoders.Replace("\u2581", " "),
-                                                   decoders.ByteFallback(), decoders.Fuse()]))
+            pipe = dict(
+                normalizer=normalizers.Replace(" ", "\u2581"),
+                decoder=decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]),
+            )
         alphabet = sorted(set("".join(CORPUS).replace(" ", "\u2581")) - {"\n"} | {"\u2581"})
     tok = Tokenizer(models.BPE())
     for k, v in pipe.items():
         setattr(tok, k, v)
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
-        vocab_size=len(specials) + len(alphabet) + 120, special_tokens=specials,
-        initial_alphabet=alphabet, show_progress=False))
+    tok.train_from_iterator(
+        CORPUS,
+        trainers.BpeTrainer(
+            vocab_size=len(specials) + len(alphabet) + 120,
+            special_tokens=specials,
+            initial_alphabet=alphabet,
+            show_progress=False,
+        ),
+    )
     model = json.loads(tok.to_str())["model"]
-    vocab, merges = model["vocab"], [tuple(m) if isinstance(m, list) else tuple(m.split(" "))
-                                     for m in model["merges"]]
+    vocab, merges = model["vocab"], [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
     user = []
     if kind == "gemma":  # like Gemma 3: "\n" is a user-defined token
         tokens += [] if "\n" in tokens else ["\n"]
         user = ["\n"]
     # The HF reference: same vocab/merges/pipeline, bytes as plain vocab entries (byte fallback).
-    ref = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=kind != "gpt2",
-                               byte_fallback=kind != "gpt2", unk_token=None if kind == "gpt2" else "<unk>"))
+    ref = Tokenizer(
+        models.BPE(
+            {t: i for i, t in enumerate(tokens)},
+            merges,
+            fuse_unk=kind != "gpt2",
+            byte_fallback=kind != "gpt2",
+            unk_token=None if kind == "gpt2" else "<unk>",
+        )
+    )
     for k, v in pipe.items():
         setattr(ref, k, v)
     ctrl = [s for s in specials if not s.startswith("<0x")]
@@ -113,8 +153,15 @@ def add_tokenizer_metadata(w, kind, tk, chat_template, pad_vocab_to=0):
     merge makes them) up to that many, for a large vocabulary behind a tiny model."""
     tokens, types = list(tk["tokens"]), []
     for t in tokens:
-        types.append(3 if t in tk["ctrl"] else 6 if re.fullmatch(r"<0x[0-9A-F]{2}>", t) and kind != "gpt2"
-                     else 4 if t in tk["user"] else 1)
+        types.append(
+            3
+            if t in tk["ctrl"]
+            else 6
+            if re.fullmatch(r"<0x[0-9A-F]{2}>", t) and kind != "gpt2"
+            else 4
+            if t in tk["user"]
+            else 1
+        )
     filler = max(0, pad_vocab_to - len(tokens))
     tokens += [f"filler{i}" for i in range(filler)]
     types += [1] * filler
@@ -155,15 +202,32 @@ def add_tokenizer_metadata(w, kind, tk, chat_template, pad_vocab_to=0):
 
 
 def ref_config(arch, vocab, **extra):
-    base = dict(hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=2, num_attention_heads=HEADS,
-                num_key_value_heads=KV_HEADS, rms_norm_eps=1e-6, vocab_size=vocab, rope_theta=10000.0,
-                max_position_embeddings=512)
+    base = dict(
+        hidden_size=HIDDEN,
+        intermediate_size=FFN,
+        num_hidden_layers=2,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        rms_norm_eps=1e-6,
+        vocab_size=vocab,
+        rope_theta=10000.0,
+        max_position_embeddings=512,
+    )
     if arch == "llama":
         return dict(base, model_type="llama", tie_word_embeddings=False, head_dim=HIDDEN // HEADS, **extra)
     if arch == "qwen2":
         return dict(base, model_type="qwen2", tie_word_embeddings=True, **extra)
-    return dict(base, model_type="gemma3_text", num_hidden_layers=6, head_dim=64, query_pre_attn_scalar=64,
-                sliding_window=4, sliding_window_pattern=6, rope_theta=1e6, **extra)
+    return dict(
+        base,
+        model_type="gemma3_text",
+        num_hidden_layers=6,
+        head_dim=64,
+        query_pre_attn_scalar=64,
+        sliding_window=4,
+        sliding_window_pattern=6,
+        rope_theta=1e6,
+        **extra,
+    )
 
 
 def random_bytes(rng, shape, qtype):
@@ -173,7 +237,7 @@ def random_bytes(rng, shape, qtype):
     raw = rng.integers(0, 256, (shape[0], shape[1] // block, size), dtype=np.uint8)
     scales = rng.uniform(5e-5, 2e-4, raw.shape[:2] + (len(F16_FIELDS[qtype]),)).astype(np.float16)
     for j, off in enumerate(F16_FIELDS[qtype]):
-        raw[:, :, off:off + 2] = scales[..., j:j + 1].view(np.uint8)
+        raw[:, :, off : off + 2] = scales[..., j : j + 1].view(np.uint8)
     return raw.reshape(shape[0], -1)
 
 
@@ -191,8 +255,9 @@ def encode(w2d, qtype, rng):
     return data, quants.dequantize(data, qtype)
 
 
-def write_tiny_gguf(path, arch, *, seed=0, tied=None, chat_template=True, rope_freqs=False,
-                    qtypes=QTYPES, extra_kv=None, pad_vocab_to=0):
+def write_tiny_gguf(
+    path, arch, *, seed=0, tied=None, chat_template=True, rope_freqs=False, qtypes=QTYPES, extra_kv=None, pad_vocab_to=0
+):
     """Random HF-named weights -> GGUF the way llama.cpp writes it.
 
     Returns (config, reference weights as the GGUF holds them, qtypes, tokenizer, original weights).
@@ -205,8 +270,13 @@ def write_tiny_gguf(path, arch, *, seed=0, tied=None, chat_template=True, rope_f
     tk = train_tokenizer(kind)
     extra = {}
     if rope_freqs:
-        extra["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+        extra["rope_scaling"] = {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        }
     cfg = ref_config(arch, len(tk["tokens"]), **extra)
     if tied is not None:
         cfg["tie_word_embeddings"] = tied
@@ -235,8 +305,15 @@ def write_tiny_gguf(path, arch, *, seed=0, tied=None, chat_template=True, rope_f
         w.add_key_length(64)
         w.add_value_length(64)
         w.add_sliding_window(cfg["sliding_window"])
-    template = {"gpt2": CHATML, "llama": "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] "
-                "{{ m['content'] }}\n{% endfor %}", "gemma": None}[kind] if chat_template else None
+    template = (
+        {
+            "gpt2": CHATML,
+            "llama": "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}",
+            "gemma": None,
+        }[kind]
+        if chat_template
+        else None
+    )
     add_tokenizer_metadata(w, kind, tk, template, pad_vocab_to)
     if extra_kv:
         extra_kv(w, tk)
@@ -305,8 +382,7 @@ def cases(tmp_path_factory):
         folder = root / f"{arch}-hf"
         folder.mkdir()
         got_cfg = gguf_to_hf(path, folder)
-        out[arch] = dict(path=path, cfg=cfg, ref=ref, types=types, tk=tk, orig=orig, folder=folder,
-                         got=got_cfg)
+        out[arch] = dict(path=path, cfg=cfg, ref=ref, types=types, tk=tk, orig=orig, folder=folder, got=got_cfg)
     return out
 
 
@@ -324,7 +400,7 @@ def test_tensors_names_shapes_values(cases, arch):
         g = np.array(got[k])
         assert g.shape == want.shape, k
         if c["types"][k] == Q.F32 and arch == "gemma3" and k.endswith("norm.weight"):
-            np.testing.assert_allclose(g, want, rtol=0, atol=2 ** -23, err_msg=k)  # (w + 1) - 1 rounds
+            np.testing.assert_allclose(g, want, rtol=0, atol=2**-23, err_msg=k)  # (w + 1) - 1 rounds
         elif c["types"][k] == Q.F32:
             np.testing.assert_array_equal(g, want, err_msg=k)
         else:
@@ -376,8 +452,13 @@ def test_tokenizer_round_trip_and_matches_reference(cases, arch):
         assert ids == bos + ref.encode(s, add_special_tokens=False).ids, s
         assert tok.decode(ids, skip_special_tokens=True) == s
     files = {p.name for p in c["folder"].iterdir()}
-    assert {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-            "generation_config.json", "config.json"} <= files
+    assert {
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "generation_config.json",
+        "config.json",
+    } <= files
 
 
 @contextlib.contextmanager
@@ -478,7 +559,11 @@ def test_header_reader_agrees_with_gguf_reader(cases):
         assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
         for a, b in zip(ours.tensors, theirs.tensors):
             assert (a.offset, a.nbytes, a.qtype, list(a.shape)) == (
-                b.data_offset, b.n_bytes, int(b.tensor_type), [int(x) for x in b.shape])
+                b.data_offset,
+                b.n_bytes,
+                int(b.tensor_type),
+                [int(x) for x in b.shape],
+            )
         for key, field in theirs.fields.items():
             if key.startswith("GGUF."):
                 continue

@@ -2,6 +2,7 @@
 build, and the suffix memory."""
 
 import pytest
+from test_speculative import plain_greedy, spec
 
 from mlx_spec.gen.drafters.hybrid import HybridDrafter
 from mlx_spec.gen.drafters.model import ModelDrafter
@@ -10,8 +11,6 @@ from mlx_spec.gen.drafters.self_draft import SelfDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter, SuffixMemory
 from mlx_spec.gen.registry import build
 from mlx_spec.named import load_model
-
-from test_speculative import plain_greedy, spec
 
 REPEAT = "def add(a, b):\n    return a + b\ndef sub(a, b):\n    return a - b\ndef add(a, b):\n    return a"
 
@@ -38,7 +37,12 @@ def test_the_suffix_offers_before_the_ngram_and_the_ngram_where_the_suffix_has_n
     d = hybrid(model, draft)
     assert d.parts[0].propose(short, 4).tokens.tolist() and d.parts[1].propose(short, 4).tokens.tolist()
     unseen = [5, 6, 7, 8, 5]  # the suffix needs a match of 2; the n-gram's bigram key (5,) has one
-    assert not d.parts[0].propose(unseen, 4).tokens.tolist() and d.parts[1].propose(unseen, 4).tokens.tolist() == [6, 7, 8, 5]
+    assert not d.parts[0].propose(unseen, 4).tokens.tolist() and d.parts[1].propose(unseen, 4).tokens.tolist() == [
+        6,
+        7,
+        8,
+        5,
+    ]
 
 
 def test_where_no_context_source_drafts_the_model_does(pair):
@@ -57,8 +61,7 @@ def test_eos_and_max_tokens_inside_long_suffix_drafts(pair, stop_at):
     prompt = tok.encode(REPEAT) * 2
     ref = plain_greedy(model, prompt, 40)
     eos = ref[stop_at]
-    out, _ = spec(model, prompt, hybrid(model, draft), max_tokens=40, eos_token_ids=[eos], num_draft=24,
-                  adaptive=False)
+    out, _ = spec(model, prompt, hybrid(model, draft), max_tokens=40, eos_token_ids=[eos], num_draft=24, adaptive=False)
     assert out == ref[: ref.index(eos) + 1]
     out, _ = spec(model, prompt, hybrid(model, draft), max_tokens=stop_at, num_draft=24, adaptive=False)
     assert out == ref[:stop_at]

@@ -18,12 +18,18 @@ REAL_FIELDS = {
     "llama": dict(layer_types=[SLIDING, FULL, SLIDING, FULL, SLIDING, FULL], sliding_window=8),
     "qwen2": dict(layer_types=[FULL] * N, use_sliding_window=False, max_window_layers=N, sliding_window=None),
     # gemma3: every 3rd block global, as HF writes it (mlx-lm reads only the pattern)
-    "gemma3": dict(layer_types=[FULL if (i + 1) % 3 == 0 else SLIDING for i in range(N)],
-                   sliding_window_pattern=3, sliding_window=8),
+    "gemma3": dict(
+        layer_types=[FULL if (i + 1) % 3 == 0 else SLIDING for i in range(N)],
+        sliding_window_pattern=3,
+        sliding_window=8,
+    ),
 }
 # (keep_layers, layers) cases per arch; gemma3's [0, 2, 3] keeps its types only under a new pattern (2)
-DROPS = {"llama": [(3, None), (None, [0, 1, 2])], "qwen2": [(3, None), (None, [1, 4])],
-         "gemma3": [(3, None), (None, [0, 2, 3]), (None, [2, 5])]}
+DROPS = {
+    "llama": [(3, None), (None, [0, 1, 2])],
+    "qwen2": [(3, None), (None, [1, 4])],
+    "gemma3": [(3, None), (None, [0, 2, 3]), (None, [2, 5])],
+}
 REFUSED = [[0, 1], [2, 3, 4]]  # gemma3 blocks whose types no sliding_window_pattern reproduces
 
 
@@ -42,8 +48,10 @@ def sources(tmp_path_factory):
 
 def attention_types(model) -> list:
     """Each block's attention as mlx-lm builds it: True where it uses the sliding window."""
-    return [bool(getattr(layer, "use_sliding", False) or getattr(layer.self_attn, "is_sliding", False))
-            for layer in model.layers]
+    return [
+        bool(getattr(layer, "use_sliding", False) or getattr(layer.self_attn, "is_sliding", False))
+        for layer in model.layers
+    ]
 
 
 def generate(model, tokenizer, n: int = 6) -> list:
@@ -53,8 +61,15 @@ def generate(model, tokenizer, n: int = 6) -> list:
 
 @pytest.mark.parametrize("arch,keep,layers", [(a, k, l) for a, cases in DROPS.items() for k, l in cases])
 def test_layer_dropped_folder_loads_generates_and_keeps_attention_types(sources, tmp_path, arch, keep, layers):
-    out = convert(str(sources[arch]), tmp_path / "out", dtype="float32", quantize=4, group_size=32,
-                  keep_layers=keep, layers=layers)
+    out = convert(
+        str(sources[arch]),
+        tmp_path / "out",
+        dtype="float32",
+        quantize=4,
+        group_size=32,
+        keep_layers=keep,
+        layers=layers,
+    )
     kept = layers or keep_layer_indices(N, keep)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["num_hidden_layers"] == len(kept)
@@ -75,8 +90,12 @@ def test_gemma3_drop_that_would_change_attention_is_refused_before_writing(sourc
 
 def test_gemma_3_270m_keep_6_keeps_its_pattern_and_keep_9_is_refused():
     """The real Gemma 3 270M shape: 18 blocks, every 6th global (HF writes both fields)."""
-    cfg = {"model_type": "gemma3_text", "num_hidden_layers": 18, "sliding_window_pattern": 6,
-           "layer_types": [FULL if (i + 1) % 6 == 0 else SLIDING for i in range(18)]}
+    cfg = {
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 18,
+        "sliding_window_pattern": 6,
+        "layer_types": [FULL if (i + 1) % 6 == 0 else SLIDING for i in range(18)],
+    }
     kept = keep_layer_indices(18, 6)
     assert kept == [0, 3, 7, 10, 14, 17]
     got = kept_config(cfg, kept)
@@ -88,8 +107,15 @@ def test_gemma_3_270m_keep_6_keeps_its_pattern_and_keep_9_is_refused():
 
 
 def test_per_block_lists_of_the_wrong_length_and_unbuildable_configs_are_refused():
-    base = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 64, "intermediate_size": 128,
-            "num_attention_heads": 4, "rms_norm_eps": 1e-6, "vocab_size": 100}
+    base = {
+        "model_type": "llama",
+        "num_hidden_layers": 4,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": 100,
+    }
     with pytest.raises(ConvertError, match="layer_types has 3 entries for 4 blocks"):
         kept_config({**base, "layer_types": [FULL] * 3}, [0, 1])
     # mlx-lm's llama needs one full-attention block to take its mask from

@@ -13,9 +13,9 @@ from conftest import (
     V,
     check,
     make_model,
-    served_like_plain,
     plain_greedy,
     randomized,
+    served_like_plain,
     spec,
     tiny_config,
 )
@@ -35,15 +35,17 @@ from mlx_spec.named import load_model, make_drafter
 def next_model(seed: int, scale: float, vocab: int = V):
     from mlx_lm.models import qwen3_next
 
-    return randomized(qwen3_next.Model, qwen3_next.ModelArgs.from_dict(tiny_config("qwen3_next", vocab, 4)), seed,
-                      scale)
+    return randomized(
+        qwen3_next.Model, qwen3_next.ModelArgs.from_dict(tiny_config("qwen3_next", vocab, 4)), seed, scale
+    )
 
 
 def random_mtp(target, seed: int, scale: float = 1.0) -> mtp.MTP:
     mx.random.seed(seed)
     module = mtp.MTP(target)
-    module.update(tree_map(lambda w: w * scale if w.ndim > 1 else w + 0.1 * mx.random.normal(w.shape),
-                           module.parameters()))
+    module.update(
+        tree_map(lambda w: w * scale if w.ndim > 1 else w + 0.1 * mx.random.normal(w.shape), module.parameters())
+    )
     mx.eval(module.parameters())
     return module
 
@@ -55,8 +57,13 @@ def hf_layout(weights: dict, arch: str, prefix: str = "") -> dict:
     """MLX weights as the arch's published checkpoints store them: zero-centred norms, convolutions (out, 1, k),
     experts one array each (Qwen3-Next) or fused gate/up and stacked (Qwen3.5-MoE), Qwen3.5's text model under
     `model.language_model`; each key after `prefix`."""
-    target_norms = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
-                    ".q_norm.weight", ".k_norm.weight")
+    target_norms = (
+        ".input_layernorm.weight",
+        ".post_attention_layernorm.weight",
+        "model.norm.weight",
+        ".q_norm.weight",
+        ".k_norm.weight",
+    )
     out = {}
     for k, v in weights.items():
         name = prefix + k.replace("language_model.model.", "model.language_model.", 1)
@@ -70,7 +77,8 @@ def hf_layout(weights: dict, arch: str, prefix: str = "") -> dict:
                 out[f"{base}.experts.down_proj"] = v
             elif proj == "gate_proj.weight":
                 out[f"{base}.experts.gate_up_proj"] = mx.concatenate(
-                    [v, weights[k.replace("gate_proj", "up_proj")]], axis=-2)
+                    [v, weights[k.replace("gate_proj", "up_proj")]], axis=-2
+                )
         elif v.ndim == 1 and k.endswith(mtp.NORMS if prefix else target_norms):
             out[name] = v - 1.0
         else:
@@ -80,16 +88,29 @@ def hf_layout(weights: dict, arch: str, prefix: str = "") -> dict:
 
 def moe_config(arch: str) -> dict:
     c = tiny_config("qwen3_next", 4, 4)  # for its MoE fields
-    return {k: c[k] for k in ("num_experts", "num_experts_per_tok", "shared_expert_intermediate_size",
-                              "moe_intermediate_size", "decoder_sparse_step")} if arch == "qwen3_5_moe" else {}
+    return (
+        {
+            k: c[k]
+            for k in (
+                "num_experts",
+                "num_experts_per_tok",
+                "shared_expert_intermediate_size",
+                "moe_intermediate_size",
+                "decoder_sparse_step",
+            )
+        }
+        if arch == "qwen3_5_moe"
+        else {}
+    )
 
 
 @pytest.fixture(scope="module", params=ARCHS)
 def checkpoint(request, tmp_path_factory):
     """A tiny checkpoint of the arch in the published layout whose weights carry random MTP layers."""
     arch = request.param
-    folder = make_model(tmp_path_factory.mktemp("mtp") / arch, "qwen3_5" if arch == "qwen3_5_moe" else arch,
-                        seed=5, scale=4.0)
+    folder = make_model(
+        tmp_path_factory.mktemp("mtp") / arch, "qwen3_5" if arch == "qwen3_5_moe" else arch, seed=5, scale=4.0
+    )
     if arch == "qwen3_5_moe":  # the dense tiny model's config with experts: the MoE model, made again
         config = dict(json.loads((folder / "config.json").read_text()), model_type=arch, **moe_config(arch))
         (folder / "config.json").write_text(json.dumps(config))
@@ -102,8 +123,10 @@ def checkpoint(request, tmp_path_factory):
     weights.update(hf_layout(dict(tree_flatten(random_mtp(target, 3).parameters())), arch, "mtp."))
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
     again, _, _ = load_model(str(folder))
-    assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(tree_flatten(target.parameters()),
-                                                                   tree_flatten(again.parameters())))
+    assert all(
+        mx.array_equal(a, b).item()
+        for (_, a), (_, b) in zip(tree_flatten(target.parameters()), tree_flatten(again.parameters()))
+    )
     return folder
 
 
@@ -115,9 +138,17 @@ def reference(folder, target):
     c = json.loads((folder / "config.json").read_text())
     moe = c["model_type"] != "qwen3_5"
     rotary = int(c["head_dim"] * (c.get("partial_rotary_factor") or c["rope_parameters"]["partial_rotary_factor"]))
-    text = dict(c, model_type="qwen3_5_moe_text" if moe else "qwen3_5_text", mtp_num_hidden_layers=1,
-                rope_parameters={"type": "default", "rope_theta": c.get("rope_theta", 10000.0),
-                                 "mrope_section": [rotary // 2, 0, 0], "partial_rotary_factor": rotary / c["head_dim"]})
+    text = dict(
+        c,
+        model_type="qwen3_5_moe_text" if moe else "qwen3_5_text",
+        mtp_num_hidden_layers=1,
+        rope_parameters={
+            "type": "default",
+            "rope_theta": c.get("rope_theta", 10000.0),
+            "mrope_section": [rotary // 2, 0, 0],
+            "partial_rotary_factor": rotary / c["head_dim"],
+        },
+    )
     if c["model_type"] == "qwen3_next":
         text["norm_topk_prob"] = target.args.norm_topk_prob
     ref = Model(ModelConfig.from_dict({"model_type": "qwen3_5_mtp", "text_config": text}))
@@ -159,13 +190,31 @@ def test_a_misplaced_input_or_norm_fails_the_same_comparison(checkpoint, monkeyp
         monkeypatch.setattr(mtp, "NORMS", ("no-norm",))
     mine = mtp.load(checkpoint, target)
     if broken == "inputs_swapped":
-        monkeypatch.setattr(mtp.MTP, "__call__", lambda self, t, h, cache=None: self.norm(self.layers[0](self.fc(
-            mx.concatenate([self.pre_fc_norm_hidden(h), self.pre_fc_norm_embedding(self.embed(t))], -1)),
-            "causal" if t.shape[1] > 1 else None, cache[0] if cache else None)))
+        monkeypatch.setattr(
+            mtp.MTP,
+            "__call__",
+            lambda self, t, h, cache=None: self.norm(
+                self.layers[0](
+                    self.fc(
+                        mx.concatenate([self.pre_fc_norm_hidden(h), self.pre_fc_norm_embedding(self.embed(t))], -1)
+                    ),
+                    "causal" if t.shape[1] > 1 else None,
+                    cache[0] if cache else None,
+                )
+            ),
+        )
     if broken == "hidden_not_normed":
-        monkeypatch.setattr(mtp.MTP, "__call__", lambda self, t, h, cache=None: self.norm(self.layers[0](self.fc(
-            mx.concatenate([self.pre_fc_norm_embedding(self.embed(t)), h], -1)),
-            "causal" if t.shape[1] > 1 else None, cache[0] if cache else None)))
+        monkeypatch.setattr(
+            mtp.MTP,
+            "__call__",
+            lambda self, t, h, cache=None: self.norm(
+                self.layers[0](
+                    self.fc(mx.concatenate([self.pre_fc_norm_embedding(self.embed(t)), h], -1)),
+                    "causal" if t.shape[1] > 1 else None,
+                    cache[0] if cache else None,
+                )
+            ),
+        )
     assert not compare(mine, reference(checkpoint, target), target)
 
 
@@ -198,8 +247,10 @@ def test_convert_keeps_the_mtp_layers_beside_the_model_and_mtp_runs_them_from_th
     target, tok, _ = load_model(str(out))
     original, _, _ = load_model(str(checkpoint))
     mine, theirs = make_drafter("mtp", target, tok).model, mtp.load(checkpoint, original)
-    assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(tree_flatten(mine.parameters()),
-                                                                   tree_flatten(theirs.parameters())))
+    assert all(
+        mx.array_equal(a, b).item()
+        for (_, a), (_, b) in zip(tree_flatten(mine.parameters()), tree_flatten(theirs.parameters()))
+    )
     prompt = tok.encode("def add(a, b):\n    return a + b\n")
     toks, stats = spec(target, prompt, make_drafter("mtp", target, tok), max_tokens=16, num_draft=3, adaptive=False)
     assert toks == plain_greedy(target, prompt, 16) and stats.proposed > 0
@@ -253,8 +304,7 @@ def test_mtp_drafts_equal_plain_greedy_alone_in_a_hybrid_and_beside_other_rows(t
 
 
 @pytest.mark.parametrize("broken", [False, True])
-def test_sampled_mtp_drafts_keep_the_targets_law_and_a_rule_that_resamples_from_the_target_fails(broken,
-                                                                                                  monkeypatch):
+def test_sampled_mtp_drafts_keep_the_targets_law_and_a_rule_that_resamples_from_the_target_fails(broken, monkeypatch):
     spread = next_model(2, 1.0)
     if broken:
         monkeypatch.setattr(verify, "_residual", lambda q, p: q)

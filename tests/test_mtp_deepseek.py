@@ -21,29 +21,74 @@ from mlx_spec.named import load_model, make_drafter
 
 MLA = dict(q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
 OWN = {"deepseek_v3": True, "glm4_moe": False, "glm4_moe_lite": True}  # ships its own embed_tokens and output head
-DECODERS = {"deepseek_v3": "DeepseekV3DecoderLayer", "glm4_moe": "DecoderLayer",
-            "glm4_moe_lite": "Glm4MoeLiteDecoderLayer"}  # mlx-vlm's classes, in mlx_vlm.models.<type>.language
-HF = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm", "norm": "shared_head.norm",
-      "head": "shared_head.head", "embed_tokens": "embed_tokens"}  # the module's names -> the checkpoint's
+DECODERS = {
+    "deepseek_v3": "DeepseekV3DecoderLayer",
+    "glm4_moe": "DecoderLayer",
+    "glm4_moe_lite": "Glm4MoeLiteDecoderLayer",
+}  # mlx-vlm's classes, in mlx_vlm.models.<type>.language
+HF = {
+    "fc": "eh_proj",
+    "pre_fc_norm_embedding": "enorm",
+    "pre_fc_norm_hidden": "hnorm",
+    "norm": "shared_head.norm",
+    "head": "shared_head.head",
+    "embed_tokens": "embed_tokens",
+}  # the module's names -> the checkpoint's
 
 
 def tiny_nextn_config(arch: str, vocab_size: int) -> dict:
     """Small but structurally real configs: MoE with a shared expert and sigmoid routing, MLA where the family has
     it, one nextn layer."""
-    base = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4,
-                rms_norm_eps=1e-6, vocab_size=vocab_size, rope_theta=10000.0, rope_scaling=None,
-                max_position_embeddings=512, tie_word_embeddings=False, num_nextn_predict_layers=1,
-                n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
-                routed_scaling_factor=1.5, norm_topk_prob=True, n_group=1, topk_group=1, topk_method="noaux_tc",
-                scoring_func="sigmoid", first_k_dense_replace=1, moe_layer_freq=1, attention_bias=False)
+    base = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        rms_norm_eps=1e-6,
+        vocab_size=vocab_size,
+        rope_theta=10000.0,
+        rope_scaling=None,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        num_nextn_predict_layers=1,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        n_shared_experts=1,
+        routed_scaling_factor=1.5,
+        norm_topk_prob=True,
+        n_group=1,
+        topk_group=1,
+        topk_method="noaux_tc",
+        scoring_func="sigmoid",
+        first_k_dense_replace=1,
+        moe_layer_freq=1,
+        attention_bias=False,
+    )
     if arch == "deepseek_v3":  # mlx-lm drops the nextn layer by DeepSeek-V3's own name, model.layers.61: 61 blocks
-        return dict(base, **MLA, model_type=arch, architectures=["DeepseekV3ForCausalLM"], num_hidden_layers=61,
-                    first_k_dense_replace=60, intermediate_size=32)
+        return dict(
+            base,
+            **MLA,
+            model_type=arch,
+            architectures=["DeepseekV3ForCausalLM"],
+            num_hidden_layers=61,
+            first_k_dense_replace=60,
+            intermediate_size=32,
+        )
     if arch == "glm4_moe_lite":
         return dict(base, **MLA, model_type=arch, architectures=["Glm4MoeLiteForCausalLM"], num_hidden_layers=3)
     if arch == "glm4_moe":
-        return dict(base, model_type=arch, architectures=["Glm4MoeForCausalLM"], num_hidden_layers=3, head_dim=16,
-                    num_key_value_heads=2, use_qk_norm=True, attention_bias=True, partial_rotary_factor=0.5)
+        return dict(
+            base,
+            model_type=arch,
+            architectures=["Glm4MoeForCausalLM"],
+            num_hidden_layers=3,
+            head_dim=16,
+            num_key_value_heads=2,
+            use_qk_norm=True,
+            attention_bias=True,
+            partial_rotary_factor=0.5,
+        )
     raise ValueError(arch)
 
 
@@ -82,18 +127,25 @@ def make_checkpoint(folder, arch: str, seed: int = 5, scale: float = 4.0):
     arch_module = importlib.import_module(f"mlx_lm.models.{arch}")
     mx.random.seed(seed)
     target = arch_module.Model(arch_module.ModelArgs.from_dict(config))
-    target.update(tree_map(lambda w: w * scale if w.ndim > 1 else w + 0.1 * mx.random.normal(w.shape),
-                           target.parameters()))  # norms that are not all ones: a misplaced norm shows
+    target.update(
+        tree_map(lambda w: w * scale if w.ndim > 1 else w + 0.1 * mx.random.normal(w.shape), target.parameters())
+    )  # norms that are not all ones: a misplaced norm shows
     module = mtp.MTP(target, head=OWN[arch], embed=OWN[arch])
-    module.update(tree_map(lambda w: (w if w.ndim > 1 else w + 0.1 * mx.random.normal(w.shape))
-                           .astype(mx.bfloat16).astype(mx.float32), module.parameters()))
+    module.update(
+        tree_map(
+            lambda w: (w if w.ndim > 1 else w + 0.1 * mx.random.normal(w.shape)).astype(mx.bfloat16).astype(mx.float32),
+            module.parameters(),
+        )
+    )
     weights = hf_layout(dict(tree_flatten(target.parameters())), "", config)
     weights.update(nextn_layout(module, config))
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     loaded, _, _ = load_model(str(folder))  # mlx-lm drops the nextn layer and loads the target as made
-    assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(tree_flatten(target.parameters()),
-                                                                   tree_flatten(loaded.parameters())))
+    assert all(
+        mx.array_equal(a, b).item()
+        for (_, a), (_, b) in zip(tree_flatten(target.parameters()), tree_flatten(loaded.parameters()))
+    )
     return folder
 
 
@@ -126,7 +178,8 @@ def reference(folder, target):
     kind, d = c["model_type"], c["hidden_size"]
     cfg = importlib.import_module(f"mlx_vlm.models.{kind}").ModelConfig.from_dict(c)
     layer = getattr(importlib.import_module(f"mlx_vlm.models.{kind}.language"), DECODERS[kind])(
-        cfg, c["num_hidden_layers"])
+        cfg, c["num_hidden_layers"]
+    )
     module = GlmMoeDsaMTP.__new__(GlmMoeDsaMTP)  # its own __init__ builds GLM-5's attention
     nn.Module.__init__(module)
     module.enorm, module.hnorm, module.shared_head_norm = (nn.RMSNorm(d, eps=c["rms_norm_eps"]) for _ in range(3))
@@ -135,9 +188,19 @@ def reference(folder, target):
     module.self_attn, module.mlp = PairOut(layer.self_attn), layer.mlp
     _, flat = Glm4MoeLiteMTPSplitter().prepare(folder)
     flat = {k: v.astype(mx.float32) for k, v in flat.items()}
-    module.load_weights([(k.replace("model.mtp_block.self_attn.", "self_attn.attn.").replace("model.mtp_block.", "")
-                          .replace("model.", ""), v) for k, v in flat.items()
-                         if k not in ("lm_head.weight", "model.embed_tokens.weight")], strict=True)
+    module.load_weights(
+        [
+            (
+                k.replace("model.mtp_block.self_attn.", "self_attn.attn.")
+                .replace("model.mtp_block.", "")
+                .replace("model.", ""),
+                v,
+            )
+            for k, v in flat.items()
+            if k not in ("lm_head.weight", "model.embed_tokens.weight")
+        ],
+        strict=True,
+    )
     ref = Model.__new__(Model)
     nn.Module.__init__(ref)
     ref.mtp = module
@@ -160,19 +223,23 @@ def test_the_module_agrees_with_mlx_vlms_glm_nextn_drafter_on_the_checkpoints_we
 def broken_call(joined, fed_back_normed=True):
     """An `MTP.__call__` whose input is `joined(self, embedding, hidden)`; its output before the last norm where
     `fed_back_normed` is False (then `logits` norms it: vLLM's way of feeding back)."""
+
     def call(self, tokens, hidden, cache=None):
         h = self.fc(joined(self, self.embed(tokens), hidden))
         h = self.layers[0](h, create_attention_mask(h, cache[0], return_array=self.array_mask), cache[0])
         return self.norm(h) if fed_back_normed else h
+
     return call
 
 
 BROKEN = {
-    "inputs_swapped": broken_call(lambda s, e, h: mx.concatenate([s.pre_fc_norm_hidden(h),
-                                                                  s.pre_fc_norm_embedding(e)], -1)),
+    "inputs_swapped": broken_call(
+        lambda s, e, h: mx.concatenate([s.pre_fc_norm_hidden(h), s.pre_fc_norm_embedding(e)], -1)
+    ),
     "hidden_not_normed": broken_call(lambda s, e, h: mx.concatenate([s.pre_fc_norm_embedding(e), h], -1)),
-    "fed_back_before_norm": broken_call(lambda s, e, h: mx.concatenate([s.pre_fc_norm_embedding(e),
-                                                                        s.pre_fc_norm_hidden(h)], -1), False),
+    "fed_back_before_norm": broken_call(
+        lambda s, e, h: mx.concatenate([s.pre_fc_norm_embedding(e), s.pre_fc_norm_hidden(h)], -1), False
+    ),
 }
 
 
@@ -201,8 +268,7 @@ def test_where_the_layer_ships_its_own_embedding_and_head_reading_the_targets_fa
 def test_mtp_drafts_equal_plain_greedy_and_other_families_are_refused_in_one_line(checkpoint, tmp_path):
     target, tok, _ = load_model(str(checkpoint))
     for prompt in (tok.encode("def add(a, b):\n    return a + b\n"), [2, 2, 1, 0, 2, 2, 1]):
-        toks, stats = spec(target, prompt, make_drafter("mtp", target, tok), max_tokens=16, num_draft=3,
-                           adaptive=False)
+        toks, stats = spec(target, prompt, make_drafter("mtp", target, tok), max_tokens=16, num_draft=3, adaptive=False)
         assert toks == plain_greedy(target, prompt, 16) and stats.proposed > 0
     other, other_tok, _ = load_model(str(make_model(tmp_path / "qwen2", "qwen2")))
     with pytest.raises(MlxSpecError) as e:
@@ -215,8 +281,9 @@ def test_rows_drafting_with_the_layer_in_one_pass_equal_plain_greedy(checkpoint)
 
     target, tok, _ = load_model(str(checkpoint))
     prompts, maxes = [tok.encode("def add(a, b):\n"), [2, 2, 1, 0, 2, 2, 1], tok.encode("class Point:\n")], [14, 9, 20]
-    e, rows = rows_with_heads(target, prompts, [make_drafter("mtp", target, tok), None,
-                                                make_drafter("mtp", target, tok)], maxes)
+    e, rows = rows_with_heads(
+        target, prompts, [make_drafter("mtp", target, tok), None, make_drafter("mtp", target, tok)], maxes
+    )
     outs = run_rows(e)
     for r, p, m in zip(rows, prompts, maxes):
         assert outs[id(r)] == plain_greedy(target, p, m)
@@ -231,7 +298,10 @@ def test_convert_keeps_the_nextn_layer_beside_the_model_and_mtp_runs_it_from_the
     target, tok, _ = load_model(str(out))
     original, _, _ = load_model(str(checkpoint))
     mine, theirs = make_drafter("mtp", target, tok).model, mtp.load(checkpoint, original)
-    assert sorted(k for k, _ in tree_flatten(mine.parameters())) == sorted(k for k, _ in tree_flatten(
-        theirs.parameters()))
-    assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(tree_flatten(mine.parameters()),
-                                                                   tree_flatten(theirs.parameters())))
+    assert sorted(k for k, _ in tree_flatten(mine.parameters())) == sorted(
+        k for k, _ in tree_flatten(theirs.parameters())
+    )
+    assert all(
+        mx.array_equal(a, b).item()
+        for (_, a), (_, b) in zip(tree_flatten(mine.parameters()), tree_flatten(theirs.parameters()))
+    )

@@ -20,21 +20,32 @@ def runs(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("nb")
     target = long_context(tiny_models["qwen2"], root / "target")
     prompts = "prompts = { humaneval = 0, edit = 0, prose = 2 }\nmax_tokens = 6\n"
-    (root / "t.toml").write_text(f'kind = "table"\n{prompts}[[targets]]\nmodel = "{target}"\n'
-                                 f'drafts = ["ngram", "{tiny_models["qwen2_draft"]}"]\n')
-    (root / "r.toml").write_text(f'kind = "roofline"\nbandwidth_gb = 0.064\n{prompts}[[targets]]\nmodel = "{target}"\n'
-                                 f'[[targets]]\nmodel = "{tiny_models["qwen2_draft"]}"\n')
-    (root / "n.toml").write_text(f'kind = "ngram"\nadaptive = false\n{prompts}[[targets]]\nmodel = "{target}"\n'
-                                 f'[[sweeps]]\nk = [1, 2]\nn = [2, 3]\n')
-    (root / "q.toml").write_text(f'kind = "quality"\nmax_tokens = 6\ntemps = [0.5, 1.0]\ntop_ks = [2, 20]\n'
-                                 f'prompts = {{ ptq = 2 }}\n[[targets]]\nmodel = "{target}"\n')
-    (root / "c.toml").write_text(f'kind = "compression"\nadaptive = false\nk = [2, 4]\nmax_tokens = 6\n'
-                                 f'methods = ["float32", "int8"]\nprompts = {{ prefix = 2 }}\n'
-                                 f'[[targets]]\nmodel = "{target}"\n')
+    (root / "t.toml").write_text(
+        f'kind = "table"\n{prompts}[[targets]]\nmodel = "{target}"\n'
+        f'drafts = ["ngram", "{tiny_models["qwen2_draft"]}"]\n'
+    )
+    (root / "r.toml").write_text(
+        f'kind = "roofline"\nbandwidth_gb = 0.064\n{prompts}[[targets]]\nmodel = "{target}"\n'
+        f'[[targets]]\nmodel = "{tiny_models["qwen2_draft"]}"\n'
+    )
+    (root / "n.toml").write_text(
+        f'kind = "ngram"\nadaptive = false\n{prompts}[[targets]]\nmodel = "{target}"\n'
+        f"[[sweeps]]\nk = [1, 2]\nn = [2, 3]\n"
+    )
+    (root / "q.toml").write_text(
+        f'kind = "quality"\nmax_tokens = 6\ntemps = [0.5, 1.0]\ntop_ks = [2, 20]\n'
+        f'prompts = {{ ptq = 2 }}\n[[targets]]\nmodel = "{target}"\n'
+    )
+    (root / "c.toml").write_text(
+        f'kind = "compression"\nadaptive = false\nk = [2, 4]\nmax_tokens = 6\n'
+        f'methods = ["float32", "int8"]\nprompts = {{ prefix = 2 }}\n'
+        f'[[targets]]\nmodel = "{target}"\n'
+    )
     for name in ("t", "r", "n", "q", "c"):
         runner.run_suite(str(root / f"{name}.toml"), str(root / "runs"))
-    (root / "h.toml").write_text(f'kind = "table"\n{prompts}[[targets]]\nmodel = "{target}"\n'
-                                 f'drafts = ["eagle3:HEAD", "hybrid:eagle3:HEAD"]\n')
+    (root / "h.toml").write_text(
+        f'kind = "table"\n{prompts}[[targets]]\nmodel = "{target}"\ndrafts = ["eagle3:HEAD", "hybrid:eagle3:HEAD"]\n'
+    )
     runner.run_suite(str(root / "h.toml"), str(root / "runs"), model=str(target), head=str(trained_head(target, root)))
     return root
 
@@ -53,8 +64,14 @@ def trained_head(target, root):
 
 
 def test_there_are_notebooks():
-    assert {p.name for p in NOTEBOOKS} >= {"m3max_table.ipynb", "roofline.ipynb", "ngram_sweep.ipynb",
-                                           "quant_quality.ipynb", "compression.ipynb", "head_curve.ipynb"}
+    assert {p.name for p in NOTEBOOKS} >= {
+        "m3max_table.ipynb",
+        "roofline.ipynb",
+        "ngram_sweep.ipynb",
+        "quant_quality.ipynb",
+        "compression.ipynb",
+        "head_curve.ipynb",
+    }
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -66,5 +83,7 @@ def test_notebook_runs_and_saves_its_plots(path, runs, monkeypatch):
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
     pngs = list(plots.glob("*.png"))
     assert pngs and all(p.stat().st_size > 1000 for p in pngs)
-    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    images = [
+        o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if "image/png" in o.get("data", {})
+    ]
     assert images  # the plots show in the notebook too

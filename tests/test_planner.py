@@ -44,11 +44,17 @@ class Machine:
             a = 0
             while a < plan.k and self.rng.random() < self.rates.get(source, 0.0):
                 a += 1
-            seconds = (self.verify(plan.size) + plan.k * self.draft.get(source, 0.0)
-                       + lag * self.catch_up.get(source, 0.0))
+            seconds = (
+                self.verify(plan.size) + plan.k * self.draft.get(source, 0.0) + lag * self.catch_up.get(source, 0.0)
+            )
             promised = planner.promised(plan, [ask]) if plan.k else 0.0
-            planner.record(plan, 1, seconds, [Outcome(self.accept, source, plan.k, a, lag, source == ask.costly)],
-                           promised=promised)
+            planner.record(
+                plan,
+                1,
+                seconds,
+                [Outcome(self.accept, source, plan.k, a, lag, source == ask.costly)],
+                promised=promised,
+            )
             self.time, self.tokens = self.time + seconds, self.tokens + a + 1
         return plans
 
@@ -127,7 +133,8 @@ def test_the_planner_picks_the_source_that_pays_more():
     assert sum(x.source(0) == "model" for x in plans[-100:]) > 80
     q = Planner()
     plans = Machine(draft={"model": STEP * 0.5}, accept={"ngram": 0.95, "model": 0.95}).run(
-        q, {"ngram": 7, "model": 15}, 300, free=("ngram",))
+        q, {"ngram": 7, "model": 15}, 300, free=("ngram",)
+    )
     assert sum(x.source(0) == "ngram" for x in plans[-100:]) > 80
 
 
@@ -242,8 +249,14 @@ class Queued(Machine):
                 a += 1
             seconds = verify(plan.size) if plan.k else (STEP if queued else 2 * STEP)
             timed = bool(plan.k) or queued
-            planner.record(plan, 1, seconds, [Outcome(self.accept, plan.source(0), plan.k, a)], timed,
-                           planner.promised(plan, [ask]) if plan.k else 0.0)
+            planner.record(
+                plan,
+                1,
+                seconds,
+                [Outcome(self.accept, plan.source(0), plan.k, a)],
+                timed,
+                planner.promised(plan, [ask]) if plan.k else 0.0,
+            )
             queued = not plan.k
             self.time, self.tokens = self.time + seconds, self.tokens + a + 1
         return self.tokens / self.time * STEP  # speed against plain decoding
@@ -285,8 +298,14 @@ def never_accepted(planner, rounds: int, part: float):
         plan = planner.plan([ask], 1, False, queued)
         lag = ask.behind if plan.k else 0
         seconds = STEP + part * STEP + 0.001 * STEP * lag if plan.k else (STEP if queued else 2 * STEP)
-        planner.record(plan, 1, seconds, [Outcome(m.accept, plan.source(0), plan.k, 0, lag, bool(plan.k))],
-                       bool(plan.k) or queued, planner.promised(plan, [ask]) if plan.k else 0.0)
+        planner.record(
+            plan,
+            1,
+            seconds,
+            [Outcome(m.accept, plan.source(0), plan.k, 0, lag, bool(plan.k))],
+            bool(plan.k) or queued,
+            planner.promised(plan, [ask]) if plan.k else 0.0,
+        )
         queued, since = not plan.k, 0 if plan.k else since + 1
         m.time, m.tokens = m.time + seconds, m.tokens + 1
     return m.tokens / m.time * STEP

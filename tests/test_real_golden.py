@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
+from test_gguf import regex_warned, regex_warning_expected
 
 from mlx_spec.make import recipes
 from mlx_spec.make.resolve import recipe_source_path
-from test_gguf import regex_warned, regex_warning_expected
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 # Read at import, before conftest points MLX_SPEC_HOME at a per-test temporary folder.
@@ -89,7 +89,7 @@ def first_greedy_miss(model, ids: list[int], want: list[int]) -> tuple[int, list
     took 83 s for them here)."""
     import mlx.core as mx
 
-    logits = model(mx.array([ids + want[:-1]]))[0, len(ids) - 1:]
+    logits = model(mx.array([ids + want[:-1]]))[0, len(ids) - 1 :]
     got = mx.argmax(logits, axis=-1).tolist()
     return next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(want)), got
 
@@ -146,6 +146,8 @@ def test_greedy_tokens_match_golden(converted):
         same, got = first_greedy_miss(model, p["ids"], want)
         need = required_prefix(p["margins"], golden["gguf_file"])
         report.append(f"{same}/{len(want)} match (need {need})")
-        assert same >= need, (f"{golden['gguf_file']}: first {same} of {len(want)} tokens match, need "
-                              f"{need}\n got  {tok.decode(got[:same + 1])!r}\n want {tok.decode(want)!r}")
+        assert same >= need, (
+            f"{golden['gguf_file']}: first {same} of {len(want)} tokens match, need "
+            f"{need}\n got  {tok.decode(got[: same + 1])!r}\n want {tok.decode(want)!r}"
+        )
     print(f"\n{golden['gguf_file']}: " + "; ".join(report))

@@ -2,6 +2,7 @@
 
 import mlx.core as mx
 import pytest
+from conftest import PROMPTS, V, check, make_model, plain_greedy, randomized, spec, tiny
 from mlx_lm.models import mamba2
 from mlx_lm.models.cache import make_prompt_cache
 
@@ -16,8 +17,6 @@ from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.load import vocab_width
 from mlx_spec.gen.session import Session
 from mlx_spec.named import load_model
-
-from conftest import PROMPTS, V, check, make_model, plain_greedy, randomized, spec, tiny
 
 ARCHS = ("qwen3_next", "mamba2", "qwen3_5")
 # A prompt that stops inside a repeat, so the suffix drafter (which needs a match of 2+ tokens) drafts too.
@@ -78,7 +77,11 @@ def test_greedy_equals_plain_for_every_drafter(recurrent_models, attention_draft
             out, stats = spec(model, prompt, make(), max_tokens=24, num_draft=k, adaptive=False)
             assert out == ref, (arch, name, k, text)
             assert stats.fallback is None, stats.fallback
-            rounds, proposed, accepted = rounds + stats.spec_rounds, proposed + stats.proposed, accepted + stats.accepted
+            rounds, proposed, accepted = (
+                rounds + stats.spec_rounds,
+                proposed + stats.proposed,
+                accepted + stats.accepted,
+            )
         assert rounds > 0 and proposed > accepted, (arch, name)  # it drafted, and some drafts were rejected
 
 
@@ -87,8 +90,9 @@ def test_a_broken_rewind_fails_the_same_test(recurrent_models, attention_draft, 
     model, tok = recurrent_models["qwen3_next"]
     monkeypatch.setattr(recurrent, "_replay", lambda *a: None)
     prompt = tok.encode(PROMPTS[1])
-    out, _ = spec(model, prompt, ModelDrafter(attention_draft, vocab_width(model)),
-                  max_tokens=24, num_draft=4, adaptive=False)
+    out, _ = spec(
+        model, prompt, ModelDrafter(attention_draft, vocab_width(model)), max_tokens=24, num_draft=4, adaptive=False
+    )
     assert out != reference("qwen3_next", model, prompt)
 
 
@@ -137,10 +141,24 @@ def test_session_turns_equal_fresh_runs(recurrent_models, arch):
 
 
 def tiny_mamba(seed, scale):
-    args = mamba2.ModelArgs(model_type="mamba2", num_heads=2, head_dim=32, vocab_size=V, hidden_size=32,
-                            intermediate_size=64, state_size=8, num_hidden_layers=1, layer_norm_epsilon=1e-6,
-                            conv_kernel=4, n_groups=1, use_bias=False, use_conv_bias=True, tie_word_embeddings=True,
-                            time_step_limit=(0.0, 1000.0), time_step_rank="auto")
+    args = mamba2.ModelArgs(
+        model_type="mamba2",
+        num_heads=2,
+        head_dim=32,
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        state_size=8,
+        num_hidden_layers=1,
+        layer_norm_epsilon=1e-6,
+        conv_kernel=4,
+        n_groups=1,
+        use_bias=False,
+        use_conv_bias=True,
+        tie_word_embeddings=True,
+        time_step_limit=(0.0, 1000.0),
+        time_step_rank="auto",
+    )
     return randomized(mamba2.Model, args, seed, scale)
 
 

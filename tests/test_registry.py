@@ -11,12 +11,30 @@ from mlx_spec.named import NUM_DRAFT_HELP, load_model, make_drafter
 
 # A prompt that stops inside a repeat: every kind of drafter finds something to draft.
 REPEAT = "def add(a, b):\n    return a + b\ndef sub(a, b):\n    return a - b\ndef add(a, b):\n    return a"
-SPECS = ["ngram", "ngram:3", "suffix", "suffix:shared", "self", "self:0-1,3", "self:importance:2", "quant-self:int8",
-         "hybrid", "hybrid:quant-self:int8", "org/draft", "hybrid:org/draft"]
+SPECS = [
+    "ngram",
+    "ngram:3",
+    "suffix",
+    "suffix:shared",
+    "self",
+    "self:0-1,3",
+    "self:importance:2",
+    "quant-self:int8",
+    "hybrid",
+    "hybrid:quant-self:int8",
+    "org/draft",
+    "hybrid:org/draft",
+]
 # The most drafted per round by default, as the README's `--num-draft` promises it: 15 for model and self drafters,
 # 7 for ngram, 24 for suffix and hybrid.
-DOCUMENTED_K = {"org/draft": ("model", 15), "self": ("self", 15), "quant-self": ("quant-self", 15),
-                "ngram": ("ngram", 7), "suffix": ("suffix", 24), "hybrid": ("hybrid", 24)}
+DOCUMENTED_K = {
+    "org/draft": ("model", 15),
+    "self": ("self", 15),
+    "quant-self": ("quant-self", 15),
+    "ngram": ("ngram", 7),
+    "suffix": ("suffix", 24),
+    "hybrid": ("hybrid", 24),
+}
 
 
 class Loaded(dict):
@@ -99,12 +117,24 @@ def test_hybrid_none_is_the_contexts_sources_alone(tiny_target):
     assert toks == plain_greedy(model, tok.encode(REPEAT), 24) and stats.proposed > 0
 
 
-@pytest.mark.parametrize("text,match", [("hybrid:ngram", "fall back"), ("hybrid:hybrid", "fall back"),
-                                        ("self:", "nothing after"), ("hybrid:off", "fall back"),
-                                        ("ngram:1", "N must be"), ("ngram:x", "N must be"), ("ngram:", "N must be"),
-                                        ("ngram:17", "N must be"), ("hybrid:ngram:3", "fall back"),
-                                        ("quant-self:", "nothing after"), ("hybrid:suffix", "fall back"),
-                                        ("suffix:x", "takes ':shared'"), ("suffix:", "takes ':shared'")])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("hybrid:ngram", "fall back"),
+        ("hybrid:hybrid", "fall back"),
+        ("self:", "nothing after"),
+        ("hybrid:off", "fall back"),
+        ("ngram:1", "N must be"),
+        ("ngram:x", "N must be"),
+        ("ngram:", "N must be"),
+        ("ngram:17", "N must be"),
+        ("hybrid:ngram:3", "fall back"),
+        ("quant-self:", "nothing after"),
+        ("hybrid:suffix", "fall back"),
+        ("suffix:x", "takes ':shared'"),
+        ("suffix:", "takes ':shared'"),
+    ],
+)
 def test_a_bad_spec_is_one_line_naming_it(tiny_target, text, match):
     """Parsing refuses it, and so does building, before any model is looked for."""
     with pytest.raises(GenerationError, match=match) as e:
@@ -116,9 +146,18 @@ def test_a_bad_spec_is_one_line_naming_it(tiny_target, text, match):
     assert names.asked == []
 
 
-@pytest.mark.parametrize("layers,match", [("9", "between 1 and"), ("0-9", "distinct indices"), ("a-b", "'K', 'a-b'"),
-                                          ("1,1", "distinct"), ("0", "between 1 and"), ("-1", "'K', 'a-b'|distinct"),
-                                          ("importance:9", "K must be")])
+@pytest.mark.parametrize(
+    "layers,match",
+    [
+        ("9", "between 1 and"),
+        ("0-9", "distinct indices"),
+        ("a-b", "'K', 'a-b'"),
+        ("1,1", "distinct"),
+        ("0", "between 1 and"),
+        ("-1", "'K', 'a-b'|distinct"),
+        ("importance:9", "K must be"),
+    ],
+)
 def test_self_layers_grammar_errors(tiny_target, layers, match):
     with pytest.raises(GenerationError, match=match) as e:
         build(f"self:{layers}", tiny_target)
@@ -141,9 +180,17 @@ def test_a_bad_num_draft_is_one_line(tiny_target):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("kw,match", [(dict(top_p=1.5), "top-p"), (dict(top_p=-0.1), "top-p"), (dict(top_k=-1), "top-k"),
-                                      (dict(max_tokens=-1), "max-tokens"), (dict(num_draft=-2), "num-draft"),
-                                      (dict(temp=-1.0), "temp")])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(top_p=1.5), "top-p"),
+        (dict(top_p=-0.1), "top-p"),
+        (dict(top_k=-1), "top-k"),
+        (dict(max_tokens=-1), "max-tokens"),
+        (dict(num_draft=-2), "num-draft"),
+        (dict(temp=-1.0), "temp"),
+    ],
+)
 def test_bad_sampling_options(tiny_target, kw, match):
     model, tok = tiny_target
     with pytest.raises(GenerationError, match=match):
@@ -166,8 +213,11 @@ def test_self_drafter_never_changes_the_shared_target(tiny_target):
     drafter = build("self:2", tiny_target)
     layer.__class__ = Spy
     try:
-        steps = list(speculative_generate_step(tok.encode("def add(a, b):"), model, drafter, num_draft=3,
-                                               adaptive=False, max_tokens=10))
+        steps = list(
+            speculative_generate_step(
+                tok.encode("def add(a, b):"), model, drafter, num_draft=3, adaptive=False, max_tokens=10
+            )
+        )
     finally:
         layer.__class__ = cls
     assert len(steps) == 10 and seen  # layer 0 ran, in draft and verify passes

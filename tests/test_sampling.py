@@ -2,8 +2,18 @@
 
 import mlx.core as mx
 import pytest
-from conftest import (N_TOKENS, PROMPT, REPEATING, SAMPLES, V, check, chi_square_pvalue_ok, exact_joint,
-                      sample_pairs, tiny)
+from conftest import (
+    N_TOKENS,
+    PROMPT,
+    REPEATING,
+    SAMPLES,
+    V,
+    check,
+    chi_square_pvalue_ok,
+    exact_joint,
+    sample_pairs,
+    tiny,
+)
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 
@@ -48,9 +58,13 @@ def test_every_drafter_sampling_matches_target(pair, name):
     target, draft = pair
     if name in ("self", "quant-self"):  # a target of two layers, one of which drafts
         target = tiny(1, 2.0, layers=2)
-    make = {"self": lambda: SelfDrafter(target, [1], V), "quant-self": lambda: QuantSelfDrafter(target, "int8", V),
-            "ngram": NGramDrafter, "suffix": SuffixDrafter,
-            "hybrid": lambda: HybridDrafter([SuffixDrafter(), NGramDrafter()], ModelDrafter(draft, V))}[name]
+    make = {
+        "self": lambda: SelfDrafter(target, [1], V),
+        "quant-self": lambda: QuantSelfDrafter(target, "int8", V),
+        "ngram": NGramDrafter,
+        "suffix": SuffixDrafter,
+        "hybrid": lambda: HybridDrafter([SuffixDrafter(), NGramDrafter()], ModelDrafter(draft, V)),
+    }[name]
     prompt = REPEATING if name in ("ngram", "suffix", "hybrid") else PROMPT
     ok, stat, crit = check(target, make(), dict(temp=1.0), prompt)
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
@@ -84,14 +98,17 @@ def test_plain_mlx_lm_sampler_matches_the_same_law(pair):
     kw = dict(temp=0.7, top_k=3)
     joint = exact_joint(target, make_probs_fn(**kw))
     sampler = make_sampler(**kw)
-    counts = sample_pairs(lambda: [int(t) for t, _ in generate_step(mx.array(PROMPT), target, max_tokens=N_TOKENS,
-                                                                    sampler=sampler)], SAMPLES)
+    counts = sample_pairs(
+        lambda: [int(t) for t, _ in generate_step(mx.array(PROMPT), target, max_tokens=N_TOKENS, sampler=sampler)],
+        SAMPLES,
+    )
     ok, stat, crit = chi_square_pvalue_ok(counts, joint, SAMPLES)
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 
-@pytest.mark.parametrize("broken", ["resample_from_target", "always_accept", "residual_from_wrong_row",
-                                    "bonus_from_the_last_draft_row"])
+@pytest.mark.parametrize(
+    "broken", ["resample_from_target", "always_accept", "residual_from_wrong_row", "bonus_from_the_last_draft_row"]
+)
 def test_a_broken_acceptance_rule_fails_the_same_test(pair, monkeypatch, broken):
     target, draft = pair
     real = verify.sampling_targets
@@ -100,15 +117,19 @@ def test_a_broken_acceptance_rule_fails_the_same_test(pair, monkeypatch, broken)
     elif broken == "always_accept":  # q/p huge: accepts every draft
         monkeypatch.setattr("mlx_spec.gen.verify.sampling_targets", lambda q, d, p: real(q, d, p * 0 + 1e-9))
     elif broken == "residual_from_wrong_row":  # on a rejection at a, resamples from row a+1's residual
+
         def wrong(q, d, p):
             accept, candidates = real(q, d, p)
             shifted = verify.sample(verify._residual(mx.concatenate([q[1:-1], q[-1:]]), p))
             return accept, mx.concatenate([shifted, candidates[-1:]])
+
         monkeypatch.setattr("mlx_spec.gen.verify.sampling_targets", wrong)
     else:  # all accepted: the bonus drawn from the last draft position's row, not the row after it
+
         def wrong(q, d, p):
             accept, candidates = real(q, d, p)
             return accept, mx.concatenate([candidates[:-1], verify.sample(q[-2:-1])])
+
         monkeypatch.setattr("mlx_spec.gen.verify.sampling_targets", wrong)
     ok, stat, crit = check(target, ModelDrafter(draft, V), dict(temp=1.0))
     assert not ok, f"broken rule {broken} passed: chi2 {stat:.1f} < {crit:.1f}"

@@ -11,11 +11,11 @@ import httpx
 import openai
 import pytest
 from conftest import one_line_error, run_cli, wait_for
-
-from mlx_spec.device import describe
 from mlx_spec_apps.server.app import build_app
 from mlx_spec_apps.server.main import Running
 from mlx_spec_apps.server.pair import Pair
+
+from mlx_spec.device import describe
 
 MAX_TOKENS = 24
 HI = [{"role": "user", "content": "def add(a, b):"}]
@@ -85,7 +85,7 @@ def test_completions_raw_prompt_streamed_and_not(client):
 def test_stop_strings_cut_the_reply_where_they_start(client):
     full = client.completions.create(model="tiny", prompt="class Point:", max_tokens=20).choices[0].text
     stop = full[6:9]
-    expect = full[:full.index(stop)]
+    expect = full[: full.index(stop)]
     for stream in (False, True):
         r = client.completions.create(model="tiny", prompt="class Point:", max_tokens=20, stop=[stop], stream=stream)
         chunks = list(r) if stream else [r]
@@ -103,7 +103,8 @@ def test_seeded_sampling_repeats_whatever_runs_beside_it(served_pair):
         alone = client.chat.completions.create(seed=7, **kw).choices[0].message.content
         for _ in range(5):  # an unseeded neighbour draws from the same generator, turn by turn; one that samples EOS
             other = threading.Thread(  # at once is gone before it is seen running: then another
-                target=lambda: stream_chat(client, messages=HI, temperature=1.0, max_tokens=300))
+                target=lambda: stream_chat(client, messages=HI, temperature=1.0, max_tokens=300)
+            )
             other.start()
             if wait_for(srv, lambda h: h["active"] == 1 or not other.is_alive())["active"] == 1:
                 break
@@ -117,8 +118,10 @@ def test_seeded_sampling_repeats_whatever_runs_beside_it(served_pair):
 def test_a_continuing_conversation_reuses_its_cached_prefix(client):
     turn1 = [{"role": "user", "content": "import numpy as np"}]
     r1 = client.chat.completions.create(model="tiny", messages=turn1, max_tokens=MAX_TOKENS)
-    turn2 = turn1 + [{"role": "assistant", "content": r1.choices[0].message.content},
-                     {"role": "user", "content": "for i in range(10):"}]
+    turn2 = turn1 + [
+        {"role": "assistant", "content": r1.choices[0].message.content},
+        {"role": "user", "content": "for i in range(10):"},
+    ]
     r2 = client.chat.completions.create(model="tiny", messages=turn2, max_tokens=8)
     cached = r2.model_extra["mlx_spec"]["prompt_cached"]
     assert cached == r2.usage.prompt_tokens_details.cached_tokens
@@ -156,8 +159,19 @@ def test_bad_input_gets_400s_with_openai_error_bodies_while_a_generation_runs(cl
         assert what in (err["param"] or "") or what in (err["code"] or "") or what in err["message"], err
     long = httpx.post(url, json=BAD[-1][0], timeout=30).json()["error"]
     assert long["code"] == "context_length_exceeded" and "context is 512 tokens" in long["message"]
-    ok = httpx.post(url, json={"model": "tiny", "messages": HI, "max_tokens": 3, "logit_bias": {}, "user": "u",
-                               "frequency_penalty": 0.5, "some_future_field": [1]}, timeout=30)
+    ok = httpx.post(
+        url,
+        json={
+            "model": "tiny",
+            "messages": HI,
+            "max_tokens": 3,
+            "logit_bias": {},
+            "user": "u",
+            "frequency_penalty": 0.5,
+            "some_future_field": [1],
+        },
+        timeout=30,
+    )
     assert ok.status_code == 200  # unknown fields are ignored
     t.join(60)
     assert during["text"] == alone  # the generation in flight never noticed
@@ -167,7 +181,7 @@ def test_bad_input_gets_400s_with_openai_error_bodies_while_a_generation_runs(cl
 def chunked(body: bytes, size: int = 64 * 1024):
     """The body as a generator, so httpx sends it chunked (no Content-Length)."""
     for i in range(0, len(body), size):
-        yield body[i:i + size]
+        yield body[i : i + size]
 
 
 def test_a_body_past_what_the_context_can_hold_gets_a_413_at_once_and_the_server_carries_on(server):
@@ -235,8 +249,16 @@ def test_a_request_switches_the_drafter_for_its_reply_and_the_output_stays_the_t
 def test_the_page_and_its_files_are_served(server):
     page = httpx.get(server.url)
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
-    names = ["app.js", "render.js", "style.css", "vendor/marked.umd.js", "vendor/purify.min.js",
-             "vendor/highlight.min.js", "vendor/hljs-github.min.css", "vendor/hljs-github-dark.min.css"]
+    names = [
+        "app.js",
+        "render.js",
+        "style.css",
+        "vendor/marked.umd.js",
+        "vendor/purify.min.js",
+        "vendor/highlight.min.js",
+        "vendor/hljs-github.min.css",
+        "vendor/hljs-github-dark.min.css",
+    ]
     for name in names:
         assert f"/static/{name}" in page.text and httpx.get(server.url + "static/" + name).status_code == 200
     for name in ("LICENSE.marked", "LICENSE.dompurify", "LICENSE.highlightjs"):
@@ -246,8 +268,20 @@ def test_the_page_and_its_files_are_served(server):
 @pytest.mark.slow
 def test_mlx_spec_serve_prints_its_url_once_it_listens_and_stops_on_ctrl_c(tiny_models):
     """The real command: its URL on stdout once the socket accepts connections; Ctrl-C (SIGINT) ends it cleanly."""
-    cmd = [sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(tiny_models["qwen2"]), "--draft", "ngram",
-           "--port", "0", "--max-tokens", "3"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlx_spec.cli",
+        "serve",
+        "--model",
+        str(tiny_models["qwen2"]),
+        "--draft",
+        "ngram",
+        "--port",
+        "0",
+        "--max-tokens",
+        "3",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = proc.stdout.readline().strip()
@@ -264,11 +298,14 @@ def test_mlx_spec_serve_prints_its_url_once_it_listens_and_stops_on_ctrl_c(tiny_
     assert "Traceback" not in err and f"on {describe()}: open {url}" in err
 
 
-@pytest.mark.parametrize("option, value, message", [
-    ("--port", "70000", "--port must be 0..65535"),
-    ("--max-concurrency", "0", "--max-concurrency must be at least 1"),
-    ("--max-tokens", "0", "--max-tokens must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--port", "70000", "--port must be 0..65535"),
+        ("--max-concurrency", "0", "--max-concurrency must be at least 1"),
+        ("--max-tokens", "0", "--max-tokens must be at least 1"),
+    ],
+)
 def test_mlx_spec_serve_refuses_bad_options_in_one_line(tiny_models, option, value, message):
     r = run_cli("serve", "--model", str(tiny_models["qwen2"]), "--draft", "none", option, value, timeout=60)
     assert one_line_error(r) == f"error: {message}, got {value}"

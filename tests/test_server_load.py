@@ -9,19 +9,31 @@ import httpx
 import openai
 import pytest
 from conftest import health, wait_for
-
-from mlx_spec.gen.costs import Costs
-from mlx_spec.gen.engine import Engine
-from mlx_spec.gen.planner import Planner
 from mlx_spec_apps.server.app import build_app
 from mlx_spec_apps.server.main import Running
 from mlx_spec_apps.server.pair import Pair
 from mlx_spec_apps.server.pool import IDLE_EXTRA
 
+from mlx_spec.gen.costs import Costs
+from mlx_spec.gen.engine import Engine
+from mlx_spec.gen.planner import Planner
+
 CLIENTS = 8
-PROMPTS = [f"{head} #{i}" for i, head in enumerate(["def add(a, b):", "for i in range(10):", "import numpy as np",
-                                                     "class Point:", "The quick brown fox", "def sub(a, b):",
-                                                     "x = np.zeros((3, 4))", "print(i)"])]
+PROMPTS = [
+    f"{head} #{i}"
+    for i, head in enumerate(
+        [
+            "def add(a, b):",
+            "for i in range(10):",
+            "import numpy as np",
+            "class Point:",
+            "The quick brown fox",
+            "def sub(a, b):",
+            "x = np.zeros((3, 4))",
+            "print(i)",
+        ]
+    )
+]
 
 
 class Slow:
@@ -53,8 +65,7 @@ def ask(url, prompt, stream, max_tokens=24, stats=False):
     if stream:
         chunks = list(r)
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        extra = next((c.model_extra["mlx_spec"] for c in reversed(chunks) if "mlx_spec" in (c.model_extra or {})),
-                     None)
+        extra = next((c.model_extra["mlx_spec"] for c in reversed(chunks) if "mlx_spec" in (c.model_extra or {})), None)
     else:
         text, extra = r.choices[0].message.content, r.model_extra["mlx_spec"]
     return (text, extra) if stats else text
@@ -112,18 +123,21 @@ def test_concurrent_clients_share_rounds_where_the_measured_costs_say_batching_p
 
 def test_a_seeded_request_gives_the_same_tokens_alone_and_beside_three_others(served_pair, always_batch):
     """Sampling with a seed: the reply is fixed by the seed, whatever runs beside it; without one, a fresh draw."""
+
     def seeded(url, i, seed):
         client = openai.OpenAI(base_url=url + "v1", api_key="unused", max_retries=0, timeout=60)
-        r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPTS[i]}],
-                                           max_tokens=24, temperature=1.0, seed=seed)
+        r = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": PROMPTS[i]}], max_tokens=24, temperature=1.0, seed=seed
+        )
         return r.choices[0].message.content, r.model_extra["mlx_spec"]
 
     with Running(build_app(slow_pair(served_pair, "suffix", pause=0.005), max_concurrency=4, max_tokens=24)) as srv:
         alone = seeded(srv.url, 0, 11)[0]
         results = {}
         seeds = [11, None, 5, None]
-        threads = [threading.Thread(target=lambda i=i: results.update({i: seeded(srv.url, i, seeds[i])}))
-                   for i in range(4)]
+        threads = [
+            threading.Thread(target=lambda i=i: results.update({i: seeded(srv.url, i, seeds[i])})) for i in range(4)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -146,7 +160,11 @@ def test_a_full_queue_answers_429_and_the_running_requests_finish(served_pair):
         r = httpx.post(srv.url + "v1/chat/completions", json=body, timeout=30)
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
         err = r.json()["error"]
-        assert err["code"] == "queue_full" and "busy" in err["message"] and set(err) == {"message", "type", "param", "code"}
+        assert (
+            err["code"] == "queue_full"
+            and "busy" in err["message"]
+            and set(err) == {"message", "type", "param", "code"}
+        )
         first.join(60)
         second.join(60)
         assert set(done) == {"a", "b"}
@@ -156,8 +174,12 @@ def test_a_full_queue_answers_429_and_the_running_requests_finish(served_pair):
 
 def test_a_client_that_disconnects_stops_its_generation_within_one_round_and_frees_its_caches(served_pair):
     with Running(build_app(slow_pair(served_pair, "ngram"), max_concurrency=2, max_tokens=400)) as srv:
-        body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[2]}], "stream": True,
-                "max_tokens": 400}
+        body = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": PROMPTS[2]}],
+            "stream": True,
+            "max_tokens": 400,
+        }
         with httpx.Client(timeout=30) as http:
             with http.stream("POST", srv.url + "v1/chat/completions", json=body) as r:
                 lines = r.iter_lines()
@@ -178,9 +200,9 @@ def test_a_client_that_disconnects_stops_its_generation_within_one_round_and_fre
         assert later["sessions"] == {"total": 0, "idle": 0}  # its session and caches were freed
 
 
-def test_four_batched_requests_of_other_lengths_drafters_and_finishes_each_equal_their_solo_run(tiny_models,
-                                                                                                always_batch,
-                                                                                                monkeypatch):
+def test_four_batched_requests_of_other_lengths_drafters_and_finishes_each_equal_their_solo_run(
+    tiny_models, always_batch, monkeypatch
+):
     target, draft = str(tiny_models["qwen2"]), str(tiny_models["qwen2_draft"])
     pair = Pair.load(target, draft, num_draft=3)
     pair = Pair(pair.model_spec, draft, Slow(pair.target, 0.01), pair.tokenizer, pair.loaded, num_draft=3)
@@ -225,10 +247,15 @@ def test_a_batched_client_that_disconnects_leaves_the_batch_and_the_others_finis
     with Running(build_app(slow_pair(served_pair, "suffix"), max_concurrency=4, max_tokens=60)) as srv:
         alone = {i: ask(srv.url, PROMPTS[i], stream=False, max_tokens=40) for i in (1, 2)}
         done = {}
-        threads = [threading.Thread(target=lambda i=i: done.update({i: ask(srv.url, PROMPTS[i], True, 40)}))
-                   for i in (1, 2)]
-        body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[0]}], "stream": True,
-                "max_tokens": 400}
+        threads = [
+            threading.Thread(target=lambda i=i: done.update({i: ask(srv.url, PROMPTS[i], True, 40)})) for i in (1, 2)
+        ]
+        body = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": PROMPTS[0]}],
+            "stream": True,
+            "max_tokens": 400,
+        }
         with httpx.Client(timeout=30) as http:
             with http.stream("POST", srv.url + "v1/chat/completions", json=body) as r:
                 lines = (x for x in r.iter_lines() if x.startswith("data:"))
@@ -251,8 +278,10 @@ def alone_then_together(srv, n, gap=0.0, stats=False):
     (their replies alone, together, the health once idle); stats: each reply with its statistics."""
     alone = [ask(srv.url, p, stream=False, max_tokens=30, stats=stats) for p in PROMPTS[:n]]
     results = {}
-    threads = [threading.Thread(target=lambda i=i: results.update({i: ask(srv.url, PROMPTS[i], i == 1, 30, stats)}))
-               for i in range(n)]
+    threads = [
+        threading.Thread(target=lambda i=i: results.update({i: ask(srv.url, PROMPTS[i], i == 1, 30, stats)}))
+        for i in range(n)
+    ]
     for t in threads:
         t.start()
         time.sleep(gap)
@@ -276,7 +305,8 @@ def test_requests_on_a_hybrid_recurrent_model_batch_and_each_equal_their_solo_ru
 
 @pytest.mark.parametrize("draft", ["self:0-1", "quant-self:int4"])
 def test_requests_drafting_with_a_view_of_the_target_draft_together_and_each_equal_their_solo_run(
-        tiny_models, always_batch, monkeypatch, draft):
+    tiny_models, always_batch, monkeypatch, draft
+):
     real_round = Engine.round
     monkeypatch.setattr(Engine, "round", lambda self: time.sleep(0.01) or real_round(self))  # rounds to watch
     pair = Pair.load(str(tiny_models["qwen2"]), draft, num_draft=3)

@@ -1,7 +1,6 @@
 """The server's pieces without a socket: stop strings, request checks, the session pool's choice, the wire format."""
 
 import pytest
-
 from mlx_spec_apps.server import params as P
 from mlx_spec_apps.server.errors import ApiError
 from mlx_spec_apps.server.pair import Pair
@@ -47,12 +46,23 @@ def body(**kw):
     return dict({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, **kw)
 
 
-@pytest.mark.parametrize("bad, param", [
-    (dict(max_tokens=0), "max_tokens"), (dict(max_tokens=-3), "max_tokens"), (dict(max_tokens="9"), "max_tokens"),
-    (dict(max_completion_tokens=0), "max_completion_tokens"), (dict(temperature=-0.1), "temperature"),
-    (dict(temperature=2.5), "temperature"), (dict(top_p=1.5), "top_p"), (dict(top_p=True), "top_p"),
-    (dict(stop=[1]), "stop"), (dict(stop=["a"] * 5), "stop"), (dict(n=2), "n"), (dict(seed=-1), "seed"),
-])
+@pytest.mark.parametrize(
+    "bad, param",
+    [
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(max_tokens=-3), "max_tokens"),
+        (dict(max_tokens="9"), "max_tokens"),
+        (dict(max_completion_tokens=0), "max_completion_tokens"),
+        (dict(temperature=-0.1), "temperature"),
+        (dict(temperature=2.5), "temperature"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_p=True), "top_p"),
+        (dict(stop=[1]), "stop"),
+        (dict(stop=["a"] * 5), "stop"),
+        (dict(n=2), "n"),
+        (dict(seed=-1), "seed"),
+    ],
+)
 def test_params_reject_out_of_range_options_naming_the_field(bad, param):
     with pytest.raises(ApiError) as e:
         P.params(body(**bad), 16)
@@ -60,14 +70,33 @@ def test_params_reject_out_of_range_options_naming_the_field(bad, param):
 
 
 def test_params_defaults_and_unknown_fields():
-    p = P.params(body(frequency_penalty=1, user="x", logit_bias={}, stream=True,
-                      stream_options={"include_usage": True}, stop="\n\n"), 16)
+    p = P.params(
+        body(
+            frequency_penalty=1,
+            user="x",
+            logit_bias={},
+            stream=True,
+            stream_options={"include_usage": True},
+            stop="\n\n",
+        ),
+        16,
+    )
     assert (p.max_tokens, p.temp, p.stop, p.stream, p.include_usage) == (16, 0.0, ["\n\n"], True, True)
     assert P.params(body(max_tokens=5, max_completion_tokens=7), 16).max_tokens == 7
 
 
-@pytest.mark.parametrize("msgs", [None, [], "hi", [{"role": "wizard", "content": "x"}], [{"content": "x"}],
-                                  [{"role": "user", "content": 3}], ["hi"]])
+@pytest.mark.parametrize(
+    "msgs",
+    [
+        None,
+        [],
+        "hi",
+        [{"role": "wizard", "content": "x"}],
+        [{"content": "x"}],
+        [{"role": "user", "content": 3}],
+        ["hi"],
+    ],
+)
 def test_messages_rejects_malformed_lists_and_unknown_roles(msgs):
     with pytest.raises(ApiError) as e:
         P.messages({"messages": msgs})
@@ -75,8 +104,9 @@ def test_messages_rejects_malformed_lists_and_unknown_roles(msgs):
 
 
 def test_messages_joins_text_parts():
-    msgs = P.messages({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
-                                                                   {"type": "text", "text": "b"}]}]})
+    msgs = P.messages(
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
+    )
     assert msgs == [{"role": "user", "content": "ab"}]
 
 
@@ -110,18 +140,30 @@ def test_reply_chunks_carry_flags_and_the_last_one_the_stats():
     c = r.chunk(Delta(pieces, dict(tokens=3, rounds=2, spec_rounds=1, drafted=3, accepted=1)))
     assert c["choices"][0]["delta"] == {"content": "abc"}
     x = c["mlx_spec"]
-    assert (x["draft"], x["pos"], x["round"], x["pieces"]) == ([True, False, False], [1, 0, 0], [3, 3, 4], ["a", "b", "c"])
-    done = Done("length", {"prompt_tokens": 5, "prompt_cached": 2, "generation_tokens": 2, "proposed": 3,
-                           "generation_tps": 9.0})
+    assert (x["draft"], x["pos"], x["round"], x["pieces"]) == (
+        [True, False, False],
+        [1, 0, 0],
+        [3, 3, 4],
+        ["a", "b", "c"],
+    )
+    done = Done(
+        "length", {"prompt_tokens": 5, "prompt_cached": 2, "generation_tokens": 2, "proposed": 3, "generation_tps": 9.0}
+    )
     last = r.last(done)
     assert last["choices"][0]["finish_reason"] == "length" and last["mlx_spec"]["drafted"] == 3
-    assert r.usage_chunk(done)["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
-                                            "prompt_tokens_details": {"cached_tokens": 2}}
+    assert r.usage_chunk(done)["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": 2,
+        "total_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 2},
+    }
 
 
 def test_a_request_may_name_any_drafter_that_loads_nothing_unless_the_drafter_is_fixed():
     pair = Pair("m", "suffix", None, None, loaded={"d": None})
-    assert pair.choices()[:2] == ["suffix", "none"] and {"ngram", "self", "quant-self", "d", "hybrid:d"} <= set(pair.choices())
+    assert pair.choices()[:2] == ["suffix", "none"] and {"ngram", "self", "quant-self", "d", "hybrid:d"} <= set(
+        pair.choices()
+    )
     assert pair.check_draft(None) is None and pair.check_draft("hybrid:d") == "hybrid:d"
     for bad, words in (("other-model", "loads no draft model per request"), ("self:x", "self"), (5, "drafter spec")):
         with pytest.raises(ApiError) as e:

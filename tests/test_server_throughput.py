@@ -4,7 +4,6 @@ import json
 
 import pytest
 from conftest import long_context, one_line_error, run_cli
-
 from mlx_spec_apps.server.throughput import ThroughputSettings, run_throughput
 
 
@@ -27,9 +26,12 @@ def test_served_throughput_reports_every_cell_and_mode_and_identical_replies(tin
     assert ours == plain  # mlx-lm's batch generator answers the same prompts the same way
     rows = {(r["clients"], r["mode"]): r for r in data["summary"]}
     assert set(rows) == {(c, m) for c in (1, 2) for m in ("off", "turns", "on", "mlx-lm")}
-    on = sorted((c["repeat"], c["tokens"] / c["wall_s"]) for c in data["cells"] if c["mode"] == "on" and c["clients"] == 2)
-    turns = sorted((c["repeat"], c["tokens"] / c["wall_s"]) for c in data["cells"]
-                   if c["mode"] == "turns" and c["clients"] == 2)
+    on = sorted(
+        (c["repeat"], c["tokens"] / c["wall_s"]) for c in data["cells"] if c["mode"] == "on" and c["clients"] == 2
+    )
+    turns = sorted(
+        (c["repeat"], c["tokens"] / c["wall_s"]) for c in data["cells"] if c["mode"] == "turns" and c["clients"] == 2
+    )
     assert rows[(2, "on")]["vs_turns_range"] == sorted(a / b for (_, a), (_, b) in zip(on, turns))
     assert rows[(1, "off")]["vs_first_clients"] == 1.0 and rows[(2, "turns")]["vs_turns"] is None
     md = run.md_path.read_text()
@@ -65,8 +67,16 @@ def test_bench_serve_is_mounted_under_the_bench_with_its_options():
 
     r = CliRunner().invoke(app, ["bench", "serve", "--help"], env={"COLUMNS": "200"})
     assert r.exit_code == 0
-    for option in ("--model", "--draft", "--clients", "--max-tokens", "--repeats", "--num-draft", "--requests",
-                   "--out"):
+    for option in (
+        "--model",
+        "--draft",
+        "--clients",
+        "--max-tokens",
+        "--repeats",
+        "--num-draft",
+        "--requests",
+        "--out",
+    ):
         assert option in r.stdout
     assert "Served throughput" in CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"}).stdout
 
@@ -74,7 +84,6 @@ def test_bench_serve_is_mounted_under_the_bench_with_its_options():
 def test_every_client_count_sends_the_same_mix_of_prompt_kinds(tiny_models):
     """Over 3 repeats, 1, 2 and 4 clients send HumanEval, edit and prose prompts in equal shares, all distinct."""
     from mlx_lm import load
-
     from mlx_spec_apps.server.throughput import KINDS, plan_prompts
 
     _model, tokenizer = load(str(tiny_models["qwen2"]))

@@ -111,8 +111,11 @@ def test_planner_measurements_carry_over(models):
     second = Stats(trace=[])
     list(session.generate(conversation(tok, TURNS[:2], ["x"]), max_tokens=10, eos_token_ids=[], stats=second))
     fresh = Stats(trace=[])
-    list(Session(target, tok, build("MODEL", target, tok, draft)[0], num_draft=4).generate(
-        conversation(tok, TURNS[:2], ["x"]), max_tokens=10, eos_token_ids=[], stats=fresh))
+    list(
+        Session(target, tok, build("MODEL", target, tok, draft)[0], num_draft=4).generate(
+            conversation(tok, TURNS[:2], ["x"]), max_tokens=10, eos_token_ids=[], stats=fresh
+        )
+    )
     assert fresh.trace[0]["proposed"] == 0 and set(second.costs) >= set(first.costs)
 
 
@@ -122,8 +125,9 @@ def test_closing_mid_round_leaves_caches_consistent(models, spec, stop_after):
     """A client disconnects (the generator is closed) after a few tokens, possibly inside a round of
     accepted drafts: no rejected or undelivered entries stay, and the next turn is still exact."""
     target, tok, _ = models[:3]
-    drafter = registry.build(spec.replace("MODEL", "draft"), target, tok,
-                             load=lambda _n: (target, tok))  # the target drafting for itself: long accepted rounds
+    drafter = registry.build(
+        spec.replace("MODEL", "draft"), target, tok, load=lambda _n: (target, tok)
+    )  # the target drafting for itself: long accepted rounds
     session = Session(target, tok, drafter, num_draft=6, adaptive=False)
     ids = conversation(tok, TURNS[:1], [])
     gen = session.generate(ids, max_tokens=30, eos_token_ids=[])
@@ -143,8 +147,9 @@ def test_closing_inside_an_accepted_round_trims_undelivered_tokens(models):
     cache = __import__("mlx_lm.models.cache", fromlist=["x"]).make_prompt_cache(target)
     ids = tok.encode(TURNS[0])
     stats = Stats()
-    gen = speculative_generate_step(ids, target, drafter, prompt_cache=cache, num_draft=6, adaptive=False,
-                                    max_tokens=20, stats=stats)
+    gen = speculative_generate_step(
+        ids, target, drafter, prompt_cache=cache, num_draft=6, adaptive=False, max_tokens=20, stats=stats
+    )
     first = next(gen)
     assert stats.accepted >= 3  # the first round accepted several drafts, and only one was delivered
     gen.close()

@@ -11,8 +11,10 @@ import pytest
 SETUP = Path(__file__).parent.parent / "setup.sh"
 TOOLS = ("bash", "sh", "dirname", "uname", "sort", "head", "tr", "printf")  # all setup.sh runs before --print exits
 
-pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the backend choice is Linux's"),
-              pytest.mark.slow]
+pytestmark = [
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the backend choice is Linux's"),
+    pytest.mark.slow,
+]
 
 
 def setup(tmp_path, *args, driver=None, smi_fails=False):
@@ -23,26 +25,36 @@ def setup(tmp_path, *args, driver=None, smi_fails=False):
         if (found := shutil.which(tool)) and not (bin_ / tool).exists():
             (bin_ / tool).symlink_to(found)
     if driver is not None or smi_fails:
-        out, code = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver", 9) if smi_fails \
+        out, code = (
+            ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver", 9)
+            if smi_fails
             else (driver, 0)
+        )
         (bin_ / "nvidia-smi").write_text(f"#!/bin/sh\necho '{out}'\nexit {code}\n")
         (bin_ / "nvidia-smi").chmod(0o755)
     shutil.copy(SETUP, tmp_path / "setup.sh")
-    res = subprocess.run([shutil.which("bash"), str(tmp_path / "setup.sh"), *args, "--print"], capture_output=True,
-                         text=True, env={"PATH": str(bin_), "HOME": os.environ.get("HOME", "/tmp")})
+    res = subprocess.run(
+        [shutil.which("bash"), str(tmp_path / "setup.sh"), *args, "--print"],
+        capture_output=True,
+        text=True,
+        env={"PATH": str(bin_), "HOME": os.environ.get("HOME", "/tmp")},
+    )
     assert res.returncode == 0, res.stderr
     assert not (tmp_path / ".venv").exists()  # --print installs nothing
     plan = dict(line.split(": ", 1) if ": " in line else ("pip", line) for line in res.stdout.strip().splitlines())
     return plan, res.stderr
 
 
-@pytest.mark.parametrize("driver, backend", [
-    ("580.159.04", "cuda13"),  # the team's H100
-    ("580.65.06", "cuda13"),
-    ("595.12", "cuda13"),
-    ("575.57.08", "cuda12"),
-    ("550.54.14", "cuda12"),  # the oldest MLX's CUDA 12 wheel takes
-])
+@pytest.mark.parametrize(
+    "driver, backend",
+    [
+        ("580.159.04", "cuda13"),  # the team's H100
+        ("580.65.06", "cuda13"),
+        ("595.12", "cuda13"),
+        ("575.57.08", "cuda12"),
+        ("550.54.14", "cuda12"),  # the oldest MLX's CUDA 12 wheel takes
+    ],
+)
 def test_an_nvidia_driver_picks_mlx_cuda_and_no_openblas(tmp_path, driver, backend):
     plan, _ = setup(tmp_path, "--dev", driver=driver)
     assert plan == {"backend": backend, "openblas": "no", "pip": f"pip install -e .[{backend},dev]"}

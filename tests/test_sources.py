@@ -10,8 +10,9 @@ import pytest
 from conftest import TtyStderr
 
 from mlx_spec import blas
-from mlx_spec.make import recipes, resolve as sources
 from mlx_spec.errors import SourceError
+from mlx_spec.make import recipes
+from mlx_spec.make import resolve as sources
 
 
 def fake_wheel(folder: Path, dist: str, payload: bytes, member: str = "data/part01.bin") -> None:
@@ -134,8 +135,12 @@ def test_blas_is_loaded_or_hinted():
     if blas.status == "none" and mx.default_device() == mx.cpu:  # a GPU backend needs no BLAS: no hint there
         assert "libopenblas" in blas.hint()
     code = "import mlx_spec, mlx_spec.blas as b; print(b.status, b.hint() is None)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={"MLX_SPEC_BLAS": "reference", "PATH": ""}).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={"MLX_SPEC_BLAS": "reference", "PATH": ""}
+    ).stdout.split()
     assert out == ["disabled", "True"]
     late = "import mlx.core, mlx_spec.blas as b; print(b.setup())"
-    assert subprocess.run([sys.executable, "-c", late], capture_output=True, text=True).stdout.strip() in ("late", "not-linux")
+    assert subprocess.run([sys.executable, "-c", late], capture_output=True, text=True).stdout.strip() in (
+        "late",
+        "not-linux",
+    )

@@ -73,8 +73,18 @@ def drafters(target, draft_model):
     }
 
 
-DRAFTERS = ["ngram", "self-half", "model", "model-subset", "hybrid-model", "hybrid-self", "quant-self-int4",
-            "quant-self-mxfp4", "suffix", "self-importance"]
+DRAFTERS = [
+    "ngram",
+    "self-half",
+    "model",
+    "model-subset",
+    "hybrid-model",
+    "hybrid-self",
+    "quant-self-int4",
+    "quant-self-mxfp4",
+    "suffix",
+    "self-importance",
+]
 
 
 @pytest.mark.parametrize("name", DRAFTERS)
@@ -84,8 +94,9 @@ def test_greedy_equals_plain(target, draft_model, name, k):
     for text in PROMPTS:
         prompt = tok.encode(text)
         ref = plain_greedy(model, prompt, 40)
-        out, stats = spec(model, prompt, drafters(target, draft_model)[name](), max_tokens=40, num_draft=k,
-                          adaptive=False)
+        out, stats = spec(
+            model, prompt, drafters(target, draft_model)[name](), max_tokens=40, num_draft=k, adaptive=False
+        )
         assert out == ref, f"{name} k={k} diverged on {text!r}"
         assert stats.generation_tokens == len(ref)
 
@@ -110,16 +121,28 @@ def test_ngram_drafts_on_matching_prompt(target):
 
 def test_self_draft_with_all_layers_accepts_everything(target):
     model, tok = target
-    out, stats = spec(model, tok.encode(PROMPTS[1]), SelfDrafter(model, range(4), model.args.vocab_size),
-                      max_tokens=30, num_draft=4, adaptive=False)
+    out, stats = spec(
+        model,
+        tok.encode(PROMPTS[1]),
+        SelfDrafter(model, range(4), model.args.vocab_size),
+        max_tokens=30,
+        num_draft=4,
+        adaptive=False,
+    )
     assert stats.proposed > 0 and stats.accepted == stats.proposed
     assert out == plain_greedy(model, tok.encode(PROMPTS[1]), 30)
 
 
 def test_same_model_as_draft_accepts_everything(target):
     model, tok = target
-    out, stats = spec(model, tok.encode(PROMPTS[2]), ModelDrafter(model, model.args.vocab_size),
-                      max_tokens=30, num_draft=5, adaptive=False)
+    out, stats = spec(
+        model,
+        tok.encode(PROMPTS[2]),
+        ModelDrafter(model, model.args.vocab_size),
+        max_tokens=30,
+        num_draft=5,
+        adaptive=False,
+    )
     assert stats.acceptance_rate == 1.0 and stats.mean_accepted > 1
     assert all(p == 1.0 for p in stats.acceptance_by_position())
 
@@ -131,8 +154,15 @@ def test_eos_inside_a_draft_stops_where_plain_does(target, stop_at, k):
     ref = plain_greedy(model, prompt, 30)
     eos = ref[stop_at]
     expected = ref[: ref.index(eos) + 1]
-    out, stats = spec(model, prompt, ModelDrafter(model, model.args.vocab_size), max_tokens=30,
-                      num_draft=k, eos_token_ids=[eos], adaptive=False)
+    out, stats = spec(
+        model,
+        prompt,
+        ModelDrafter(model, model.args.vocab_size),
+        max_tokens=30,
+        num_draft=k,
+        eos_token_ids=[eos],
+        adaptive=False,
+    )
     assert out == expected
     assert stats.proposed > len(expected) - 1  # the EOS really was inside a draft
 
@@ -141,8 +171,9 @@ def test_eos_inside_a_draft_stops_where_plain_does(target, stop_at, k):
 def test_max_tokens_inside_a_draft(target, max_tokens, k):
     model, tok = target
     prompt = tok.encode(PROMPTS[0])
-    out, _ = spec(model, prompt, ModelDrafter(model, model.args.vocab_size), max_tokens=max_tokens,
-                  num_draft=k, adaptive=False)
+    out, _ = spec(
+        model, prompt, ModelDrafter(model, model.args.vocab_size), max_tokens=max_tokens, num_draft=k, adaptive=False
+    )
     assert out == plain_greedy(model, prompt, max_tokens)
 
 
@@ -150,8 +181,14 @@ def test_draft_rejected_at_every_position(target):
     model, tok = target
     prompt = tok.encode(PROMPTS[2])
     ref = plain_greedy(model, prompt, 25)
-    out, stats = spec(model, prompt, ScriptedDrafter(ref, wrong=True, vocab=model.args.vocab_size),
-                      max_tokens=25, num_draft=4, adaptive=False)
+    out, stats = spec(
+        model,
+        prompt,
+        ScriptedDrafter(ref, wrong=True, vocab=model.args.vocab_size),
+        max_tokens=25,
+        num_draft=4,
+        adaptive=False,
+    )
     assert out == ref
     assert stats.proposed > 0 and stats.accepted == 0
 
@@ -198,13 +235,27 @@ def test_trim_then_regenerate_gives_the_same_tokens(target, draft_model, name):
     model, tok = target
     prompt = tok.encode(PROMPTS[2])
     cache = make_prompt_cache(model)
-    first, _ = spec(model, prompt, drafters(target, draft_model)[name](), prompt_cache=cache, max_tokens=30,
-                    num_draft=4, adaptive=False)
+    first, _ = spec(
+        model,
+        prompt,
+        drafters(target, draft_model)[name](),
+        prompt_cache=cache,
+        max_tokens=30,
+        num_draft=4,
+        adaptive=False,
+    )
     assert cache[0].offset == len(prompt) + len(first) - 1
     cut = 11
     assert rewind(cache, len(prompt) + cut)
-    again, stats = spec(model, prompt + first[: cut + 1], drafters(target, draft_model)[name](), prompt_cache=cache,
-                        max_tokens=30 - cut - 1, num_draft=4, adaptive=False)
+    again, stats = spec(
+        model,
+        prompt + first[: cut + 1],
+        drafters(target, draft_model)[name](),
+        prompt_cache=cache,
+        max_tokens=30 - cut - 1,
+        num_draft=4,
+        adaptive=False,
+    )
     assert again == first[cut + 1 :] and stats.prefill_tokens == 1
 
 
@@ -223,8 +274,16 @@ def test_a_padded_verify_pass_changes_nothing(target, draft_model, name):
         prompt = tok.encode(text)
         ref = plain_greedy(model, prompt, 30)
         cache, planner, stats, out = make_prompt_cache(model), Padding(adaptive=False), Stats(trace=[]), []
-        for step in speculative_generate_step(prompt, model, drafters(target, draft_model)[name](), max_tokens=30,
-                                              num_draft=4, planner=planner, prompt_cache=cache, stats=stats):
+        for step in speculative_generate_step(
+            prompt,
+            model,
+            drafters(target, draft_model)[name](),
+            max_tokens=30,
+            num_draft=4,
+            planner=planner,
+            prompt_cache=cache,
+            stats=stats,
+        ):
             out.append(step.token)
             if not step.from_draft:  # a round's last token: the cache holds the context but it (and at most a
                 held = len(prompt) + len(out) - 1  # plain step queued ahead), the dummy positions gone
@@ -261,8 +320,7 @@ def test_adaptive_switches_speculation_off_for_a_useless_drafter(target):
     model, tok = target
     prompt = tok.encode(PROMPTS[1])
     ref = plain_greedy(model, prompt, 120)
-    out, stats = spec(model, prompt, Slow(ref, wrong=True, vocab=model.args.vocab_size), max_tokens=120,
-                      num_draft=4)
+    out, stats = spec(model, prompt, Slow(ref, wrong=True, vocab=model.args.vocab_size), max_tokens=120, num_draft=4)
     assert out == ref
     assert 1 <= stats.spec_rounds < 0.1 * stats.rounds, (stats.spec_rounds, stats.rounds)
 
@@ -335,13 +393,16 @@ def test_untrimmable_sliding_window_cache_falls_back_to_plain(tiny_models):
     assert stats.proposed > 0  # it speculated while it could
 
 
-@pytest.mark.parametrize("draft,produced,expected", [
-    ([5, 6, 7], [5, 6, 9], (3, 2)),  # rejected at the third token: three judged, two accepted
-    ([5, 6], [5, 6, 9], (2, 2)),  # all accepted
-    ([5, 6, 7, 8], [5, 6], (2, 2)),  # the round produced two tokens: the rest were never judged
-    ([4], [5], (1, 0)),
-    ([], [5], (0, 0)),
-])
+@pytest.mark.parametrize(
+    "draft,produced,expected",
+    [
+        ([5, 6, 7], [5, 6, 9], (3, 2)),  # rejected at the third token: three judged, two accepted
+        ([5, 6], [5, 6, 9], (2, 2)),  # all accepted
+        ([5, 6, 7, 8], [5, 6], (2, 2)),  # the round produced two tokens: the rest were never judged
+        ([4], [5], (1, 0)),
+        ([], [5], (0, 0)),
+    ],
+)
 def test_a_shadow_draft_is_judged_only_where_the_round_produced_tokens(draft, produced, expected):
     assert shadow_judgement(draft, produced) == expected
 
@@ -414,8 +475,12 @@ def test_quant_self_drafts_in_the_target_cache_and_leaves_the_target_alone(targe
     prompt = tok.encode(PROMPTS[0])
     ref = plain_greedy(model, prompt, 30)
     cache, drafted = make_prompt_cache(model), Stats()
-    out = [s.token for s in speculative_generate_step(prompt, model, drafter, prompt_cache=cache, max_tokens=30,
-                                                      adaptive=False, stats=drafted)]
+    out = [
+        s.token
+        for s in speculative_generate_step(
+            prompt, model, drafter, prompt_cache=cache, max_tokens=30, adaptive=False, stats=drafted
+        )
+    ]
     assert out == ref
     assert drafter.cache is None  # no cache of its own: it drafted in the target's
     assert drafted.proposed > 0 and drafter.model.model.layers[0].mlp.up_proj.bits == 8
@@ -451,6 +516,7 @@ class Reads:
                     self.count += 1
                     self.done[id(a)] = a
                 return real(a)
+
             return read
 
         monkeypatch.setattr(mx, "eval", evaluate)
@@ -468,8 +534,9 @@ def test_one_host_synchronisation_per_round(target, draft_model, monkeypatch, na
 
     def reads_beyond_one_a_round(drafter):
         reads, stats = Reads(monkeypatch), Stats()
-        for _ in speculative_generate_step(prompt, model, drafter, max_tokens=40, num_draft=6, adaptive=False,
-                                           temp=temp, stats=stats):
+        for _ in speculative_generate_step(
+            prompt, model, drafter, max_tokens=40, num_draft=6, adaptive=False, temp=temp, stats=stats
+        ):
             pass
         assert stats.spec_rounds > 3 and stats.syncs == stats.rounds
         return reads.count - 1 - stats.rounds  # the prompt's prefill reads once

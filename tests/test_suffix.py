@@ -43,7 +43,7 @@ def test_match_is_the_longest_suffix_seen_before(seed):
     for n, t in enumerate(text, 1):
         index.extend(t)
         prefix = text[:n]
-        best = max((L for L in range(1, n) if occurrences(prefix[:-1], prefix[n - L:]) > 0), default=0)
+        best = max((L for L in range(1, n) if occurrences(prefix[:-1], prefix[n - L :]) > 0), default=0)
         assert index.match()[1] == best
 
 

@@ -62,8 +62,9 @@ def test_the_saved_head_is_the_published_layout_that_mlx_vlm_loads(trained, tiny
     tokens = mx.random.randint(0, target.args.vocab_size, (1, 7))
     states = mx.random.normal((1, 7, 3 * target.args.hidden_size))
     ref.reset(None)
-    assert mx.allclose(mine.logits(mine(tokens, states)), ref._logits(ref._forward_tokens(tokens, states, mx.int32)),
-                       atol=1e-4).item()
+    assert mx.allclose(
+        mine.logits(mine(tokens, states)), ref._logits(ref._forward_tokens(tokens, states, mx.int32)), atol=1e-4
+    ).item()
 
 
 def test_drafting_with_the_trained_head_keeps_plain_decodings_output(trained, tiny_target):
@@ -82,16 +83,25 @@ def test_resume_goes_on_from_the_checkpoint(trained, tiny_target, tmp_path):
     out = tmp_path / "h"
     shutil.copytree(trained[0], out)
     before = json.loads((out / "train.json").read_text())["done"]["steps"]
-    train(target, Plan("tiny", READS, 96, 48, minutes=1, max_steps=before + 5), out, td.sequences(tok, CORPUS * 10, 48),
-          resume=True)
+    train(
+        target,
+        Plan("tiny", READS, 96, 48, minutes=1, max_steps=before + 5),
+        out,
+        td.sequences(tok, CORPUS * 10, 48),
+        resume=True,
+    )
     assert json.loads((out / "train.json").read_text())["done"]["steps"] > before
 
 
 @pytest.mark.slow
 def test_bad_input_is_one_line_refused_and_writes_nothing(tiny_models, tmp_path):
     (tmp_path / "empty.txt").write_text("")
-    cases = [("--target", str(tmp_path / "nowhere")), ("--data", str(tmp_path / "empty.txt")),
-             ("--data", str(tmp_path / "missing.txt")), ("--regenerate", str(tmp_path / "missing.txt"))]
+    cases = [
+        ("--target", str(tmp_path / "nowhere")),
+        ("--data", str(tmp_path / "empty.txt")),
+        ("--data", str(tmp_path / "missing.txt")),
+        ("--regenerate", str(tmp_path / "missing.txt")),
+    ]
     for flag, value in cases:
         args = ["train-head", "--out", str(tmp_path / "out"), "--budget-minutes", "0.1"]
         args += [flag, value] if flag == "--target" else ["--target", str(tiny_models["qwen2"]), flag, value]
@@ -99,8 +109,17 @@ def test_bad_input_is_one_line_refused_and_writes_nothing(tiny_models, tmp_path)
         assert not (tmp_path / "out").exists()
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "config.json").write_text("{}")  # a head already there: refused before any reply is made
-    r = run_cli("train-head", "--out", str(tmp_path / "out"), "--target", str(tiny_models["qwen2"]), "--regenerate",
-                "default", "--budget-minutes", "0.1")
+    r = run_cli(
+        "train-head",
+        "--out",
+        str(tmp_path / "out"),
+        "--target",
+        str(tiny_models["qwen2"]),
+        "--regenerate",
+        "default",
+        "--budget-minutes",
+        "0.1",
+    )
     assert one_line_error(r) and "not empty" in r.stderr and "replies" not in r.stderr
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["config.json"]
 
@@ -111,11 +130,22 @@ def test_bench_run_head_measures_the_head_with_its_training_record_and_learning_
     suite naming HEAD without --head, or --head for one that does not, is one line."""
     out = trained[0]
     suite = tmp_path / "h.toml"
-    suite.write_text('description = "head"\nkind = "table"\nmax_tokens = 8\nrepeats = 1\n'
-                     'prompts = { humaneval = 1, prose = 1 }\n\n[[targets]]\nmodel = "qwen2.5-coder-0.5b"\n'
-                     'drafts = ["eagle3:HEAD", "hybrid:eagle3:HEAD"]\n')
-    r = run_cli("bench", "run", str(suite), "--out", str(tmp_path / "runs"), "--head", str(out),
-                "--model", str(tiny_models["qwen2"]))
+    suite.write_text(
+        'description = "head"\nkind = "table"\nmax_tokens = 8\nrepeats = 1\n'
+        'prompts = { humaneval = 1, prose = 1 }\n\n[[targets]]\nmodel = "qwen2.5-coder-0.5b"\n'
+        'drafts = ["eagle3:HEAD", "hybrid:eagle3:HEAD"]\n'
+    )
+    r = run_cli(
+        "bench",
+        "run",
+        str(suite),
+        "--out",
+        str(tmp_path / "runs"),
+        "--head",
+        str(out),
+        "--model",
+        str(tiny_models["qwen2"]),
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(next((tmp_path / "runs").glob("h-*.json")).read_text())
     assert data["training"]["done"]["steps"] > 10 and data["training"]["folder"] == str(out)
@@ -164,8 +194,15 @@ def test_the_replies_are_made_once_and_a_restart_trains_on_the_same_sequences(ti
     (tmp_path / "text.txt").write_text("".join(CORPUS))
     seen = []
     monkeypatch.setattr(job, "train", lambda model, plan, out, seqs, **kw: seen.append((plan, seqs)) or out)
-    kw = dict(held=[], data=[str(tmp_path / "text.txt")], regenerate=tmp_path / "asks.txt", reply_tokens=6,
-              minutes=1, draft_vocab=64, length=16)
+    kw = dict(
+        held=[],
+        data=[str(tmp_path / "text.txt")],
+        regenerate=tmp_path / "asks.txt",
+        reply_tokens=6,
+        minutes=1,
+        draft_vocab=64,
+        length=16,
+    )
     job.run(target, tok, "tiny", tmp_path / "h", **kw)
     monkeypatch.setattr(td, "replies", lambda *a, **k: pytest.fail("the replies were made again"))
     job.run(target, tok, "tiny", tmp_path / "h", **kw)  # stopped before its first checkpoint: started again

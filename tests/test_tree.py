@@ -52,9 +52,19 @@ class Trees(Planner):
 
 
 def wide(vocab=64, layers=2, seed=0):
-    args = qwen2.ModelArgs(model_type="qwen2", hidden_size=32, num_hidden_layers=layers, intermediate_size=64,
-                           num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-6, vocab_size=vocab,
-                           rope_theta=10000.0, max_position_embeddings=256, tie_word_embeddings=True)
+    args = qwen2.ModelArgs(
+        model_type="qwen2",
+        hidden_size=32,
+        num_hidden_layers=layers,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        rms_norm_eps=1e-6,
+        vocab_size=vocab,
+        rope_theta=10000.0,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
     mx.random.seed(seed)
     m = qwen2.Model(args)
     mx.eval(m.parameters())
@@ -85,7 +95,7 @@ def test_a_tree_pass_gives_each_node_the_logits_of_its_path_run_as_a_chain(broke
         at = mx.arange(width)
     elif broken == "causal mask":
         mask = mx.tril(mx.ones((width, width), dtype=mx.bool_), k=cache[0].offset)
-        mask = mx.concatenate([mx.ones((width, cache[0].offset), dtype=mx.bool_), mask[:, : width]], axis=1)
+        mask = mx.concatenate([mx.ones((width, cache[0].offset), dtype=mx.bool_), mask[:, :width]], axis=1)
     x = mx.array([context[-1]] + NODES + [0, 0])[None]
     view = tree.view(m)
     out = view.run(lambda v: v(x, cache=cache), mask, at)[0]
@@ -122,7 +132,7 @@ def test_a_heads_tree_feeds_each_node_beside_its_parents_state_attending_to_its_
     tokens, parents = d.tree(state, k, 1000, rows)
     assert cache[0].offset == len(context)  # the tree's entries are dropped
     tokens, depth = tokens.tolist(), tree.depths(parents)
-    assert len(tokens) == TREE_WIDTH + (k - 1) * TREE_WIDTH ** 2 and max(depth) == k
+    assert len(tokens) == TREE_WIDTH + (k - 1) * TREE_WIDTH**2 and max(depth) == k
     kids = tree.children(parents)
     fed_nodes = [j for j in kids if j >= 0]
     assert fed_nodes and max(depth[j] for j in fed_nodes) == k - 1
@@ -157,8 +167,16 @@ def test_seeded_sampling_through_trees_gives_the_seeded_plain_tokens():
     target = tiny(2, 1.0, layers=3)
     for seed in (1, 2, 3):
         want, _ = spec(target, REPEATING, None, max_tokens=12, temp=1.0, seed=seed)
-        toks, stats = spec(target, REPEATING, head_drafter(target, scale=4.0), max_tokens=12, num_draft=3, temp=1.0,
-                           seed=seed, planner=Trees(7))
+        toks, stats = spec(
+            target,
+            REPEATING,
+            head_drafter(target, scale=4.0),
+            max_tokens=12,
+            num_draft=3,
+            temp=1.0,
+            seed=seed,
+            planner=Trees(7),
+        )
         assert toks == want and any(e.get("tree") for e in stats.trace)
 
 
@@ -171,13 +189,15 @@ def test_sampled_trees_keep_the_targets_law_and_a_rule_that_keeps_the_refused_ch
     trees = []
 
     def one():
-        toks, stats = spec(spread, PROMPT, head_drafter(spread, scale=4.0), max_tokens=3, num_draft=2,
-                           planner=Trees(3), **kw)
+        toks, stats = spec(
+            spread, PROMPT, head_drafter(spread, scale=4.0), max_tokens=3, num_draft=2, planner=Trees(3), **kw
+        )
         trees.append(stats.trace[0].get("tree", 0))
         return toks
 
-    ok, stat, crit = chi_square_pvalue_ok(sample_pairs(one, SAMPLES), exact_joint(spread, Sampler(**kw).probs_fn),
-                                          SAMPLES)
+    ok, stat, crit = chi_square_pvalue_ok(
+        sample_pairs(one, SAMPLES), exact_joint(spread, Sampler(**kw).probs_fn), SAMPLES
+    )
     assert min(trees) == 3, "every sample's first round drafts a tree"
     assert ok != broken, f"{'broken' if broken else 'exact'} rule: chi2 {stat:.1f} vs {crit:.1f}"
 
@@ -192,7 +212,7 @@ def test_rows_beside_others_draft_chains_and_equal_their_solo_runs():
     outs = run_rows(e)
     for r, p, m in zip(rows, prompts, maxes):
         assert outs[id(r)] == plain_greedy(target, p, m)
-    together = [x for r in rows for x in r.stats.trace[: 3]]
+    together = [x for r in rows for x in r.stats.trace[:3]]
     assert together and not any(x.get("tree") for x in together)
 
 

@@ -12,22 +12,29 @@ come from `MLX_SPEC_SCREENSHOTS=docs/screenshots .venv/bin/python -m pytest test
 import os
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from conftest import ASK, CODE, health, scripted_pair, wait_for
-
 from mlx_spec_apps.server.app import build_app
 from mlx_spec_apps.server.main import Running
 
 CHROMIUM = shutil.which("chromium")
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--no-first-run"]
-pytestmark = [pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (setup.sh --dev "
-                                                          "installs it where it can: apt-get install chromium)"),
-              pytest.mark.slow]
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+pytestmark = [
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="Debian's chromium is not installed (setup.sh --dev installs it where it can: apt-get install chromium)",
+    ),
+    pytest.mark.slow,
+]
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +83,9 @@ def shoot(page, name, tmp_path):
 def ask(page, text, n_replies):
     page.fill("#prompt", text)
     page.press("#prompt", "Enter")
-    page.wait_for_function(f"document.querySelectorAll('.msg.assistant .finish').length === {n_replies}",
-                           timeout=60_000)
+    page.wait_for_function(
+        f"document.querySelectorAll('.msg.assistant .finish').length === {n_replies}", timeout=60_000
+    )
 
 
 def reply_text(page, i=-1) -> str:
@@ -89,8 +97,9 @@ def test_a_streamed_reply_renders_as_markdown_with_highlighted_code_and_a_workin
     page.fill("#prompt", ASK)
     page.press("#prompt", "Enter")
     # Rendered while it streams: a code block is there while the Stop button is still live.
-    page.wait_for_function("document.querySelector('.msg.assistant pre.code') && "
-                           "!document.getElementById('stop').disabled", timeout=30_000)
+    page.wait_for_function(
+        "document.querySelector('.msg.assistant pre.code') && !document.getElementById('stop').disabled", timeout=30_000
+    )
     page.wait_for_selector(".msg.assistant .finish", timeout=60_000)
     reply = page.locator(".msg.assistant").last
     assert reply.locator("strong").first.inner_text() == "fixed"
@@ -210,7 +219,7 @@ def test_dark_mode_follows_the_system_and_the_page_fits_390_px(context, server, 
     page.click("#chat-list .chat:last-child .open")  # the first conversation, two turns long
     page.wait_for_function("document.querySelectorAll('.msg').length === 4")
     bg = page.evaluate("getComputedStyle(document.body).backgroundColor")
-    assert sum(int(c) for c in bg[bg.index("(") + 1:-1].split(",")[:3]) < 3 * 60, bg
+    assert sum(int(c) for c in bg[bg.index("(") + 1 : -1].split(",")[:3]) < 3 * 60, bg
     shoot(page, "dark", tmp_path)
     page.set_viewport_size({"width": 390, "height": 844})
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
@@ -225,8 +234,9 @@ def test_dark_mode_follows_the_system_and_the_page_fits_390_px(context, server, 
 
 
 def test_a_full_queue_shows_its_429_line_and_the_message_goes_back_in_the_box(browser, tiny_models):
-    with Running(build_app(scripted_pair(tiny_models, pause=0.05, draft="none"), max_concurrency=1, max_queue=0,
-                           max_tokens=200)) as srv:
+    with Running(
+        build_app(scripted_pair(tiny_models, pause=0.05, draft="none"), max_concurrency=1, max_queue=0, max_tokens=200)
+    ) as srv:
         body = {"model": "m", "messages": [{"role": "user", "content": ASK}], "max_tokens": 80}
         busy = threading.Thread(target=lambda: httpx.post(srv.url + "v1/chat/completions", json=body, timeout=60))
         busy.start()
@@ -252,8 +262,10 @@ def test_a_lost_server_shows_a_line_and_the_page_reconnects(browser, tiny_models
     srv.stop()
     page.fill("#prompt", "hello")
     page.press("#prompt", "Enter")
-    page.wait_for_function("[...document.querySelectorAll('.notice.error')].some(n => n.textContent.includes("
-                           "'Lost the connection'))", timeout=30_000)
+    page.wait_for_function(
+        "[...document.querySelectorAll('.notice.error')].some(n => n.textContent.includes('Lost the connection'))",
+        timeout=30_000,
+    )
     assert page.is_visible("#conn") and page.input_value("#prompt") == "hello"
     srv = Running(app(), port=port)
     try:

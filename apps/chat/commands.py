@@ -1,6 +1,6 @@
 """The chat's slash commands: each takes the chat, its argument and a print function, and keeps the chat going."""
 
-from typing import Callable, Dict, Tuple
+from collections.abc import Callable
 
 from mlx_spec.errors import MlxSpecError
 from mlx_spec.gen.sampling import validate
@@ -35,8 +35,11 @@ def draft(chat: Chat, arg: str, echo: Echo) -> None:
         echo(f"drafter on: {chat.draft_name}")
     else:
         chat.set_draft(arg)
-        echo(f"drafter: {chat.draft_name}" + (f", K {chat.session.num_draft}" if chat.drafting else "")
-             + " (the conversation is kept)")
+        echo(
+            f"drafter: {chat.draft_name}"
+            + (f", K {chat.session.num_draft}" if chat.drafting else "")
+            + " (the conversation is kept)"
+        )
 
 
 def k(chat: Chat, arg: str, echo: Echo) -> None:
@@ -105,8 +108,12 @@ def help_(chat: Chat, arg: str, echo: Echo) -> None:
     echo("  Ctrl-C stops a reply (what was shown stays in the conversation); Ctrl-D exits.")
 
 
-COMMANDS: Dict[str, Tuple[Callable, str, str]] = {
-    "draft": (draft, "off|on|SPEC", "switch the drafter (ngram, self[:L], hybrid[:D], a model); keeps the conversation"),
+COMMANDS: dict[str, tuple[Callable, str, str]] = {
+    "draft": (
+        draft,
+        "off|on|SPEC",
+        "switch the drafter (ngram, self[:L], hybrid[:D], a model); keeps the conversation",
+    ),
     "k": (k, "N", "most draft tokens per round"),
     "temp": (temp, "T", "sampling temperature (0: greedy)"),
     "top-p": (top_p, "P", "nucleus sampling threshold (0: off)"),

@@ -2,9 +2,9 @@
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator, List, Optional
 
 from mlx_spec import named
 from mlx_spec.gen.session import Session
@@ -25,7 +25,7 @@ class Settings:
     temp: float = 0.0
     top_p: float = 0.0
     top_k: int = 0
-    num_draft: Optional[int] = None  # None: each drafter kind's default K
+    num_draft: int | None = None  # None: each drafter kind's default K
 
 
 @dataclass
@@ -33,20 +33,26 @@ class Reply:
     """One assistant reply as generated: its tokens, which came from drafts, and what it measured."""
 
     text: str
-    tokens: List[int]
-    from_draft: List[bool]
+    tokens: list[int]
+    from_draft: list[bool]
     stats: Stats
     draft: str  # the drafter spec in use ("none": plain decoding)
     draft_quantization: str  # of the network that drafted ("N/A": none, e.g. n-gram drafting)
-    plain_step_s: Optional[float]  # the session's estimate of one plain target step at the end of the reply
-    prompt_ids: List[int]  # what the reply answered: the whole conversation before it
+    plain_step_s: float | None  # the session's estimate of one plain target step at the end of the reply
+    prompt_ids: list[int]  # what the reply answered: the whole conversation before it
     interrupted: bool = False
 
     def as_dict(self) -> dict:
         """JSON-ready: everything but the token lists."""
-        return {"draft": self.draft, "draft_quantization": self.draft_quantization, "interrupted": self.interrupted,
-                "tokens": len(self.tokens), "draft_tokens": sum(self.from_draft),
-                "plain_step_s_est": self.plain_step_s, "stats": self.stats.as_dict()}
+        return {
+            "draft": self.draft,
+            "draft_quantization": self.draft_quantization,
+            "interrupted": self.interrupted,
+            "tokens": len(self.tokens),
+            "draft_tokens": sum(self.from_draft),
+            "plain_step_s_est": self.plain_step_s,
+            "stats": self.stats.as_dict(),
+        }
 
 
 @dataclass
@@ -63,10 +69,10 @@ class Chat:
     draft_name: str  # spec of the current drafter ("none" when off)
     settings: Settings
     loader: pair.DraftLoader
-    system: Optional[str] = None
-    messages: List[dict] = field(default_factory=list)
-    replies: List[Reply] = field(default_factory=list)  # one per assistant message, in order
-    parked: Optional[tuple] = None  # (drafter, spec) put aside by /draft off, for /draft on
+    system: str | None = None
+    messages: list[dict] = field(default_factory=list)
+    replies: list[Reply] = field(default_factory=list)  # one per assistant message, in order
+    parked: tuple | None = None  # (drafter, spec) put aside by /draft off, for /draft on
     draft_quantization: str = "N/A"
     seen: Seen = field(default_factory=Seen)
 
@@ -83,11 +89,11 @@ class Chat:
         self.seen = Seen()
         self.session.reset()
 
-    def _events(self, ids: List[int], max_tokens: int):
+    def _events(self, ids: list[int], max_tokens: int):
         s = self.settings
         return self.session.generate(ids, max_tokens=max_tokens, temp=s.temp, top_p=s.top_p, top_k=s.top_k)
 
-    def plain_step_s(self) -> Optional[float]:
+    def plain_step_s(self) -> float | None:
         """Seconds per plain target step as the session's planner measured it (None before any)."""
         return self.session.planner.plain_step()
 
@@ -113,11 +119,22 @@ class Chat:
                 content = tok.decode(said)
                 self.messages.append({"role": "assistant", "content": content})
                 self.seen.extend(prompt_ids, prompt_text, tokens, tok)
-                self.replies.append(Reply(content, tokens, flags, last.stats, self.draft_name, self.draft_quantization,
-                                          self.plain_step_s(), prompt_ids, interrupted=last.finish_reason is None))
+                self.replies.append(
+                    Reply(
+                        content,
+                        tokens,
+                        flags,
+                        last.stats,
+                        self.draft_name,
+                        self.draft_quantization,
+                        self.plain_step_s(),
+                        prompt_ids,
+                        interrupted=last.finish_reason is None,
+                    )
+                )
 
     @property
-    def last(self) -> Optional[Reply]:
+    def last(self) -> Reply | None:
         return self.replies[-1] if self.replies else None
 
     # ------------------------------------------------------------------ drafters
@@ -168,8 +185,10 @@ class Chat:
         """(plain row, speculative row) of the /compare table for the last reply."""
         name = f"{named.table_name(self.model_name)} {named.quantization(self.session.model)}"
         last = self.last
-        return (Row(name, "N/A", "N/A", plain_tps),
-                Row(name, named.table_name(last.draft), last.draft_quantization, last.stats.generation_tps))
+        return (
+            Row(name, "N/A", "N/A", plain_tps),
+            Row(name, named.table_name(last.draft), last.draft_quantization, last.stats.generation_tps),
+        )
 
     # ------------------------------------------------------------------ /save
 
@@ -177,8 +196,12 @@ class Chat:
         """The conversation with each reply's stats, as JSON-ready data."""
         replies = iter(self.replies)
         messages = [dict(m, **next(replies).as_dict()) if m["role"] == "assistant" else dict(m) for m in self.messages]
-        return {"model": self.model_name, "draft": self.draft_name, "settings": asdict(self.settings),
-                "messages": messages}
+        return {
+            "model": self.model_name,
+            "draft": self.draft_name,
+            "settings": asdict(self.settings),
+            "messages": messages,
+        }
 
     def save(self, path: str) -> Path:
         """Write the transcript as JSON atomically (a temp file beside it, then a rename)."""

@@ -1,12 +1,12 @@
 """Ctrl-C stops a reply, not the program: SIGINT becomes a flag the event loop checks after each token."""
 
 import signal
-from typing import Callable, Iterator, List, Optional, Tuple
+from collections.abc import Callable, Iterator
 
 from mlx_spec.gen.stream import Event
 
 
-def drain(events: Iterator[Event], show: Optional[Callable[[Event], None]] = None) -> Tuple[List[Event], bool]:
+def drain(events: Iterator[Event], show: Callable[[Event], None] | None = None) -> tuple[list[Event], bool]:
     """Run `events` to the end or to Ctrl-C; return (the events seen, whether Ctrl-C stopped them).
 
     The first Ctrl-C only sets a flag, so the generator is closed between tokens, never inside a
@@ -20,7 +20,7 @@ def drain(events: Iterator[Event], show: Optional[Callable[[Event], None]] = Non
             raise KeyboardInterrupt
         hit.append(True)
 
-    seen: List[Event] = []
+    seen: list[Event] = []
     old = signal.signal(signal.SIGINT, on_sigint)
     try:
         for ev in events:

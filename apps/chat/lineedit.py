@@ -1,7 +1,7 @@
 """Reading the user's lines: prompt_toolkit with a history file on a terminal, plain input() otherwise."""
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from mlx_spec.make.paths import home
 

@@ -1,7 +1,6 @@
 """`mlx-spec chat`: load the pair, then read lines, stream replies with their stats line, run slash commands."""
 
 import sys
-from typing import Optional
 
 import mlx.core as mx
 
@@ -49,9 +48,20 @@ def turn(chat: Chat, text: str) -> None:
     _echo(report.stats_line(reply.stats, reply.plain_step_s, reply.draft != "none"))
 
 
-def run(*, model: str, draft, system: Optional[str] = None, num_draft: Optional[int] = None,
-        max_tokens: int, temp: float, top_p: float, top_k: int, seed: Optional[int], adaptive: bool,
-        log: Log) -> None:
+def run(
+    *,
+    model: str,
+    draft,
+    system: str | None = None,
+    num_draft: int | None = None,
+    max_tokens: int,
+    temp: float,
+    top_p: float,
+    top_k: int,
+    seed: int | None,
+    adaptive: bool,
+    log: Log,
+) -> None:
     """The chat loop, until Ctrl-D (or end of input). User errors before the chat starts raise MlxSpecError."""
     validate(temp, top_p, top_k)
     if seed is not None:
@@ -63,8 +73,10 @@ def run(*, model: str, draft, system: Optional[str] = None, num_draft: Optional[
     chat = Chat(session, model, str(draft) if drafter is not None else "none", settings, loader, system=system)
     read = line_reader()
     k = f", K {session.num_draft}" if chat.drafting else ""
-    _echo(f"chat with {short_name(model)} on {describe()}, drafter {chat.draft_name}{k}. "
-          "/help lists commands; Ctrl-C stops a reply, Ctrl-D exits.")
+    _echo(
+        f"chat with {short_name(model)} on {describe()}, drafter {chat.draft_name}{k}. "
+        "/help lists commands; Ctrl-C stops a reply, Ctrl-D exits."
+    )
     while True:
         try:
             line = read(PROMPT).strip()

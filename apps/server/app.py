@@ -4,7 +4,6 @@ import contextlib
 import hmac
 import json
 from pathlib import Path
-from typing import Optional
 
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
@@ -30,7 +29,7 @@ STATIC = Path(__file__).parent / "static"
 class Api:
     """The routes' shared state: the pair, the scheduler, the key, the default reply length and the device."""
 
-    def __init__(self, pair: Pair, scheduler: Scheduler, api_key: Optional[str], max_tokens: int):
+    def __init__(self, pair: Pair, scheduler: Scheduler, api_key: str | None, max_tokens: int):
         self.pair, self.scheduler, self.api_key, self.max_tokens = pair, scheduler, api_key, max_tokens
         self.device = describe()  # asked once: /health is polled, and the model thread owns MLX meanwhile
 
@@ -40,15 +39,17 @@ class Api:
             return
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key.encode()):
-            raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                           code="invalid_api_key")
+            raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
 
     def check_length(self, ids, param: str) -> None:
         """400 for a prompt the model cannot take, before it waits in the queue."""
         limit = self.pair.context
         if limit is not None and len(ids) >= limit:
-            raise bad_request(f"the prompt is {len(ids)} tokens long but the model's context is {limit} tokens; "
-                              f"shorten the {param}", param=param, code="context_length_exceeded")
+            raise bad_request(
+                f"the prompt is {len(ids)} tokens long but the model's context is {limit} tokens; shorten the {param}",
+                param=param,
+                code="context_length_exceeded",
+            )
 
     async def chat(self, request: Request) -> Response:
         self.authorize(request)
@@ -118,8 +119,13 @@ class Api:
 
     async def models(self, request: Request) -> Response:
         self.authorize(request)
-        model = {"id": self.pair.name, "object": "model", "created": 0, "owned_by": "mlx-spec",
-                 "mlx_spec": self.pair.info()}
+        model = {
+            "id": self.pair.name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "mlx-spec",
+            "mlx_spec": self.pair.info(),
+        }
         return JSONResponse({"object": "list", "data": [model]})
 
     async def health(self, _request: Request) -> Response:
@@ -129,8 +135,15 @@ class Api:
         return FileResponse(STATIC / "index.html")
 
 
-def build_app(pair: Pair, *, api_key: Optional[str] = None, max_concurrency: int, max_tokens: int,
-              max_queue: Optional[int] = None, batch: bool = True) -> Starlette:
+def build_app(
+    pair: Pair,
+    *,
+    api_key: str | None = None,
+    max_concurrency: int,
+    max_tokens: int,
+    max_queue: int | None = None,
+    batch: bool = True,
+) -> Starlette:
     """The app; its lifespan starts and stops the scheduler thread. `app.state.scheduler` is it. batch: requests
     that start while others generate share batched rounds (else every request takes its own turns)."""
     scheduler = Scheduler(pair, max_concurrency, max_queue, batch)

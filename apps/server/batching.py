@@ -9,8 +9,8 @@ stays in its engine from its first token to its last. Its prompt goes in a chunk
 it leaves with its caches back in its session, so the conversation's next turn reuses them.
 """
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Tuple
 
 from mlx_spec.gen.engine import Engine
 from mlx_spec.gen.joint import batchable
@@ -35,7 +35,7 @@ class Joining:
     """A request on its way into an engine: its row, and its prefill under way, a chunk per round."""
 
     row: Row
-    prefill: Iterator[Tuple[bool, int]]
+    prefill: Iterator[tuple[bool, int]]
     engine: Engine
 
 
@@ -49,8 +49,8 @@ class Batcher:
         # rounds measure are not a pass's cost. They learn in a planner of their own, apart from the costs that
         # decide whether a request joins the shared engine (`Planner.pays`).
         self.solo = Planner(adaptive=pair.adaptive)
-        self.members: Dict[object, Member] = {}  # job -> member
-        self.joining: Dict[object, Joining] = {}  # job -> its prefill under way, in arrival order
+        self.members: dict[object, Member] = {}  # job -> member
+        self.joining: dict[object, Joining] = {}  # job -> its prefill under way, in arrival order
 
     def __len__(self) -> int:
         return len(self.members) + len(self.joining)
@@ -63,7 +63,7 @@ class Batcher:
         return sum(x.engine is self.shared for x in list(self.members.values()) + list(self.joining.values()))
 
     @property
-    def engines(self) -> List[Engine]:
+    def engines(self) -> list[Engine]:
         """Every engine with a row or a row on its way, the shared one first."""
         seen = {id(self.shared): self.shared}
         for x in list(self.members.values()) + list(self.joining.values()):
@@ -75,9 +75,16 @@ class Batcher:
         chunk per round (`step_joins`), beside the running rows, then it becomes a row. A bad option fails here.
         Returns whether it joins the shared engine."""
         p, session = job.params, job.session
-        row = Row.start(self.pair.target, job.ids, p.max_tokens, drafter=session.drafter, k_max=session.num_draft,
-                        sampler=Sampler(p.temp, p.top_p, p.top_k, p.seed), accept=session.accept,
-                        eos=frozenset(self.pair.tokenizer.eos_token_ids))
+        row = Row.start(
+            self.pair.target,
+            job.ids,
+            p.max_tokens,
+            drafter=session.drafter,
+            k_max=session.num_draft,
+            sampler=Sampler(p.temp, p.top_p, p.top_k, p.seed),
+            accept=session.accept,
+            eos=frozenset(self.pair.tokenizer.eos_token_ids),
+        )
         rows = len(self.shared.rows) + sum(j.engine is self.shared for j in self.joining.values()) + 1
         together = self.batch and batchable(job.session.cache) and self.shared.planner.pays(rows)
         engine = self.shared if together else Engine(self.pair.target, self.solo)
@@ -85,7 +92,7 @@ class Batcher:
         self.joining[job] = Joining(row, job.session.prefill(job.ids, self.chunk), engine)
         return together
 
-    def step_joins(self) -> List[Tuple[object, Exception]]:
+    def step_joins(self) -> list[tuple[object, Exception]]:
         """One prefill chunk of the first request waiting to join; a request whose prompt is in becomes a row
         (once its engine queued nothing ahead). Returns the requests whose prefill failed, with the error (they
         are gone; the others go on)."""
@@ -125,7 +132,7 @@ class Batcher:
         cache = member.engine.remove(member.row)
         job.session.restore(cache, member.row.context[:-1])
 
-    def round(self, engine: Engine) -> List[Tuple[object, Event]]:
+    def round(self, engine: Engine) -> list[tuple[object, Event]]:
         """One round of an engine: every member's new tokens, as events."""
         jobs = {id(m.row): job for job, m in self.members.items()}
         out = []
@@ -139,11 +146,15 @@ class Batcher:
                         member.detok.add_token(s.token)
                     if s.finish_reason:
                         member.detok.finalize()
-                    out.append((job, Event(s.token, member.detok.last_segment, s.from_draft, member.row.stats,
-                                           s.finish_reason)))
+                    out.append(
+                        (
+                            job,
+                            Event(s.token, member.detok.last_segment, s.from_draft, member.row.stats, s.finish_reason),
+                        )
+                    )
         return out
 
-    def clear(self, engine: Engine) -> List[object]:
+    def clear(self, engine: Engine) -> list[object]:
         """Forget an engine after a failed round: the jobs that were in it or joining it."""
         jobs = [job for job, x in list(self.members.items()) + list(self.joining.items()) if x.engine is engine]
         for job in jobs:

@@ -1,8 +1,6 @@
 """`mlx-spec bench serve`: the served-throughput bench's command. It drives the server, a face above the bench
 package, so it lives here, and the layer above both adds it to the bench's commands with `register`."""
 
-from typing import Optional
-
 import typer
 
 from mlx_spec import blas
@@ -29,9 +27,12 @@ def serve(
     clients: str = typer.Option(",".join(map(str, DEFAULT_CLIENTS)), help="Comma list of concurrent client counts"),
     max_tokens: int = typer.Option(SERVE_MAX_TOKENS, help="Max new tokens per request"),
     repeats: int = typer.Option(SERVE_REPEATS, help="Cells per client count (fresh prompts each)"),
-    num_draft: Optional[int] = typer.Option(None, help=NUM_DRAFT_HELP),
-    requests: int = typer.Option(1, help="Requests per client and cell, each sent when its previous reply ends "
-                                         "(1: every client sends once, all at the same time)"),
+    num_draft: int | None = typer.Option(None, help=NUM_DRAFT_HELP),
+    requests: int = typer.Option(
+        1,
+        help="Requests per client and cell, each sent when its previous reply ends "
+        "(1: every client sends once, all at the same time)",
+    ),
     out: str = typer.Option(DEFAULT_OUT, help="Folder for the run's JSON and markdown"),
 ):
     """Served throughput of N concurrent clients: plain (batched), the drafter turn-taking, the drafter batched, and
@@ -44,8 +45,15 @@ def serve(
         counts = [int(x) for x in clients.split(",") if x.strip()]
     except ValueError:
         raise MlxSpecError(f"--clients must be comma-separated counts, got '{clients}'") from None
-    s = ThroughputSettings(model=model, draft=draft, clients=counts, max_tokens=max_tokens, repeats=repeats,
-                           num_draft=num_draft, requests=requests)
+    s = ThroughputSettings(
+        model=model,
+        draft=draft,
+        clients=counts,
+        max_tokens=max_tokens,
+        repeats=repeats,
+        num_draft=num_draft,
+        requests=requests,
+    )
     run = run_throughput(s, out, log=_log)
     typer.echo(run.md_path.read_text())
     _log(f"wrote {run.json_path} and {run.md_path}")

@@ -34,8 +34,9 @@ class Ticket:
         try:
             scheduler.submit(self.job)
         except QueueFull as e:
-            raise ApiError(429, str(e), type="rate_limit_exceeded", code="queue_full",
-                           headers={"Retry-After": "1"}) from None
+            raise ApiError(
+                429, str(e), type="rate_limit_exceeded", code="queue_full", headers={"Retry-After": "1"}
+            ) from None
 
     async def get(self, request: Request = None):
         """The next item; with `request`, raise Disconnected (and cancel the job) if the client leaves meanwhile."""

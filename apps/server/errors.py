@@ -1,7 +1,5 @@
 """OpenAI-style API errors: one exception type, rendered as `{"error": {message, type, param, code}}`."""
 
-from typing import Optional
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -9,8 +7,16 @@ from starlette.responses import JSONResponse
 class ApiError(Exception):
     """A request the server answers with an HTTP error status and an OpenAI-style body."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: Optional[str] = None, code: Optional[str] = None, headers: Optional[dict] = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.headers = headers
@@ -22,7 +28,7 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
-def bad_request(message: str, param: Optional[str] = None, code: Optional[str] = None) -> ApiError:
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
     """A 400 for input the client can fix."""
     return ApiError(400, message, param=param, code=code)
 

@@ -1,7 +1,7 @@
 """`mlx-spec serve`: load the pair, build the app, run it under uvicorn and print the URL once it listens."""
 
 import threading
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import uvicorn
 
@@ -34,8 +34,9 @@ class _Server(uvicorn.Server):
 
 
 def _config(app, host: str, port: int) -> uvicorn.Config:
-    return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                          timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+    return uvicorn.Config(
+        app, host=host, port=port, log_level="warning", access_log=False, timeout_graceful_shutdown=SHUTDOWN_GRACE_S
+    )
 
 
 def _url(host: str, sock) -> str:
@@ -43,10 +44,20 @@ def _url(host: str, sock) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
-def serve(*, model: str, draft, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-          api_key: Optional[str] = None, max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-          num_draft: Optional[int] = None, max_tokens: int = DEFAULT_MAX_TOKENS, fixed_draft: bool = False,
-          batch: bool = True, log: Log = _quiet) -> None:
+def serve(
+    *,
+    model: str,
+    draft,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    api_key: str | None = None,
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+    num_draft: int | None = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    fixed_draft: bool = False,
+    batch: bool = True,
+    log: Log = _quiet,
+) -> None:
     """Serve the pair until Ctrl-C; the URL (port 0: the port picked) goes to stdout once it listens."""
     pair = Pair.load(model, draft, num_draft=num_draft, fixed=fixed_draft, log=log)
     app = build_app(pair, api_key=api_key, max_concurrency=max_concurrency, max_tokens=max_tokens, batch=batch)
@@ -55,8 +66,10 @@ def serve(*, model: str, draft, host: str = DEFAULT_HOST, port: int = DEFAULT_PO
     url, device = _url(host, sock), describe()
 
     def ready() -> None:
-        log(f"serving {pair.model_spec} drafted by {pair.info()['draft_name']} on {device}: open {url} "
-            f"(OpenAI API at {url}v1); Ctrl-C stops")
+        log(
+            f"serving {pair.model_spec} drafted by {pair.info()['draft_name']} on {device}: open {url} "
+            f"(OpenAI API at {url}v1); Ctrl-C stops"
+        )
         print(url, flush=True)
 
     _Server(config, ready).run(sockets=[sock])

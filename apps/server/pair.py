@@ -7,7 +7,6 @@ the server was started with --fixed-draft. Nothing loads per request: a load wou
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
 
 from mlx_spec.errors import MlxSpecError
 from mlx_spec.gen import registry
@@ -32,15 +31,16 @@ class Pair:
     draft_spec: registry.Spec
     target: object
     tokenizer: object
-    loaded: Dict[str, Tuple] = field(default_factory=dict)  # {draft model spec: (model, tokenizer)}
-    num_draft: Optional[int] = None
+    loaded: dict[str, tuple] = field(default_factory=dict)  # {draft model spec: (model, tokenizer)}
+    num_draft: int | None = None
     adaptive: bool = True
     fixed: bool = False  # requests may not switch the drafter (serve --fixed-draft)
     _drafters: "weakref.WeakKeyDictionary" = field(default_factory=weakref.WeakKeyDictionary, repr=False)
 
     @classmethod
-    def load(cls, model: str, draft: registry.Spec, *, num_draft: Optional[int] = None, fixed: bool = False,
-             log: Log = _quiet) -> "Pair":
+    def load(
+        cls, model: str, draft: registry.Spec, *, num_draft: int | None = None, fixed: bool = False, log: Log = _quiet
+    ) -> "Pair":
         """Load by name; the draft first, so an unavailable draft fails before the (bigger) target loads."""
         draft = registry.parse(draft)  # a malformed spec fails before anything loads
         name = draft.model
@@ -63,7 +63,7 @@ class Pair:
         self._drafters[session] = (spec, {spec: drafter})
         return session
 
-    def choices(self) -> List[str]:
+    def choices(self) -> list[str]:
         """The drafter specs a request may name: the server's own first."""
         own = self.own_draft
         if self.fixed:
@@ -71,12 +71,12 @@ class Pair:
         specs = [own, *FREE] + [s for m in self.loaded for s in (m, f"hybrid:{m}")]
         return list(dict.fromkeys(str(registry.parse(s)) for s in specs))
 
-    def check_draft(self, spec) -> Optional[str]:
+    def check_draft(self, spec) -> str | None:
         """A request's `draft` as a canonical spec (None: the server's own), or a 400 saying what it may be."""
         if spec is None:
             return None
         if not isinstance(spec, str) or not spec:
-            raise bad_request("'draft' must be a drafter spec such as \"suffix\" or \"none\"", param="draft")
+            raise bad_request('\'draft\' must be a drafter spec such as "suffix" or "none"', param="draft")
         try:
             parsed = registry.parse(spec)
         except MlxSpecError as e:
@@ -84,11 +84,14 @@ class Pair:
         choices = self.choices()
         if str(parsed) not in choices:
             why = "its drafter is fixed (--fixed-draft)" if self.fixed else "it loads no draft model per request"
-            raise bad_request(f"'draft': this server cannot draft with {spec!r}: {why}; it can use "
-                              f"{', '.join(choices)}", param="draft", code="draft_unavailable")
+            raise bad_request(
+                f"'draft': this server cannot draft with {spec!r}: {why}; it can use {', '.join(choices)}",
+                param="draft",
+                code="draft_unavailable",
+            )
         return str(parsed)
 
-    def use(self, session: Session, spec: Optional[str]) -> None:
+    def use(self, session: Session, spec: str | None) -> None:
         """Give the session the drafter `spec` (None: the server's own), built once per session and kept."""
         spec = spec or self.own_draft
         current, built = self._drafters.setdefault(session, (None, {}))
@@ -100,7 +103,7 @@ class Pair:
         self._drafters[session] = (spec, built)
 
     @property
-    def context(self) -> Optional[int]:
+    def context(self) -> int | None:
         """The target's context length, if its config states one."""
         return context_limit(self.target)
 
@@ -111,14 +114,24 @@ class Pair:
 
     def info(self) -> dict:
         """What the page shows about the pair (short names for the eye, the specs as given)."""
-        drafters = [{"spec": s, "name": short_name(s), "k": self.num_draft or registry.default_num_draft(s)}
-                    for s in self.choices()]
-        return {"target": self.model_spec, "draft": self.own_draft, "target_name": self.name,
-                "draft_name": short_name(self.draft_spec), "drafter": registry.parse(self.draft_spec).kind,
-                "num_draft": self.num_draft, "context": self.context, "adaptive": self.adaptive,
-                "switchable": not self.fixed, "drafters": drafters}
+        drafters = [
+            {"spec": s, "name": short_name(s), "k": self.num_draft or registry.default_num_draft(s)}
+            for s in self.choices()
+        ]
+        return {
+            "target": self.model_spec,
+            "draft": self.own_draft,
+            "target_name": self.name,
+            "draft_name": short_name(self.draft_spec),
+            "drafter": registry.parse(self.draft_spec).kind,
+            "num_draft": self.num_draft,
+            "context": self.context,
+            "adaptive": self.adaptive,
+            "switchable": not self.fixed,
+            "drafters": drafters,
+        }
 
-    def chat_ids(self, messages: List[dict]) -> List[int]:
+    def chat_ids(self, messages: list[dict]) -> list[int]:
         """The conversation through the tokenizer's chat template (plain role-tagged lines without one)."""
         tok = self.tokenizer
         if getattr(tok, "chat_template", None):
@@ -126,6 +139,6 @@ class Pair:
         text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
         return list(tok.encode(text))
 
-    def text_ids(self, prompt: str) -> List[int]:
+    def text_ids(self, prompt: str) -> list[int]:
         """A raw prompt, tokenized as is."""
         return list(self.tokenizer.encode(prompt))

@@ -8,7 +8,6 @@ could need is a 413 before it is read.
 
 import json
 from dataclasses import dataclass, field
-from typing import List, Optional
 
 from starlette.requests import Request
 
@@ -30,26 +29,33 @@ class Params:
     temp: float = 0.0
     top_p: float = 0.0  # 0 or 1: off
     top_k: int = 0
-    seed: Optional[int] = None
-    stop: List[str] = field(default_factory=list)
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
-    draft: Optional[str] = None  # this reply's drafter (an extension field, the pair checks it); None: the server's
+    draft: str | None = None  # this reply's drafter (an extension field, the pair checks it); None: the server's
 
 
-def body_limit(context: Optional[int]) -> int:
+def body_limit(context: int | None) -> int:
     """The most bytes a request body may have for a model with this context (None: unstated)."""
     return (context or UNSTATED_CONTEXT) * BYTES_PER_TOKEN + BODY_SLACK
 
 
-async def read_body(request: Request, context: Optional[int]) -> bytes:
+async def read_body(request: Request, context: int | None) -> bytes:
     """The raw body, or a 413 once it is known to pass `body_limit`: from Content-Length before reading, else while
     reading (a chunked body)."""
     limit = body_limit(context)
-    why = (f"the model's context is {context} tokens" if context else
-           f"the model states no context, so {UNSTATED_CONTEXT} tokens are assumed")
-    too_large = ApiError(413, f"the request body is over {limit} bytes, more than any prompt can take: {why}, "
-                              f"of at most {BYTES_PER_TOKEN} bytes each; shorten the prompt", code="request_too_large")
+    why = (
+        f"the model's context is {context} tokens"
+        if context
+        else f"the model states no context, so {UNSTATED_CONTEXT} tokens are assumed"
+    )
+    too_large = ApiError(
+        413,
+        f"the request body is over {limit} bytes, more than any prompt can take: {why}, "
+        f"of at most {BYTES_PER_TOKEN} bytes each; shorten the prompt",
+        code="request_too_large",
+    )
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_large
@@ -110,10 +116,17 @@ def params(body: dict, default_max_tokens: int) -> Params:
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object", param="stream_options")
-    return Params(max_tokens=max_tokens, temp=_number(body, "temperature", 0.0, MAX_TEMPERATURE, 0.0),
-                  top_p=_number(body, "top_p", 0.0, 1.0, 0.0), top_k=top_k, seed=seed, stop=stop,
-                  stream=bool(body.get("stream", False)), include_usage=bool(options.get("include_usage", False)),
-                  draft=body.get("draft"))
+    return Params(
+        max_tokens=max_tokens,
+        temp=_number(body, "temperature", 0.0, MAX_TEMPERATURE, 0.0),
+        top_p=_number(body, "top_p", 0.0, 1.0, 0.0),
+        top_k=top_k,
+        seed=seed,
+        stop=stop,
+        stream=bool(body.get("stream", False)),
+        include_usage=bool(options.get("include_usage", False)),
+        draft=body.get("draft"),
+    )
 
 
 def _content(content, where: str) -> str:
@@ -129,7 +142,7 @@ def _content(content, where: str) -> str:
     raise bad_request(f"{where} must be a string or a list of text parts", param=where)
 
 
-def messages(body: dict) -> List[dict]:
+def messages(body: dict) -> list[dict]:
     """`messages` as [{role, content: str}], checked."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
@@ -140,8 +153,10 @@ def messages(body: dict) -> List[dict]:
             raise bad_request(f"messages[{i}] must be an object with 'role' and 'content'", param=f"messages[{i}]")
         role = m.get("role")
         if role not in ROLES:
-            raise bad_request(f"messages[{i}].role: unknown role {json.dumps(role)} (one of {', '.join(ROLES)})",
-                              param=f"messages[{i}].role")
+            raise bad_request(
+                f"messages[{i}].role: unknown role {json.dumps(role)} (one of {', '.join(ROLES)})",
+                param=f"messages[{i}].role",
+            )
         out.append({"role": role, "content": _content(m.get("content"), f"messages[{i}].content")})
     return out
 

@@ -1,6 +1,6 @@
 """Sessions kept between requests: a new request takes the idle one sharing the longest prefix with its prompt."""
 
-from typing import Callable, List
+from collections.abc import Callable
 
 from mlx_spec.gen.session import Session
 from mlx_spec.gen.verify import common_prefix
@@ -17,10 +17,10 @@ class SessionPool:
 
     def __init__(self, new_session: Callable[[], Session], limit: int):
         self.new_session, self.limit = new_session, limit
-        self.idle: List[Session] = []
+        self.idle: list[Session] = []
         self.total = 0
 
-    def acquire(self, ids: List[int]) -> Session:
+    def acquire(self, ids: list[int]) -> Session:
         """The idle session whose cache shares the most of `ids`, else a new one while under the limit,
         else the least recently used (its cache is trimmed to whatever it shares)."""
         best, shared = None, 0

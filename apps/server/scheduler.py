@@ -10,8 +10,8 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, List, Optional
 
 import mlx.core as mx
 
@@ -34,8 +34,8 @@ log = logging.getLogger("mlx_spec.server")
 class Delta:
     """Text ready to send, one piece per token with its draft flag, and the counters so far."""
 
-    pieces: List[Piece]
-    live: Dict[str, int]
+    pieces: list[Piece]
+    live: dict[str, int]
 
 
 @dataclass
@@ -62,31 +62,38 @@ class Job:
     """One request as the scheduler sees it. `send` hands an item to the request's event loop, thread-safely."""
 
     id: str
-    ids: List[int]
+    ids: list[int]
     params: Params
     send: Callable[[object], None]
     state: str = "queued"  # queued, active, completed, cancelled, failed
     submitted: float = field(default_factory=time.monotonic)
     started: float = 0.0
     cancel_requested: bool = False
-    rounds_at_cancel: Optional[int] = None
+    rounds_at_cancel: int | None = None
     rounds: int = 0
     tokens: int = 0
     prompt_cached: int = 0
-    flags: List[bool] = field(default_factory=list)
+    flags: list[bool] = field(default_factory=list)
     pos: int = 0  # the last token's position in its round's draft (0: the target's own)
     session: object = None
-    produced: List[int] = field(default_factory=list)  # its tokens so far
+    produced: list[int] = field(default_factory=list)  # its tokens so far
     stats: object = None  # the engine's counters of its reply so far
-    stops: Optional[StopText] = None
+    stops: StopText | None = None
 
     __hash__ = object.__hash__  # a job is itself: the batcher keys its rows by job
 
     def summary(self) -> dict:
         """This request's counters, for /health."""
-        d = {"id": self.id, "state": self.state, "prompt_tokens": len(self.ids), "prompt_cached": self.prompt_cached,
-             "tokens": self.tokens, "rounds": self.rounds, "max_tokens": self.params.max_tokens,
-             "batched": bool(self.stats and self.stats.widest > 1)}
+        d = {
+            "id": self.id,
+            "state": self.state,
+            "prompt_tokens": len(self.ids),
+            "prompt_cached": self.prompt_cached,
+            "tokens": self.tokens,
+            "rounds": self.rounds,
+            "max_tokens": self.params.max_tokens,
+            "batched": bool(self.stats and self.stats.widest > 1),
+        }
         if self.rounds_at_cancel is not None:
             d["rounds_after_cancel"] = self.rounds - self.rounds_at_cancel
         return d
@@ -95,7 +102,7 @@ class Job:
 class Scheduler:
     """Runs up to `max_concurrency` jobs in turn on its own thread; up to `max_queue` more wait FIFO."""
 
-    def __init__(self, pair: Pair, max_concurrency: int, max_queue: Optional[int] = None, batch: bool = True):
+    def __init__(self, pair: Pair, max_concurrency: int, max_queue: int | None = None, batch: bool = True):
         if max_concurrency < 1:
             raise MlxSpecError(f"--max-concurrency must be >= 1, got {max_concurrency}")
         self.pair, self.max_concurrency = pair, max_concurrency
@@ -104,11 +111,11 @@ class Scheduler:
         self.pool = SessionPool(pair.new_session, max_concurrency + IDLE_EXTRA)
         self.counts = dict(completed=0, cancelled=0, failed=0, rejected=0, rounds=0, tokens=0)
         self._cv = threading.Condition()
-        self._waiting: Deque[Job] = deque()
-        self._active: List[Job] = []
-        self._recent: Deque[Job] = deque(maxlen=RECENT)
+        self._waiting: deque[Job] = deque()
+        self._active: list[Job] = []
+        self._recent: deque[Job] = deque(maxlen=RECENT)
         self._stopping = False
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     # --- the request side (any thread) ---
 
@@ -118,8 +125,10 @@ class Scheduler:
             free = max(0, self.max_concurrency - len(self._active))  # slots the thread has yet to fill
             if len(self._waiting) >= self.max_queue + free:
                 self.counts["rejected"] += 1
-                raise QueueFull(f"the server is busy: {len(self._active)} requests generating and "
-                                f"{len(self._waiting)} waiting (the queue holds {self.max_queue}); retry later")
+                raise QueueFull(
+                    f"the server is busy: {len(self._active)} requests generating and "
+                    f"{len(self._waiting)} waiting (the queue holds {self.max_queue}); retry later"
+                )
             self._waiting.append(job)
             self._cv.notify()
 
@@ -139,12 +148,17 @@ class Scheduler:
         """Counters for /health."""
         with self._cv:
             jobs = list(self._active) + list(self._recent)
-            return {"status": "ok" if self._thread and self._thread.is_alive() else "stopped",
-                    "active": len(self._active), "queued": len(self._waiting),
-                    "max_concurrency": self.max_concurrency, "max_queue": self.max_queue,
-                    "batched": self.batcher.shared_rows(),
-                    **self.counts, "sessions": {"total": self.pool.total, "idle": len(self.pool.idle)},
-                    "requests": [j.summary() for j in jobs]}
+            return {
+                "status": "ok" if self._thread and self._thread.is_alive() else "stopped",
+                "active": len(self._active),
+                "queued": len(self._waiting),
+                "max_concurrency": self.max_concurrency,
+                "max_queue": self.max_queue,
+                "batched": self.batcher.shared_rows(),
+                **self.counts,
+                "sessions": {"total": self.pool.total, "idle": len(self.pool.idle)},
+                "requests": [j.summary() for j in jobs],
+            }
 
     # --- the scheduler thread ---
 
@@ -228,8 +242,9 @@ class Scheduler:
         if isinstance(e, MlxSpecError):
             return self._finish(job, "failed", Failed(ApiError(400, str(e))))
         log.error("request %s failed: %s: %s", job.id, type(e).__name__, e)
-        self._finish(job, "failed", Failed(ApiError(500, f"generation failed: {type(e).__name__}: {e}",
-                                                    type="server_error")))
+        self._finish(
+            job, "failed", Failed(ApiError(500, f"generation failed: {type(e).__name__}: {e}", type="server_error"))
+        )
 
     def _handle(self, job: Job, ev) -> None:
         """A job's next token: counters, stop strings, the delta to send, and its end."""
@@ -246,11 +261,22 @@ class Scheduler:
         if reason:
             pieces += job.stops.flush()
         if pieces:
-            job.send(Delta(pieces, dict(tokens=s.generation_tokens, rounds=s.rounds, spec_rounds=s.spec_rounds,
-                                        drafted=s.proposed, accepted=s.accepted)))
+            job.send(
+                Delta(
+                    pieces,
+                    dict(
+                        tokens=s.generation_tokens,
+                        rounds=s.rounds,
+                        spec_rounds=s.spec_rounds,
+                        drafted=s.proposed,
+                        accepted=s.accepted,
+                    ),
+                )
+            )
         if reason:
-            stats = dict(s.as_dict(), finish_reason=reason, draft_flags=list(job.flags),
-                         queued_s=job.started - job.submitted)
+            stats = dict(
+                s.as_dict(), finish_reason=reason, draft_flags=list(job.flags), queued_s=job.started - job.submitted
+            )
             self._finish(job, "completed", Done("length" if reason in ("length", "context") else "stop", stats))
 
     def _finish(self, job: Job, state: str, item) -> None:

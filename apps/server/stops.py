@@ -1,6 +1,7 @@
 """Stop strings: release generated text token by token, hold back what may begin a stop string, cut at one."""
 
-from typing import List, NamedTuple, Sequence, Tuple
+from collections.abc import Sequence
+from typing import NamedTuple
 
 
 class Mark(NamedTuple):
@@ -11,7 +12,7 @@ class Mark(NamedTuple):
     round: int
 
 
-Piece = Tuple[str, Mark]  # a token's text and its mark
+Piece = tuple[str, Mark]  # a token's text and its mark
 
 
 class StopText:
@@ -26,10 +27,10 @@ class StopText:
         self.stops = [s for s in stops if s]
         self.text = ""  # everything generated so far
         self.sent = 0  # characters of `text` already released
-        self.pending: List[Tuple[int, Mark]] = []  # (end offset in `text`, mark) of tokens not yet released
+        self.pending: list[tuple[int, Mark]] = []  # (end offset in `text`, mark) of tokens not yet released
         self.hit = False
 
-    def add(self, text: str, mark: Mark) -> List[Piece]:
+    def add(self, text: str, mark: Mark) -> list[Piece]:
         """One token's text in, the pieces now safe to release out."""
         before = len(self.text)
         self.text += text
@@ -45,16 +46,16 @@ class StopText:
         hold = max((k for s in self.stops for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
         return self._release(len(self.text) - hold)
 
-    def flush(self) -> List[Piece]:
+    def flush(self) -> list[Piece]:
         """At the end of the reply: whatever was held back (it never became a stop string)."""
         return [] if self.hit else self._release(len(self.text))
 
-    def _release(self, upto: int, cut: bool = False) -> List[Piece]:
+    def _release(self, upto: int, cut: bool = False) -> list[Piece]:
         """Pieces of the pending tokens ending at or before `upto`; with `cut`, the token spanning it is cut."""
         out = []
         while self.pending and (self.pending[0][0] <= upto or cut):
             end, mark = self.pending.pop(0)
-            piece = self.text[self.sent:min(end, upto)]
+            piece = self.text[self.sent : min(end, upto)]
             self.sent += len(piece)
             out.append((piece, mark))
             if end >= upto:

@@ -19,8 +19,8 @@ import dataclasses
 import statistics
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
 
 from mlx_spec.bench import prompts as bench_prompts
 from mlx_spec.bench.common import RunFile, machine_info, machine_line, md_table
@@ -45,7 +45,7 @@ class ThroughputSettings:
     clients: Sequence[int] = DEFAULT_CLIENTS
     max_tokens: int = SERVE_MAX_TOKENS
     repeats: int = SERVE_REPEATS
-    num_draft: Optional[int] = None
+    num_draft: int | None = None
     requests: int = 1  # per client and cell: each sends its next one when its reply ends
 
     def check(self) -> None:
@@ -64,12 +64,12 @@ class Cell:
     clients: int
     repeat: int
     mode: str
-    prompts: List[str]  # client i sends prompts i, i + clients, i + 2 * clients, ... one after the other
-    kinds: List[str] = field(default_factory=list)  # each prompt's set: humaneval, edit or prose
+    prompts: list[str]  # client i sends prompts i, i + clients, i + 2 * clients, ... one after the other
+    kinds: list[str] = field(default_factory=list)  # each prompt's set: humaneval, edit or prose
     wall_s: float = 0.0
     tokens: int = 0
-    texts: List[str] = field(default_factory=list)
-    latencies_s: List[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    latencies_s: list[float] = field(default_factory=list)
     drafted: int = 0
     accepted: int = 0
 
@@ -79,8 +79,9 @@ class Cell:
 
 
 def _ask(client, text: str, max_tokens: int):
-    return client.chat.completions.create(model="served", messages=[{"role": "user", "content": text}],
-                                          max_tokens=max_tokens, temperature=0.0)
+    return client.chat.completions.create(
+        model="served", messages=[{"role": "user", "content": text}], max_tokens=max_tokens, temperature=0.0
+    )
 
 
 def run_mlx_lm(pair: Pair, cell: Cell, max_tokens: int) -> Cell:
@@ -89,8 +90,14 @@ def run_mlx_lm(pair: Pair, cell: Cell, max_tokens: int) -> Cell:
 
     prompts = [pair.chat_ids([{"role": "user", "content": text}]) for text in cell.prompts]
     t0 = time.perf_counter()
-    r = batch_generate(pair.target, pair.tokenizer, prompts, max_tokens=max_tokens, return_token_ids=True,
-                       completion_batch_size=cell.clients)
+    r = batch_generate(
+        pair.target,
+        pair.tokenizer,
+        prompts,
+        max_tokens=max_tokens,
+        return_token_ids=True,
+        completion_batch_size=cell.clients,
+    )
     cell.wall_s = time.perf_counter() - t0
     cell.texts = list(r.texts)
     cell.tokens = sum(len(t) for t in r.token_ids)
@@ -104,7 +111,7 @@ def run_cell(url: str, cell: Cell, max_tokens: int) -> Cell:
     import openai
 
     n = len(cell.prompts)
-    replies: List[object] = [None] * n
+    replies: list[object] = [None] * n
     latencies = [0.0] * n
     start = threading.Barrier(cell.clients + 1)
 
@@ -142,34 +149,43 @@ def run_cell(url: str, cell: Cell, max_tokens: int) -> Cell:
 KINDS = ("humaneval", "edit", "prose")
 
 
-def plan_prompts(tokenizer, clients: Sequence[int], repeats: int, requests: int = 1
-                 ) -> Dict[Tuple[int, int], List[Prompt]]:
+def plan_prompts(
+    tokenizer, clients: Sequence[int], repeats: int, requests: int = 1
+) -> dict[tuple[int, int], list[Prompt]]:
     """Fresh prompts for every (client count, repeat) cell, the kinds in turn within each client count.
 
     Prompt i of repeat r with n = clients x requests prompts gets kind (r * n + i) mod 3, so over 3 repeats (or any
     multiple) every client count sends the same number of HumanEval, edit and prose prompts, and its throughput can
     be set against the others' without a different prompt mix deciding the comparison.
     """
-    kinds = {(c, r): [KINDS[(r * c * requests + i) % len(KINDS)] for i in range(c * requests)]
-             for c in clients for r in range(repeats)}
+    kinds = {
+        (c, r): [KINDS[(r * c * requests + i) % len(KINDS)] for i in range(c * requests)]
+        for c in clients
+        for r in range(repeats)
+    }
     need = {k: sum(ks.count(k) for ks in kinds.values()) for k in KINDS}
     if need["prose"] > len(bench_prompts.PROSE_QUESTIONS):
-        raise MlxSpecError(f"this run needs {need['prose']} prose prompts and there are "
-                           f"{len(bench_prompts.PROSE_QUESTIONS)}: use fewer --repeats or --clients")
+        raise MlxSpecError(
+            f"this run needs {need['prose']} prose prompts and there are "
+            f"{len(bench_prompts.PROSE_QUESTIONS)}: use fewer --repeats or --clients"
+        )
     found = bench_prompts.build(tokenizer, need["humaneval"], need["edit"], n_prose=need["prose"])
     pool = {k: [p for p in found if p.set == k] for k in KINDS}
     return {cell: [pool[k].pop(0) for k in ks] for cell, ks in kinds.items()}
 
 
-def _ratios(mine: List[Cell], base: List[Cell]) -> Optional[List[float]]:
+def _ratios(mine: list[Cell], base: list[Cell]) -> list[float] | None:
     """Cell-by-cell throughput ratios against the same cells of another mode (same prompts, same repeat)."""
     by = {x.repeat: x for x in base}
-    out = [x.tokens_per_second / by[x.repeat].tokens_per_second for x in mine
-           if x.repeat in by and by[x.repeat].tokens_per_second]
+    out = [
+        x.tokens_per_second / by[x.repeat].tokens_per_second
+        for x in mine
+        if x.repeat in by and by[x.repeat].tokens_per_second
+    ]
     return out or None
 
 
-def summarize(cells: List[Cell], clients: Sequence[int]) -> List[dict]:
+def summarize(cells: list[Cell], clients: Sequence[int]) -> list[dict]:
     """Per client count and mode: median throughput over repeats (with the spread) and the ratios."""
     rows = []
     for c in clients:
@@ -182,20 +198,31 @@ def summarize(cells: List[Cell], clients: Sequence[int]) -> List[dict]:
             one = [x.tokens_per_second for x in cells if x.clients == clients[0] and x.mode == m]
             vs = {b: _ratios(mine, by_mode[b]) if b != m else None for b in ("off", "turns", "mlx-lm")}
             vs_off = vs["off"] or [1.0]
-            rows.append({
-                "clients": c, "mode": m, "cells": len(mine), "tokens": sum(x.tokens for x in mine),
-                "tokens_per_second": statistics.median(tps), "min": min(tps), "max": max(tps),
-                "vs_off": statistics.median(vs_off), "vs_off_range": [min(vs_off), max(vs_off)],
-                "vs_turns": statistics.median(vs["turns"]) if vs["turns"] else None,
-                "vs_turns_range": [min(vs["turns"]), max(vs["turns"])] if vs["turns"] else None,
-                "vs_mlx_lm": statistics.median(vs["mlx-lm"]) if vs["mlx-lm"] else None,
-                "vs_mlx_lm_range": [min(vs["mlx-lm"]), max(vs["mlx-lm"])] if vs["mlx-lm"] else None,
-                "vs_first_clients": statistics.median(tps) / statistics.median(one) if one else None,
-                "acceptance": (sum(x.accepted for x in mine) / sum(x.drafted for x in mine)
-                               if sum(x.drafted for x in mine) else None),
-                "latency_s": statistics.median(lat for x in mine for lat in x.latencies_s),
-                "kinds": {k: sum(x.kinds.count(k) for x in mine) for k in KINDS},
-            })
+            rows.append(
+                {
+                    "clients": c,
+                    "mode": m,
+                    "cells": len(mine),
+                    "tokens": sum(x.tokens for x in mine),
+                    "tokens_per_second": statistics.median(tps),
+                    "min": min(tps),
+                    "max": max(tps),
+                    "vs_off": statistics.median(vs_off),
+                    "vs_off_range": [min(vs_off), max(vs_off)],
+                    "vs_turns": statistics.median(vs["turns"]) if vs["turns"] else None,
+                    "vs_turns_range": [min(vs["turns"]), max(vs["turns"])] if vs["turns"] else None,
+                    "vs_mlx_lm": statistics.median(vs["mlx-lm"]) if vs["mlx-lm"] else None,
+                    "vs_mlx_lm_range": [min(vs["mlx-lm"]), max(vs["mlx-lm"])] if vs["mlx-lm"] else None,
+                    "vs_first_clients": statistics.median(tps) / statistics.median(one) if one else None,
+                    "acceptance": (
+                        sum(x.accepted for x in mine) / sum(x.drafted for x in mine)
+                        if sum(x.drafted for x in mine)
+                        else None
+                    ),
+                    "latency_s": statistics.median(lat for x in mine for lat in x.latencies_s),
+                    "kinds": {k: sum(x.kinds.count(k) for x in mine) for k in KINDS},
+                }
+            )
     return rows
 
 
@@ -206,36 +233,68 @@ def _ratio(r: dict, key: str) -> str:
     return f"{r[key]:.2f}× ({lo:.2f}–{hi:.2f})"
 
 
-MODE_NAMES = {"off": "plain, batched", "turns": "drafter, turn-taking", "on": "drafter, batched",
-              "mlx-lm": "mlx-lm BatchGenerator"}
+MODE_NAMES = {
+    "off": "plain, batched",
+    "turns": "drafter, turn-taking",
+    "on": "drafter, batched",
+    "mlx-lm": "mlx-lm BatchGenerator",
+}
 
 
 def markdown(data: dict) -> str:
     s = data["settings"]
-    head = (f"# Served throughput: {s['model']} with drafter `{s['draft']}`\n\n"
-            f"{machine_line(data['machine'])}\n\n"
-            f"`{' '.join(data['command'])}`\n\n"
-            f"{s['repeats']} repeat(s) per client count, {s.get('requests', 1)} request(s) per client and cell (each "
-            f"sent when the client's previous reply ended), {s['max_tokens']} max tokens per request, greedy; "
-            f"each cell sends the same fresh prompts to every mode; ratios are cell by cell (median, min–max); "
-            f"mlx-lm's `batch_generate` runs in-process without HTTP. Prompts H/E/P counts the HumanEval, "
-            f"code-edit and prose prompts of a row (with a multiple of 3 repeats every client count gets the same "
-            f"mix).\n\n")
-    rows = [[r["clients"], MODE_NAMES.get(r["mode"], r["mode"]), r["cells"], r["tokens"], r["tokens_per_second"],
-             f"{r['min']:.2f}–{r['max']:.2f}", _ratio(r, "vs_off") if r["mode"] != "off" else "1.00×",
-             _ratio(r, "vs_turns") if r["mode"] != "turns" else "1.00×",
-             _ratio(r, "vs_mlx_lm") if r["mode"] != "mlx-lm" else "1.00×",
-             f"{r['vs_first_clients']:.2f}×" if r["vs_first_clients"] else "",
-             f"{100 * r['acceptance']:.1f}%" if r["acceptance"] is not None else "", f"{r['latency_s']:.1f}",
-             "/".join(str(r["kinds"][k]) for k in KINDS)]
-            for r in data["summary"]]
-    table = md_table(["Clients", "Mode", "Cells", "Tokens", "Tokens/s (median)", "Spread", "vs plain",
-                      "vs turn-taking", "vs mlx-lm", f"vs {s['clients'][0]} client(s)", "Acceptance",
-                      "Latency s (median)", "Prompts H/E/P"],
-                     rows)
+    head = (
+        f"# Served throughput: {s['model']} with drafter `{s['draft']}`\n\n"
+        f"{machine_line(data['machine'])}\n\n"
+        f"`{' '.join(data['command'])}`\n\n"
+        f"{s['repeats']} repeat(s) per client count, {s.get('requests', 1)} request(s) per client and cell (each "
+        f"sent when the client's previous reply ended), {s['max_tokens']} max tokens per request, greedy; "
+        f"each cell sends the same fresh prompts to every mode; ratios are cell by cell (median, min–max); "
+        f"mlx-lm's `batch_generate` runs in-process without HTTP. Prompts H/E/P counts the HumanEval, "
+        f"code-edit and prose prompts of a row (with a multiple of 3 repeats every client count gets the same "
+        f"mix).\n\n"
+    )
+    rows = [
+        [
+            r["clients"],
+            MODE_NAMES.get(r["mode"], r["mode"]),
+            r["cells"],
+            r["tokens"],
+            r["tokens_per_second"],
+            f"{r['min']:.2f}–{r['max']:.2f}",
+            _ratio(r, "vs_off") if r["mode"] != "off" else "1.00×",
+            _ratio(r, "vs_turns") if r["mode"] != "turns" else "1.00×",
+            _ratio(r, "vs_mlx_lm") if r["mode"] != "mlx-lm" else "1.00×",
+            f"{r['vs_first_clients']:.2f}×" if r["vs_first_clients"] else "",
+            f"{100 * r['acceptance']:.1f}%" if r["acceptance"] is not None else "",
+            f"{r['latency_s']:.1f}",
+            "/".join(str(r["kinds"][k]) for k in KINDS),
+        ]
+        for r in data["summary"]
+    ]
+    table = md_table(
+        [
+            "Clients",
+            "Mode",
+            "Cells",
+            "Tokens",
+            "Tokens/s (median)",
+            "Spread",
+            "vs plain",
+            "vs turn-taking",
+            "vs mlx-lm",
+            f"vs {s['clients'][0]} client(s)",
+            "Acceptance",
+            "Latency s (median)",
+            "Prompts H/E/P",
+        ],
+        rows,
+    )
     same = data["identical"]
-    return (head + table + f"\n\nReplies identical to plain decoding (greedy), drafter turn-taking and batched: "
-            f"{same[0]}/{same[1]}.\n")
+    return (
+        head + table + f"\n\nReplies identical to plain decoding (greedy), drafter turn-taking and batched: "
+        f"{same[0]}/{same[1]}.\n"
+    )
 
 
 def run_throughput(s: ThroughputSettings, out: str, log: Log = lambda _m: None) -> RunFile:
@@ -246,10 +305,12 @@ def run_throughput(s: ThroughputSettings, out: str, log: Log = lambda _m: None) 
     plan = plan_prompts(on.tokenizer, s.clients, s.repeats, s.requests)
     run = RunFile("serve", out, {"machine": machine_info(), "settings": dataclasses.asdict(s), "cells": []})
     concurrency = max(s.clients)
-    cells: List[Cell] = []
-    with Running(build_app(on, max_concurrency=concurrency, max_tokens=s.max_tokens)) as srv_on, \
-            Running(build_app(on, max_concurrency=concurrency, max_tokens=s.max_tokens, batch=False)) as srv_turns, \
-            Running(build_app(off, max_concurrency=concurrency, max_tokens=s.max_tokens)) as srv_off:
+    cells: list[Cell] = []
+    with (
+        Running(build_app(on, max_concurrency=concurrency, max_tokens=s.max_tokens)) as srv_on,
+        Running(build_app(on, max_concurrency=concurrency, max_tokens=s.max_tokens, batch=False)) as srv_turns,
+        Running(build_app(off, max_concurrency=concurrency, max_tokens=s.max_tokens)) as srv_off,
+    ):
         urls = {"on": srv_on.url, "turns": srv_turns.url, "off": srv_off.url}
 
         def measure(mode: str, cell: Cell, max_tokens: int) -> Cell:
@@ -260,17 +321,24 @@ def run_throughput(s: ThroughputSettings, out: str, log: Log = lambda _m: None) 
         for r in range(s.repeats):
             for c in s.clients:
                 chosen = plan[(c, r)]
-                order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
+                order = MODES[r % len(MODES) :] + MODES[: r % len(MODES)]
                 for mode in order:
-                    cell = measure(mode, Cell(c, r, mode, [p.text for p in chosen], [p.set for p in chosen]),
-                                   s.max_tokens)
+                    cell = measure(
+                        mode, Cell(c, r, mode, [p.text for p in chosen], [p.set for p in chosen]), s.max_tokens
+                    )
                     cells.append(cell)
-                    log(f"repeat {r + 1}/{s.repeats}, {c} client(s), drafter {mode}: {cell.tokens} tokens in "
-                        f"{cell.wall_s:.1f} s = {cell.tokens_per_second:.2f} tokens/s")
+                    log(
+                        f"repeat {r + 1}/{s.repeats}, {c} client(s), drafter {mode}: {cell.tokens} tokens in "
+                        f"{cell.wall_s:.1f} s = {cell.tokens_per_second:.2f} tokens/s"
+                    )
                     run.data["cells"] = [dataclasses.asdict(x) for x in cells]
                     run.flush()
-    pairs = [(a, b) for a in cells for b in cells
-             if a.mode == "off" and b.mode in ("turns", "on") and (a.clients, a.repeat) == (b.clients, b.repeat)]
+    pairs = [
+        (a, b)
+        for a in cells
+        for b in cells
+        if a.mode == "off" and b.mode in ("turns", "on") and (a.clients, a.repeat) == (b.clients, b.repeat)
+    ]
     run.data["identical"] = [sum(a.texts == b.texts for a, b in pairs), len(pairs)]
     run.data["summary"] = summarize(cells, list(s.clients))
     run.data["complete"] = True

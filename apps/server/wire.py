@@ -12,7 +12,6 @@ The extra field rides along where OpenAI clients ignore it:
 """
 
 import time
-from typing import List
 
 from .scheduler import Delta, Done
 
@@ -22,8 +21,12 @@ EXTRA = "mlx_spec"
 def usage(stats: dict) -> dict:
     """OpenAI's `usage`, with the cached prompt tokens where OpenAI reports them."""
     prompt, completion = stats.get("prompt_tokens", 0), stats.get("generation_tokens", 0)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": stats.get("prompt_cached", 0)}}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": stats.get("prompt_cached", 0)},
+    }
 
 
 def final_stats(stats: dict) -> dict:
@@ -34,8 +37,13 @@ def final_stats(stats: dict) -> dict:
 def live(delta: Delta) -> dict:
     """The extra field of a content chunk."""
     marks = [m for _, m in delta.pieces]
-    return dict(delta.live, draft=[m.pos > 0 for m in marks], pos=[m.pos for m in marks],
-                round=[m.round for m in marks], pieces=[t for t, _ in delta.pieces])
+    return dict(
+        delta.live,
+        draft=[m.pos > 0 for m in marks],
+        pos=[m.pos for m in marks],
+        round=[m.round for m in marks],
+        pieces=[t for t, _ in delta.pieces],
+    )
 
 
 class Reply:
@@ -53,7 +61,7 @@ class Reply:
             return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
 
-    def _chunk(self, choices: List[dict]) -> dict:
+    def _chunk(self, choices: list[dict]) -> dict:
         return dict(self._head("chat.completion.chunk" if self.chat else "text_completion"), choices=choices)
 
     def first(self) -> dict:
@@ -76,8 +84,12 @@ class Reply:
     def response(self, text: str, done: Done) -> dict:
         """The non-streamed reply."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": done.finish_reason}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": done.finish_reason,
+            }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": done.finish_reason}
         head = self._head("chat.completion" if self.chat else "text_completion")

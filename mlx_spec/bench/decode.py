@@ -7,9 +7,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
 
 from ..named import DEFAULT_PROMPT
 from .common import (
@@ -39,8 +39,8 @@ Log = Callable[[str], None]
 class DecodeSettings:
     """What the decode benchmark measures."""
 
-    models: List[str] = field(default_factory=lambda: list(DEFAULT_MODELS))
-    variants: List[str] = field(default_factory=lambda: list(VARIANTS))
+    models: list[str] = field(default_factory=lambda: list(DEFAULT_MODELS))
+    variants: list[str] = field(default_factory=lambda: list(VARIANTS))
     max_tokens: int = DEFAULT_MAX_TOKENS
     repeats: int = DEFAULT_REPEATS
     prompt: str = DEFAULT_PROMPT
@@ -86,11 +86,11 @@ def measure_model(name: str, folder: Path, s: DecodeSettings, log: Log) -> dict:
     model, _tok = mlx_load(str(folder))  # untimed: brings the files into the page cache for both loaders
     model = _tok = None
     free()
-    loads: Dict[str, List[float]] = {"ours": [], "mlx_lm": []}
+    loads: dict[str, list[float]] = {"ours": [], "mlx_lm": []}
     ours = mine = tok = None
     for r in range(s.repeats):
         last = r == s.repeats - 1
-        for who in (("ours", "mlx_lm") if r % 2 == 0 else ("mlx_lm", "ours")):
+        for who in ("ours", "mlx_lm") if r % 2 == 0 else ("mlx_lm", "ours"):
             t0 = time.perf_counter()
             if who == "ours":
                 ours, tok, _ = load_model(str(folder))
@@ -109,15 +109,21 @@ def measure_model(name: str, folder: Path, s: DecodeSettings, log: Log) -> dict:
     }
     for who in run:
         run[who](WARMUP_TOKENS)
-    timings: Dict[str, list] = {"ours": [], "mlx_lm": []}
+    timings: dict[str, list] = {"ours": [], "mlx_lm": []}
     for r in range(s.repeats):
-        for who in (("ours", "mlx_lm") if r % 2 == 0 else ("mlx_lm", "ours")):
+        for who in ("ours", "mlx_lm") if r % 2 == 0 else ("mlx_lm", "ours"):
             t = run[who](s.max_tokens)
             timings[who].append(t)
             log(f"{name} {who} repeat {r + 1}: {t.decode_tps:.2f} tok/s")
     o, x = timings["ours"][0].tokens, timings["mlx_lm"][0].tokens
-    row.update(prompt_tokens=len(ids), ours=_stats(timings["ours"], len(ids)), mlx_lm=_stats(timings["mlx_lm"], len(ids)),
-               tokens=o, first_mismatch=first_mismatch(o, x), identical=o == x)
+    row.update(
+        prompt_tokens=len(ids),
+        ours=_stats(timings["ours"], len(ids)),
+        mlx_lm=_stats(timings["mlx_lm"], len(ids)),
+        tokens=o,
+        first_mismatch=first_mismatch(o, x),
+        identical=o == x,
+    )
     row["decode_ratio"] = row["ours"]["decode_tps"] / row["mlx_lm"]["decode_tps"]
     ours = mine = tok = None
     free()
@@ -131,9 +137,24 @@ def blas_compare(s: DecodeSettings, out: str, log: Log) -> dict:
     """Re-run this decode benchmark in a child process with MLX's reference BLAS; return its JSON."""
     fd, result = tempfile.mkstemp(prefix="decode-reference-", suffix=".json")
     os.close(fd)
-    cmd = [sys.executable, "-m", "mlx_spec.bench", "decode", "--models", ",".join(s.models),
-           "--variants", ",".join(s.variants), "--max-tokens", str(s.max_tokens), "--repeats", str(s.repeats),
-           "--out", out, "--result-file", result]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlx_spec.bench",
+        "decode",
+        "--models",
+        ",".join(s.models),
+        "--variants",
+        ",".join(s.variants),
+        "--max-tokens",
+        str(s.max_tokens),
+        "--repeats",
+        str(s.repeats),
+        "--out",
+        out,
+        "--result-file",
+        result,
+    ]
     log(f"child with {REFERENCE_ENV}: {' '.join(cmd)}")
     try:
         res = subprocess.run(cmd, env={**os.environ, **REFERENCE_ENV}, stdout=sys.stderr)
@@ -155,10 +176,15 @@ def compare_rows(mine: dict, child: dict) -> dict:
         if r.get("error") or c is None:
             continue
         pair = {k: (r[k]["decode_tps"], c[k]["decode_tps"]) for k in ("ours", "mlx_lm")}
-        rows.append({"name": r["name"], **pair, "ours_ratio": pair["ours"][0] / pair["ours"][1],
-                     "mlx_lm_ratio": pair["mlx_lm"][0] / pair["mlx_lm"][1]})
-    return {"child_blas_status": child["machine"]["blas_status"], "child_json": child.get("json_path"),
-            "models": rows}
+        rows.append(
+            {
+                "name": r["name"],
+                **pair,
+                "ours_ratio": pair["ours"][0] / pair["ours"][1],
+                "mlx_lm_ratio": pair["mlx_lm"][0] / pair["mlx_lm"][1],
+            }
+        )
+    return {"child_blas_status": child["machine"]["blas_status"], "child_json": child.get("json_path"), "models": rows}
 
 
 # --------------------------------------------------------------------------- conversion cost
@@ -197,13 +223,24 @@ def convert_report(src: str, log: Log) -> dict:
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
-        runs.append({"source": src, "to": to, "command": cmd, "wall_s": wall, "returncode": proc.returncode,
-                     "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9,  # Linux reports KiB
-                     "output_gb": weights_gb(work / "out") if (work / "out").is_dir() else 0.0,
-                     "stderr_tail": stderr.strip().splitlines()[-1] if stderr.strip() and proc.returncode else ""})
+        runs.append(
+            {
+                "source": src,
+                "to": to,
+                "command": cmd,
+                "wall_s": wall,
+                "returncode": proc.returncode,
+                "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9,  # Linux reports KiB
+                "output_gb": weights_gb(work / "out") if (work / "out").is_dir() else 0.0,
+                "stderr_tail": stderr.strip().splitlines()[-1] if stderr.strip() and proc.returncode else "",
+            }
+        )
         shutil.rmtree(work, ignore_errors=True)
-    note = (f"source `{source}`: " + ("GGUF read and dequantized in every run (fresh MLX_SPEC_HOME)" if cold
-                                      else "used as is (an already-fetched folder or HF repo)"))
+    note = f"source `{source}`: " + (
+        "GGUF read and dequantized in every run (fresh MLX_SPEC_HOME)"
+        if cold
+        else "used as is (an already-fetched folder or HF repo)"
+    )
     return {"source": src, "resolved": source, "note": note, "runs": runs}
 
 
@@ -215,8 +252,16 @@ def _mkdir(p: Path) -> Path:
 # --------------------------------------------------------------------------- the run
 
 
-def run_decode(s: DecodeSettings, out: str, *, decode: bool = True, compare: bool = False,
-               convert_src: Optional[str] = None, result_file: Optional[str] = None, log: Log = lambda _m: None) -> RunFile:
+def run_decode(
+    s: DecodeSettings,
+    out: str,
+    *,
+    decode: bool = True,
+    compare: bool = False,
+    convert_src: str | None = None,
+    result_file: str | None = None,
+    log: Log = lambda _m: None,
+) -> RunFile:
     """Measure every model x variant, then optionally the reference-BLAS child and the conversion report."""
     run = RunFile("decode", out, {"machine": machine_info(), "settings": asdict(s), "models": []})
     run.data["json_path"] = str(run.json_path)

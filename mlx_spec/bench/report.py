@@ -1,6 +1,6 @@
 """Turn benchmark records into summaries and markdown: every speed is a ratio against a named baseline."""
 
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
 
 from .common import WITHIN, machine_line, md_table
 
@@ -22,11 +22,11 @@ def aligned_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([fmt(cells[0]), rule] + [fmt(r) for r in cells[1:]])
 
 
-def _acceptance(rows: List[dict]) -> dict:
+def _acceptance(rows: list[dict]) -> dict:
     """Acceptance pooled over prompts, from our Stats or mlx-lm's reconstructed rounds."""
     proposed = accepted = spec_rounds = 0
-    by_p: List[int] = []
-    by_a: List[int] = []
+    by_p: list[int] = []
+    by_a: list[int] = []
     for r in rows:
         s = r.get("stats")
         if not s:
@@ -41,17 +41,19 @@ def _acceptance(rows: List[dict]) -> dict:
             by_p[i] += p
             by_a[i] += a
     return {
-        "proposed": proposed, "accepted": accepted,
+        "proposed": proposed,
+        "accepted": accepted,
         "acceptance_rate": accepted / proposed if proposed else None,
         "mean_accepted": accepted / spec_rounds if spec_rounds else None,
         "acceptance_by_position": [a / p if p else 0.0 for a, p in zip(by_a, by_p)],
-        "proposed_by_position": by_p, "spec_rounds": spec_rounds,
+        "proposed_by_position": by_p,
+        "spec_rounds": spec_rounds,
     }
 
 
-def summarize(records: List[dict], configs: Sequence[str], baseline: str) -> Dict[str, Dict[str, dict]]:
+def summarize(records: list[dict], configs: Sequence[str], baseline: str) -> dict[str, dict[str, dict]]:
     """Per prompt set and config: speed-up vs the baseline on the prompts both finished, and the rest."""
-    out: Dict[str, Dict[str, dict]] = {}
+    out: dict[str, dict[str, dict]] = {}
     for set_name in SETS:
         rows = [r for r in records if set_name == "all" or r["set"] == set_name]
         if not rows:
@@ -72,14 +74,22 @@ def summarize(records: List[dict], configs: Sequence[str], baseline: str) -> Dic
                 bdec = sum(b["n_tokens"] - 1 for _, b in pairs) / max(sum(b["decode_time"] for _, b in pairs), 1e-12)
                 per = [(r["n_tokens"] / r["total"]) / (b["n_tokens"] / b["total"]) for r, b in pairs]
                 entry.update(
-                    tokens=tok, time_s=t, tps=tok / t, decode_tps=dec,
+                    tokens=tok,
+                    time_s=t,
+                    tps=tok / t,
+                    decode_tps=dec,
                     prefill_tps=sum(r["prompt_tokens"] for r in ok) / max(sum(r["ttft"] for r in ok), 1e-12),
-                    speedup=(tok / t) / (btok / bt), speedup_min=min(per), speedup_max=max(per),
+                    speedup=(tok / t) / (btok / bt),
+                    speedup_min=min(per),
+                    speedup_max=max(per),
                     decode_speedup=dec / bdec,
                     draft_share=sum(r["n_from_draft"] for r in ok) / tok if tok else 0.0,
                     identical=sum(bool(r.get("identical")) for r in ok),
-                    mismatches=[{"prompt": r["prompt"], "position": r.get("first_mismatch")}
-                                for r in ok if r.get("identical") is False],
+                    mismatches=[
+                        {"prompt": r["prompt"], "position": r.get("first_mismatch")}
+                        for r in ok
+                        if r.get("identical") is False
+                    ],
                     peak_memory_gb=max(r["peak_memory_gb"] for r in ok),
                     peak_extra_gb=max(r["peak_extra_gb"] for r in ok),
                     **_acceptance(ok),
@@ -88,7 +98,7 @@ def summarize(records: List[dict], configs: Sequence[str], baseline: str) -> Dic
     return out
 
 
-def _pct(x: Optional[float]) -> str:
+def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
@@ -113,47 +123,92 @@ def spec_markdown(data: dict, baseline: str) -> str:
         "accepted ÷ proposed draft tokens / accepted per speculative round (mlx-lm-spec: rebuilt from its "
         "from_draft flags); peak GB above weights = MLX peak allocation minus what was allocated when the "
         "generation started (all loaded weights), i.e. KV caches, activations and scratch",
-        "- weights in memory: target " + f"{data.get('target', {}).get('weights_gb', 0):.2f} GB; drafts: "
-        + ", ".join(f"{c} {v.get('draft_weights_gb', 0):.2f} GB" for c, v in data.get("setup", {}).items()
-                    if v.get("draft_weights_gb")),
+        "- weights in memory: target "
+        + f"{data.get('target', {}).get('weights_gb', 0):.2f} GB; drafts: "
+        + ", ".join(
+            f"{c} {v.get('draft_weights_gb', 0):.2f} GB"
+            for c, v in data.get("setup", {}).items()
+            if v.get("draft_weights_gb")
+        ),
         "",
     ]
     for set_name, configs in data.get("summary", {}).items():
         rows = []
         for c, e in configs.items():
             if not e.get("compared"):
-                why = ("setup failed (see errors)" if not e["prompts"] else
-                       f"{e['errors']} errors" + ("" if e["errors"] else "; no plain baseline"))
+                why = (
+                    "setup failed (see errors)"
+                    if not e["prompts"]
+                    else f"{e['errors']} errors" + ("" if e["errors"] else "; no plain baseline")
+                )
                 rows.append((c, "-", "-", "-", "-", "-", "-", "-", "-", f"0/{e['prompts']}", why))
                 continue
-            rows.append((
-                c, f"{e['speedup']:.2f}×", f"{e['speedup_min']:.2f}–{e['speedup_max']:.2f}",
-                f"{e['decode_speedup']:.2f}×", f"{e['tps']:.2f}", f"{e['decode_tps']:.2f}", f"{e['prefill_tps']:.0f}",
-                _pct(e["draft_share"]),
-                _pct(e["acceptance_rate"]) + (f" / {e['mean_accepted']:.2f}" if e["mean_accepted"] is not None else ""),
-                f"{e['identical']}/{e['compared']}" + ("" if e["identical"] == e["compared"] else " **MISMATCH**"),
-                f"{e['peak_extra_gb']:.3f}" + (f", {e['errors']} errors" if e["errors"] else ""),
-            ))
-        lines += [f"## {set_name}", "", md_table(
-            ("config", "speed-up vs plain", "min–max", "decode×", "tok/s (e2e)", "decode tok/s", "prefill tok/s", "from draft",
-             "accept rate / per round", "identical", "peak GB above weights / notes"), rows), ""]
+            rows.append(
+                (
+                    c,
+                    f"{e['speedup']:.2f}×",
+                    f"{e['speedup_min']:.2f}–{e['speedup_max']:.2f}",
+                    f"{e['decode_speedup']:.2f}×",
+                    f"{e['tps']:.2f}",
+                    f"{e['decode_tps']:.2f}",
+                    f"{e['prefill_tps']:.0f}",
+                    _pct(e["draft_share"]),
+                    _pct(e["acceptance_rate"])
+                    + (f" / {e['mean_accepted']:.2f}" if e["mean_accepted"] is not None else ""),
+                    f"{e['identical']}/{e['compared']}" + ("" if e["identical"] == e["compared"] else " **MISMATCH**"),
+                    f"{e['peak_extra_gb']:.3f}" + (f", {e['errors']} errors" if e["errors"] else ""),
+                )
+            )
+        lines += [
+            f"## {set_name}",
+            "",
+            md_table(
+                (
+                    "config",
+                    "speed-up vs plain",
+                    "min–max",
+                    "decode×",
+                    "tok/s (e2e)",
+                    "decode tok/s",
+                    "prefill tok/s",
+                    "from draft",
+                    "accept rate / per round",
+                    "identical",
+                    "peak GB above weights / notes",
+                ),
+                rows,
+            ),
+            "",
+        ]
     if "all" in data.get("summary", {}):
-        pos_rows = [(c, " ".join(f"{x:.2f}" for x in e["acceptance_by_position"]))
-                    for c, e in data["summary"]["all"].items() if e.get("acceptance_by_position")]
+        pos_rows = [
+            (c, " ".join(f"{x:.2f}" for x in e["acceptance_by_position"]))
+            for c, e in data["summary"]["all"].items()
+            if e.get("acceptance_by_position")
+        ]
         if pos_rows:
-            lines += ["## acceptance by draft position (all prompts)", "",
-                      md_table(("config", "position 1, 2, ..."), pos_rows), ""]
+            lines += [
+                "## acceptance by draft position (all prompts)",
+                "",
+                md_table(("config", "position 1, 2, ..."), pos_rows),
+                "",
+            ]
     bad = [r for r in data.get("records", []) if r.get("identical") is False]
     if bad:
         lines += ["## LOSSLESS CHECK FAILED: outputs that differ from plain", ""]
         for r in bad:
             ctx = r.get("mismatch_context", {})
-            lines.append(f"- `{r['config']}` on {r['prompt']}: first differing token {r['first_mismatch']} "
-                         f"(plain: {ctx.get('plain')!r} vs {ctx.get(r['config'])!r})")
+            lines.append(
+                f"- `{r['config']}` on {r['prompt']}: first differing token {r['first_mismatch']} "
+                f"(plain: {ctx.get('plain')!r} vs {ctx.get(r['config'])!r})"
+            )
         lines.append("")
     if data.get("errors"):
-        lines += ["## errors", ""] + [f"- `{e['config']}`{' on ' + e['prompt'] if e['prompt'] else ''}: {e['error']}"
-                                      for e in data["errors"]] + [""]
+        lines += (
+            ["## errors", ""]
+            + [f"- `{e['config']}`{' on ' + e['prompt'] if e['prompt'] else ''}: {e['error']}" for e in data["errors"]]
+            + [""]
+        )
     return "\n".join(lines)
 
 
@@ -179,12 +234,36 @@ def decode_markdown(data: dict) -> str:
             continue
         o, x = r["ours"], r["mlx_lm"]
         ok = "yes" if abs(r["decode_ratio"] - 1) <= WITHIN else "**no**"
-        rows.append((r["name"], f"{r['weights_gb']:.3f}", f"{o['decode_tps']:.2f}", f"{x['decode_tps']:.2f}",
-                     f"{r['decode_ratio']:.3f} ({ok})", f"{o['prefill_tps']:.1f} / {x['prefill_tps']:.1f}",
-                     f"{r['load_ours_s']:.2f} / {r['load_mlx_lm_s']:.2f}", f"{o['peak_extra_gb']:.3f} / {x['peak_extra_gb']:.3f}",
-                     "yes" if r["identical"] else f"**no** (first at {r['first_mismatch']})"))
-    lines += [md_table(("model", "weights GB", "ours tok/s", "mlx-lm tok/s", "ours/mlx-lm", "prefill tok/s ours / mlx-lm",
-                        "load s ours / mlx-lm", "peak GB above weights ours / mlx-lm", "same tokens"), rows), ""]
+        rows.append(
+            (
+                r["name"],
+                f"{r['weights_gb']:.3f}",
+                f"{o['decode_tps']:.2f}",
+                f"{x['decode_tps']:.2f}",
+                f"{r['decode_ratio']:.3f} ({ok})",
+                f"{o['prefill_tps']:.1f} / {x['prefill_tps']:.1f}",
+                f"{r['load_ours_s']:.2f} / {r['load_mlx_lm_s']:.2f}",
+                f"{o['peak_extra_gb']:.3f} / {x['peak_extra_gb']:.3f}",
+                "yes" if r["identical"] else f"**no** (first at {r['first_mismatch']})",
+            )
+        )
+    lines += [
+        md_table(
+            (
+                "model",
+                "weights GB",
+                "ours tok/s",
+                "mlx-lm tok/s",
+                "ours/mlx-lm",
+                "prefill tok/s ours / mlx-lm",
+                "load s ours / mlx-lm",
+                "peak GB above weights ours / mlx-lm",
+                "same tokens",
+            ),
+            rows,
+        ),
+        "",
+    ]
     if cmp_ := data.get("blas_compare"):
         lines += [
             "## optimized vs reference BLAS",
@@ -197,15 +276,48 @@ def decode_markdown(data: dict) -> str:
         if cmp_.get("error"):
             lines.append(f"child failed: {cmp_['error']}")
         else:
-            lines.append(md_table(("model", "ours tok/s optimized / reference", "ratio", "mlx-lm tok/s optimized / reference", "ratio"),
-                                  [(c["name"], f"{c['ours'][0]:.2f} / {c['ours'][1]:.2f}", f"{c['ours_ratio']:.2f}×",
-                                    f"{c['mlx_lm'][0]:.2f} / {c['mlx_lm'][1]:.2f}", f"{c['mlx_lm_ratio']:.2f}×")
-                                   for c in cmp_["models"]]))
+            lines.append(
+                md_table(
+                    (
+                        "model",
+                        "ours tok/s optimized / reference",
+                        "ratio",
+                        "mlx-lm tok/s optimized / reference",
+                        "ratio",
+                    ),
+                    [
+                        (
+                            c["name"],
+                            f"{c['ours'][0]:.2f} / {c['ours'][1]:.2f}",
+                            f"{c['ours_ratio']:.2f}×",
+                            f"{c['mlx_lm'][0]:.2f} / {c['mlx_lm'][1]:.2f}",
+                            f"{c['mlx_lm_ratio']:.2f}×",
+                        )
+                        for c in cmp_["models"]
+                    ],
+                )
+            )
         lines.append("")
     if conv := data.get("convert_report"):
-        lines += ["## conversion cost (each in a fresh subprocess)", "", conv.get("note", ""), "",
-                  md_table(("source", "to", "wall s", "peak RSS GB", "output GB", "status"),
-                           [(c["source"], c["to"], f"{c['wall_s']:.1f}", f"{c['peak_rss_gb']:.2f}",
-                             f"{c.get('output_gb', 0):.2f}", "ok" if c["returncode"] == 0 else f"FAILED: {c.get('stderr_tail', '')}")
-                            for c in conv["runs"]]), ""]
+        lines += [
+            "## conversion cost (each in a fresh subprocess)",
+            "",
+            conv.get("note", ""),
+            "",
+            md_table(
+                ("source", "to", "wall s", "peak RSS GB", "output GB", "status"),
+                [
+                    (
+                        c["source"],
+                        c["to"],
+                        f"{c['wall_s']:.1f}",
+                        f"{c['peak_rss_gb']:.2f}",
+                        f"{c.get('output_gb', 0):.2f}",
+                        "ok" if c["returncode"] == 0 else f"FAILED: {c.get('stderr_tail', '')}",
+                    )
+                    for c in conv["runs"]
+                ],
+            ),
+            "",
+        ]
     return "\n".join(lines)

@@ -9,8 +9,8 @@ import errno
 import json
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional
 
 from ..errors import MlxSpecError
 from .common import _command, git_revision
@@ -67,9 +67,18 @@ class ResultFile:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         path = out / f"{suite['name']}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json"
-        data = {"schema": SCHEMA, "suite": suite, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "command": _command(), "complete": False, "machine": machine, "models": {}, "rows": [],
-                "records": [], "summary": []}
+        data = {
+            "schema": SCHEMA,
+            "suite": suite,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": _command(),
+            "complete": False,
+            "machine": machine,
+            "models": {},
+            "rows": [],
+            "records": [],
+            "summary": [],
+        }
         f = cls(path, data)
         f.flush()
         return f
@@ -85,8 +94,9 @@ class ResultFile:
         if mine != theirs:
             changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
             raise ResultError(f"{path} was a run of a different suite ({', '.join(changed)} differ): start a new run")
-        data.setdefault("resumed", []).append({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": _command(),
-                                               "git_rev": git_revision()})  # the code may differ from the start's
+        data.setdefault("resumed", []).append(
+            {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": _command(), "git_rev": git_revision()}
+        )  # the code may differ from the start's
         return cls(path, data)
 
     def add(self, record: dict) -> None:
@@ -103,7 +113,7 @@ class ResultFile:
         else:
             rows[at] = row
 
-    def records(self, row_key: Optional[str] = None) -> Iterable[dict]:
+    def records(self, row_key: str | None = None) -> Iterable[dict]:
         return [r for r in self.data["records"] if row_key is None or r["row"] == row_key]
 
     def flush(self) -> None:
@@ -122,5 +132,7 @@ class ResultFile:
         except OSError as e:
             tmp.unlink(missing_ok=True)
             why = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else str(e)
-            raise ResultError(f"cannot write {path}: {why}; the results written before are kept there "
-                              f"(resume with --resume {self.path})") from None
+            raise ResultError(
+                f"cannot write {path}: {why}; the results written before are kept there "
+                f"(resume with --resume {self.path})"
+            ) from None

@@ -13,7 +13,6 @@ it (several tokens per read).
 """
 
 import time
-from typing import List
 
 from .common import md_table, median, params_bytes
 
@@ -24,7 +23,7 @@ PASSES = 7
 SHAPES = ((8960, 1536), (1536, 8960), (4096, 4096), (4864, 896), (61035, 4096))
 
 
-def _time(fn, passes: int) -> List[float]:
+def _time(fn, passes: int) -> list[float]:
     import mlx.core as mx
 
     mx.eval(fn())  # warm-up
@@ -72,7 +71,7 @@ def bytes_per_token(model) -> int:
     return total
 
 
-def summarize(data: dict, rows: List[dict]) -> List[dict]:
+def summarize(data: dict, rows: list[dict]) -> list[dict]:
     """The table summary plus, per model, bytes read per token and the share of the roofline reached."""
     bw = data.get("bandwidth", {}).get("gbs")
     for e in rows:
@@ -82,23 +81,46 @@ def summarize(data: dict, rows: List[dict]) -> List[dict]:
         recs = [r for r in data["records"] if r["row"] == e["key"]]
         decode = sum(r["n_tokens"] - 1 for r in recs) / max(sum(r["decode_time"] for r in recs), 1e-12)
         read = m.get("read_gb", m["weights_gb"])  # result files before read_gb: every weight
-        e.update(weights_gb=m["weights_gb"], read_gb=read, decode_tps=decode, roofline_tps=bw / read,
-                 roofline_share=decode / (bw / read))
+        e.update(
+            weights_gb=m["weights_gb"],
+            read_gb=read,
+            decode_tps=decode,
+            roofline_tps=bw / read,
+            roofline_share=decode / (bw / read),
+        )
     return rows
 
 
 def markdown(data: dict) -> str:
     bw = data.get("bandwidth") or {}
     shapes = ", ".join(f"{k} {v:.1f}" for k, v in bw.get("shapes", {}).items())
-    lines = [f"Read bandwidth measured in this run: **{bw.get('gbs', float('nan')):.1f} GB/s**, the best of "
-             f"x @ W.T over ~{bw.get('bytes', 0) / 1e9:.1f} GB of matrices shaped {shapes or 'n/a'} GB/s; "
-             f"gemv {bw.get('gemv_gbs', float('nan')):.1f}, sum {bw.get('sum_gbs', float('nan')):.1f}. "
-             "Roofline tok/s = bandwidth / bytes read per token (every weight, less an untied embedding table, "
-             "of which one row is read; the KV cache is left out, small at these lengths).", ""]
-    rows = [[e["target"], e.get("target_quant") or "", f"{e['weights_gb']:.2f}", f"{e.get('read_gb', e['weights_gb']):.2f}",
-             f"{e['decode_tps']:.2f}", f"{e['roofline_tps']:.2f}", f"{100 * e['roofline_share']:.0f}%"]
-            for e in data["summary"] if "roofline_share" in e]
-    rows += [[e["target"], "", "", "", f"unavailable: {e['reason']}", "", ""] for e in data["summary"] if e["status"] != "ok"]
-    lines.append(md_table(["Model", "Quantization", "Weights GB", "Read GB/token", "Decode tok/s", "Roofline tok/s",
-                           "Share"], rows))
+    lines = [
+        f"Read bandwidth measured in this run: **{bw.get('gbs', float('nan')):.1f} GB/s**, the best of "
+        f"x @ W.T over ~{bw.get('bytes', 0) / 1e9:.1f} GB of matrices shaped {shapes or 'n/a'} GB/s; "
+        f"gemv {bw.get('gemv_gbs', float('nan')):.1f}, sum {bw.get('sum_gbs', float('nan')):.1f}. "
+        "Roofline tok/s = bandwidth / bytes read per token (every weight, less an untied embedding table, "
+        "of which one row is read; the KV cache is left out, small at these lengths).",
+        "",
+    ]
+    rows = [
+        [
+            e["target"],
+            e.get("target_quant") or "",
+            f"{e['weights_gb']:.2f}",
+            f"{e.get('read_gb', e['weights_gb']):.2f}",
+            f"{e['decode_tps']:.2f}",
+            f"{e['roofline_tps']:.2f}",
+            f"{100 * e['roofline_share']:.0f}%",
+        ]
+        for e in data["summary"]
+        if "roofline_share" in e
+    ]
+    rows += [
+        [e["target"], "", "", "", f"unavailable: {e['reason']}", "", ""] for e in data["summary"] if e["status"] != "ok"
+    ]
+    lines.append(
+        md_table(
+            ["Model", "Quantization", "Weights GB", "Read GB/token", "Decode tok/s", "Roofline tok/s", "Share"], rows
+        )
+    )
     return "\n".join(lines) + "\n"

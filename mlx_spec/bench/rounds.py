@@ -8,8 +8,8 @@ sources paid for their rounds and which cost more than decoding plainly would ha
 
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
 
 from .common import md_table
 from .results import key
@@ -28,7 +28,7 @@ class Round:
         return self.accepted + 1 if self.source else 1  # a drafted round also keeps the target's own next token
 
 
-def trace_rounds(record: dict) -> List[Round]:
+def trace_rounds(record: dict) -> list[Round]:
     """A record's rounds from its compact trace (SCHEMA.md): the one place that reads the trace's layout, both the
     current one ([source, proposed, accepted, seconds, size, behind]) and the one before it ([source, proposed,
     accepted, verify_s, draft_s, catch_up_s, behind], 7 or 9 fields: the records BENCHMARKS.md §1-23 quote)."""
@@ -51,35 +51,39 @@ class Tally:
         return f"{self.rounds}r/{self.tokens}t {self.saved_s:+.1f}s"
 
 
-def price(rounds: Sequence[Round], step: float) -> Dict[str, Tally]:
+def price(rounds: Sequence[Round], step: float) -> dict[str, Tally]:
     """Per source ("plain" for plain steps): its rounds, their tokens, and the seconds they saved at `step` a token."""
-    out: Dict[str, Tally] = defaultdict(Tally)
+    out: dict[str, Tally] = defaultdict(Tally)
     for r in rounds:
         out[r.source or "plain"].add(1, r.tokens, r.tokens * step - r.seconds)
     return dict(out)
 
 
-def _cells(per: Dict[str, Tally]) -> str:
+def _cells(per: dict[str, Tally]) -> str:
     return "  ".join(f"{source} {t}" for source, t in sorted(per.items()))
 
 
-def report(data: dict, rows: Optional[Sequence[str]] = None, prompt_set: Optional[str] = None) -> str:
+def report(data: dict, rows: Sequence[str] | None = None, prompt_set: str | None = None) -> str:
     """A result's rounds priced, as markdown: one line a drafted measurement, then the totals per row and source.
 
     rows: only these rows (their drafter label, e.g. `hybrid:qwen2.5-coder-0.5b`); prompt_set: only its prompts.
     """
     by_key = {row["key"]: row for row in data["rows"]}
     one_target = len({row["target"] for row in data["rows"]}) == 1
-    plain: Dict[tuple, List[float]] = defaultdict(list)  # (plain row, prompt) -> its plain steps, repeats pooled
+    plain: dict[tuple, list[float]] = defaultdict(list)  # (plain row, prompt) -> its plain steps, repeats pooled
     for r in data["records"]:
         plain[(r["row"], r["prompt"])] += [x.seconds for x in trace_rounds(r) if not x.source]
     lines, totals = [], defaultdict(lambda: defaultdict(Tally))
     for r in data["records"]:
         row = by_key[r["row"]]
-        label = r["row"][len(row["target"]) + 1:]
+        label = r["row"][len(row["target"]) + 1 :]
         steps = plain.get((key(row["target"], "none"), r["prompt"]))
-        if (row["draft"] == "none" or not steps or (rows and label not in rows)
-                or (prompt_set and r.get("set") != prompt_set)):
+        if (
+            row["draft"] == "none"
+            or not steps
+            or (rows and label not in rows)
+            or (prompt_set and r.get("set") != prompt_set)
+        ):
             continue
         step = statistics.median(steps)
         per = price(trace_rounds(r), step)
@@ -92,6 +96,10 @@ def report(data: dict, rows: Optional[Sequence[str]] = None, prompt_set: Optiona
     if not lines:
         return "No drafted measurement with a per-round trace and a plain row to price it against."
     total = [[name, _cells(per)] for name, per in totals.items()]
-    return ("Time saved (+) or lost (-) against plain steps, by drafting source: rounds/tokens and seconds.\n\n"
-            + md_table(["Row", "By source"], total) + "\n\n"
-            + md_table(["Prompt", "Row", "Plain step s", "By source"], lines) + "\n")
+    return (
+        "Time saved (+) or lost (-) against plain steps, by drafting source: rounds/tokens and seconds.\n\n"
+        + md_table(["Row", "By source"], total)
+        + "\n\n"
+        + md_table(["Prompt", "Row", "Plain step s", "By source"], lines)
+        + "\n"
+    )

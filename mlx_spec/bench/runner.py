@@ -1,6 +1,6 @@
 """`mlx-spec bench run SUITE`: a suite into a result file, new or resumed; and `bench list`."""
 
-from typing import Callable, List, Optional, Tuple
+from collections.abc import Callable
 
 from . import roofline, table
 from . import suite as suites
@@ -10,7 +10,7 @@ from .results import ResultFile
 Log = Callable[[str], None]
 
 
-def listing() -> List[Tuple[str, str, str]]:
+def listing() -> list[tuple[str, str, str]]:
     """(name, kind, description) of every built-in suite."""
     out = []
     for path in suites.builtin():
@@ -19,8 +19,14 @@ def listing() -> List[Tuple[str, str, str]]:
     return out
 
 
-def run_suite(name_or_path: str, out: str, resume: Optional[str] = None, log: Log = lambda _m: None,
-              model: Optional[str] = None, head: Optional[str] = None) -> ResultFile:
+def run_suite(
+    name_or_path: str,
+    out: str,
+    resume: str | None = None,
+    log: Log = lambda _m: None,
+    model: str | None = None,
+    head: str | None = None,
+) -> ResultFile:
     """Run (or resume) a suite; the result file is written after every measurement and returned at the end.
     model: run the suite's rows on this target instead of the suite's own (every target's drafts, once each);
     head: the head folder a suite naming HEAD measures."""
@@ -55,5 +61,3 @@ def run_suite(name_or_path: str, out: str, resume: Optional[str] = None, log: Lo
         log(f"interrupted: what was measured is in {result.path}; continue with --resume {result.path}")
         raise
     return result
-
-

@@ -2,8 +2,8 @@
 
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Optional
 
 from .common import (
     RunFile,
@@ -21,8 +21,20 @@ from .prompts import WARMUP_PROMPT, Prompt, build, chat_ids
 from .report import spec_markdown, summarize
 
 BASELINE = "plain"  # our engine with no drafter: every speed ratio divides by it
-CONFIGS = ("plain", "mlx-lm", "mlx-lm-spec", "model-f32", "model-f32-fullhead", "model-int8", "model-int4", "ngram",
-           "suffix", "self", "quant-self", "hybrid")
+CONFIGS = (
+    "plain",
+    "mlx-lm",
+    "mlx-lm-spec",
+    "model-f32",
+    "model-f32-fullhead",
+    "model-int8",
+    "model-int4",
+    "ngram",
+    "suffix",
+    "self",
+    "quant-self",
+    "hybrid",
+)
 FULL_HEAD = "-fullhead"  # a model config drafting with its whole output head (no vocabulary subset)
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFTS = {"f32": "qwen2.5-coder-0.5b", "int8": "qwen2.5-coder-0.5b-int8", "int4": "qwen2.5-coder-0.5b-int4"}
@@ -38,17 +50,17 @@ class SpecSettings:
     """Everything that decides what the speculative benchmark measures."""
 
     target: str = DEFAULT_TARGET
-    drafts: Dict[str, str] = field(default_factory=lambda: dict(DEFAULT_DRAFTS))
-    configs: List[str] = field(default_factory=lambda: list(CONFIGS))
+    drafts: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_DRAFTS))
+    configs: list[str] = field(default_factory=lambda: list(CONFIGS))
     humaneval: int = 20
     edit: int = 20
     prose: int = 6
-    humaneval_file: Optional[str] = None
+    humaneval_file: str | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
-    num_draft: Optional[int] = None  # None: each drafter kind's default (gen.registry.DEFAULT_K)
+    num_draft: int | None = None  # None: each drafter kind's default (gen.registry.DEFAULT_K)
     mlx_k: int = DEFAULT_MLX_K
-    self_spec: Optional[str] = None  # None: 'self' (half the target's layers)
-    hybrid_spec: Optional[str] = None  # None: 'hybrid:<f32 draft>'
+    self_spec: str | None = None  # None: 'self' (half the target's layers)
+    hybrid_spec: str | None = None  # None: 'hybrid:<f32 draft>'
     adaptive: bool = True
     ignore_eos: bool = False  # False: every config stops at the tokenizer's EOS, like a user's run
 
@@ -101,21 +113,25 @@ class Config:
             if parse_spec(inner).kind == "model" and inner not in b.loaded:
                 model, tok, _ = load_model(inner, b.log)
                 b.loaded[inner] = (model, tok)  # one copy of each draft serves every config using it
-            self.drafter = make_drafter(spec, b.target, b.tokenizer, loaded=b.loaded, log=b.log,
-                                        subset_head=not self.name.endswith(FULL_HEAD))
+            self.drafter = make_drafter(
+                spec, b.target, b.tokenizer, loaded=b.loaded, log=b.log, subset_head=not self.name.endswith(FULL_HEAD)
+            )
         own = self.draft_model if self.draft_model is not None else _drafter_model(self.drafter)
         if own is b.target:
             own = None  # self drafting: no weights of its own
-        self.setup.update(spec=spec, k=self.k, adaptive=s.adaptive if self.drafter is not None else None,
-                          setup_s=time.perf_counter() - t0,
-                          model_spec=spec.removeprefix("hybrid:") if own is not None else None,
-                          # draft weights this config adds to the target's in memory
-                          draft_weights_gb=params_gb(own) if own is not None and "shares_weights_with" not in self.setup
-                          else 0.0)
+        self.setup.update(
+            spec=spec,
+            k=self.k,
+            adaptive=s.adaptive if self.drafter is not None else None,
+            setup_s=time.perf_counter() - t0,
+            model_spec=spec.removeprefix("hybrid:") if own is not None else None,
+            # draft weights this config adds to the target's in memory
+            draft_weights_gb=params_gb(own) if own is not None and "shares_weights_with" not in self.setup else 0.0,
+        )
         if self.name == "self":
             self.setup["layers"] = list(self.drafter.layers)
 
-    def stream(self, ids: List[int], max_tokens: int, stats):
+    def stream(self, ids: list[int], max_tokens: int, stats):
         """A fresh (token, from_draft) generator for one prompt."""
         b, s = self.bench, self.bench.settings
         if self.name == "mlx-lm":
@@ -142,10 +158,10 @@ class SpecBench:
         if BASELINE not in settings.configs:
             settings.configs = [BASELINE] + list(settings.configs)  # the ratios need it
         self.run = RunFile("spec", out, {"machine": machine_info(), "settings": asdict(settings)})
-        self.configs: Dict[str, Config] = {}
-        self.records: List[dict] = []
+        self.configs: dict[str, Config] = {}
+        self.records: list[dict] = []
         self.target = self.tokenizer = None
-        self.loaded: Dict[str, tuple] = {}  # draft spec -> (model, tokenizer), shared across configs
+        self.loaded: dict[str, tuple] = {}  # draft spec -> (model, tokenizer), shared across configs
 
     def load(self) -> None:
         from ..named import load_model
@@ -153,9 +169,13 @@ class SpecBench:
         t0 = time.perf_counter()
         self.target, self.tokenizer, folder = load_model(self.settings.target, self.log)
         self.eos = () if self.settings.ignore_eos else tuple(self.tokenizer.eos_token_ids)
-        self.run.data["target"] = {"spec": self.settings.target, "folder": str(folder),
-                                   "layers": len(self.target.layers), "load_s": time.perf_counter() - t0,
-                                   "weights_gb": params_gb(self.target)}
+        self.run.data["target"] = {
+            "spec": self.settings.target,
+            "folder": str(folder),
+            "layers": len(self.target.layers),
+            "load_s": time.perf_counter() - t0,
+            "weights_gb": params_gb(self.target),
+        }
         self.run.data["setup"] = {}
         self.run.data["errors"] = []
         # mlx-lm-spec last, so it can borrow a draft model another config has loaded already.
@@ -178,25 +198,27 @@ class SpecBench:
         ids = chat_ids(self.tokenizer, WARMUP_PROMPT)
         time_stream(lambda: cfg.stream(ids, WARMUP_TOKENS, Stats()), WARMUP_TOKENS, self.eos)
 
-    def _error(self, config: str, prompt: Optional[str], e: BaseException) -> None:
+    def _error(self, config: str, prompt: str | None, e: BaseException) -> None:
         msg = f"{type(e).__name__}: {e}"
         self.log(f"ERROR {config}{' on ' + prompt if prompt else ''}: {msg}")
-        self.run.data["errors"].append({"config": config, "prompt": prompt, "error": msg,
-                                        "traceback": traceback.format_exc(limit=8)})
+        self.run.data["errors"].append(
+            {"config": config, "prompt": prompt, "error": msg, "traceback": traceback.format_exc(limit=8)}
+        )
 
     def run_prompt(self, i: int, n: int, p: Prompt) -> None:
         """Every ready config on one prompt (order rotated per prompt), then the lossless check against plain."""
         from ..gen.stats import Stats
 
         names = [c for c in self.settings.configs if c in self.configs]
-        order = names[i % len(names):] + names[: i % len(names)]
-        rows: Dict[str, dict] = {}
+        order = names[i % len(names) :] + names[: i % len(names)]
+        rows: dict[str, dict] = {}
         for name in order:
             cfg, stats = self.configs[name], Stats()
             row = {"set": p.set, "prompt": p.id, "config": name, "prompt_tokens": len(p.ids), "ok": False}
             try:
-                t = time_stream(lambda: cfg.stream(p.ids, self.settings.max_tokens, stats),
-                                self.settings.max_tokens, self.eos)
+                t = time_stream(
+                    lambda: cfg.stream(p.ids, self.settings.max_tokens, stats), self.settings.max_tokens, self.eos
+                )
                 row.update(ok=True, **t.as_dict())
                 if name == "mlx-lm-spec":
                     row["stats"] = rounds_from_flags(t.from_draft, cfg.k, self.settings.max_tokens)
@@ -214,14 +236,15 @@ class SpecBench:
                 row["first_mismatch"] = pos
                 if pos is not None:
                     row["mismatch_context"] = {
-                        "plain": self.tokenizer.decode(base["tokens"][max(0, pos - 8): pos + 8]),
-                        name: self.tokenizer.decode(row["tokens"][max(0, pos - 8): pos + 8])}
+                        "plain": self.tokenizer.decode(base["tokens"][max(0, pos - 8) : pos + 8]),
+                        name: self.tokenizer.decode(row["tokens"][max(0, pos - 8) : pos + 8]),
+                    }
             self.records.append(row)
             self.log(_progress(i, n, row))
         if base and base["ok"]:
             self.run.data.setdefault("outputs", {})[p.id] = self.tokenizer.decode(base["tokens"])
 
-    def execute(self, prompts: List[Prompt]) -> str:
+    def execute(self, prompts: list[Prompt]) -> str:
         """Run all prompts, flushing after each; returns the markdown report."""
         self.run.data["prompts"] = [{"set": p.set, "id": p.id, "tokens": len(p.ids), "text": p.text} for p in prompts]
         self.run.data["records"] = self.records
@@ -253,8 +276,10 @@ def _progress(i: int, n: int, row: dict) -> str:
         return f"{head} ERROR {row.get('error', '')}"
     drafted = 100 * row["n_from_draft"] / row["n_tokens"] if row["n_tokens"] else 0.0
     same = {True: "identical", False: f"MISMATCH at token {row.get('first_mismatch')}", None: "no baseline"}
-    return (f"{head} {row['n_tokens']:>4} tok  {row['total']:6.2f} s  {row['decode_tps']:6.2f} tok/s  "
-            f"{drafted:5.1f}% drafted  {same[row.get('identical')]}")
+    return (
+        f"{head} {row['n_tokens']:>4} tok  {row['total']:6.2f} s  {row['decode_tps']:6.2f} tok/s  "
+        f"{drafted:5.1f}% drafted  {same[row.get('identical')]}"
+    )
 
 
 def run_spec(settings: SpecSettings, out: str, log: Log = lambda _m: None) -> RunFile:
@@ -263,8 +288,10 @@ def run_spec(settings: SpecSettings, out: str, log: Log = lambda _m: None) -> Ru
     try:
         bench.load()
         prompts = build(bench.tokenizer, settings.humaneval, settings.edit, settings.humaneval_file, settings.prose)
-        log(f"{len(prompts)} prompts x {len(bench.configs)} configs, max {settings.max_tokens} tokens; "
-            f"writing {bench.run.json_path}")
+        log(
+            f"{len(prompts)} prompts x {len(bench.configs)} configs, max {settings.max_tokens} tokens; "
+            f"writing {bench.run.json_path}"
+        )
         bench.execute(prompts)
     except KeyboardInterrupt:
         log(f"interrupted: the prompts finished so far are in {bench.run.json_path} and {bench.run.md_path}")

@@ -8,7 +8,6 @@ Every mistake in a file is one line naming the file and the field, raised before
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
 
 from ..errors import MlxSpecError
 from .roofline import BANDWIDTH_GB
@@ -21,8 +20,25 @@ PROMPT_SETS = ("humaneval", "edit", "prose", "prefix", "ptq")
 # quality: plain sampling of each target over `temps` x `top_ks` (memory, speed, duplicate content words)
 # predict: the speed-up a draft would give each target, from costs measured here and the first target's acceptance
 KINDS = ("table", "roofline", "ngram", "compression", "quality", "predict")
-TOP = {"description", "kind", "max_tokens", "repeats", "temp", "top_p", "top_k", "num_draft", "adaptive", "prompts",
-       "targets", "sweeps", "k", "methods", "temps", "top_ks", "bandwidth_gb"}
+TOP = {
+    "description",
+    "kind",
+    "max_tokens",
+    "repeats",
+    "temp",
+    "top_p",
+    "top_k",
+    "num_draft",
+    "adaptive",
+    "prompts",
+    "targets",
+    "sweeps",
+    "k",
+    "methods",
+    "temps",
+    "top_ks",
+    "bandwidth_gb",
+}
 TARGET = {"model", "drafts"}
 SWEEP = {"k", "n"}
 
@@ -36,7 +52,7 @@ class ModelRef:
     """A model spec with an optional draft method of `convert`: `qwen2.5-coder-1.5b@int8`, `...@layers-half`."""
 
     spec: str
-    quant: Optional[str] = None  # a key of make.convert.draft_methods(); None: as the source is
+    quant: str | None = None  # a key of make.convert.draft_methods(); None: as the source is
 
     @classmethod
     def parse(cls, text: str, where: str) -> "ModelRef":
@@ -56,7 +72,7 @@ class ModelRef:
 @dataclass(frozen=True)
 class Target:
     model: ModelRef
-    drafts: Tuple[str, ...]  # drafter specs as `generate --draft` takes them, model drafts as MODEL[@QUANT]
+    drafts: tuple[str, ...]  # drafter specs as `generate --draft` takes them, model drafts as MODEL[@QUANT]
 
 
 @dataclass
@@ -70,30 +86,43 @@ class Suite:
     temp: float = 0.0
     top_p: float = 0.0
     top_k: int = 0
-    num_draft: Optional[int] = None
+    num_draft: int | None = None
     adaptive: bool = True  # the planner picks each round's length; false: always K (what a K sweep measures)
-    sweeps: List[Tuple[Tuple[int, ...], Tuple[int, ...]]] = field(default_factory=list)  # ngram: (K values, N values)
-    ks: Tuple[int, ...] = ()  # compression: the fixed K of each row
-    methods: Tuple[str, ...] = ()  # compression: convert's draft methods to measure (default: all of them)
-    temps: Tuple[float, ...] = ()  # quality: the temperatures ...
-    top_ks: Tuple[int, ...] = ()  # ... and top-k values of its grid
+    sweeps: list[tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)  # ngram: (K values, N values)
+    ks: tuple[int, ...] = ()  # compression: the fixed K of each row
+    methods: tuple[str, ...] = ()  # compression: convert's draft methods to measure (default: all of them)
+    temps: tuple[float, ...] = ()  # quality: the temperatures ...
+    top_ks: tuple[int, ...] = ()  # ... and top-k values of its grid
     bandwidth_gb: float = BANDWIDTH_GB  # roofline: GB read per pass of the bandwidth measurement
-    prompts: Dict[str, int] = field(default_factory=lambda: {"humaneval": 1, "edit": 1, "prose": 1})
-    targets: List[Target] = field(default_factory=list)
+    prompts: dict[str, int] = field(default_factory=lambda: {"humaneval": 1, "edit": 1, "prose": 1})
+    targets: list[Target] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        d = {"name": self.name, "path": str(self.path), "kind": self.kind, "description": self.description,
-             "max_tokens": self.max_tokens, "repeats": self.repeats, "temp": self.temp, "top_p": self.top_p,
-             "top_k": self.top_k, "num_draft": self.num_draft, "adaptive": self.adaptive,
-             "prompts": dict(self.prompts), "sweeps": [{"k": list(k), "n": list(n)} for k, n in self.sweeps],
-             "k": list(self.ks), "methods": list(self.methods), "temps": list(self.temps),
-             "top_ks": list(self.top_ks),
-             "targets": [{"model": str(t.model), "drafts": list(t.drafts)} for t in self.targets]}
+        d = {
+            "name": self.name,
+            "path": str(self.path),
+            "kind": self.kind,
+            "description": self.description,
+            "max_tokens": self.max_tokens,
+            "repeats": self.repeats,
+            "temp": self.temp,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "num_draft": self.num_draft,
+            "adaptive": self.adaptive,
+            "prompts": dict(self.prompts),
+            "sweeps": [{"k": list(k), "n": list(n)} for k, n in self.sweeps],
+            "k": list(self.ks),
+            "methods": list(self.methods),
+            "temps": list(self.temps),
+            "top_ks": list(self.top_ks),
+            "targets": [{"model": str(t.model), "drafts": list(t.drafts)} for t in self.targets],
+        }
         if self.bandwidth_gb != BANDWIDTH_GB:  # only when set, so runs made before the field existed still resume
             d["bandwidth_gb"] = self.bandwidth_gb
         return d
 
-    def rows(self, target: Target) -> List[dict]:
+    def rows(self, target: Target) -> list[dict]:
         """Each row after the target alone (quality suites: every row), in order: its drafter spec (`draft`),
         and where the row sets its own, its K (`k`) and sampling (`temp`, `top_k`)."""
         if self.kind == "compression":
@@ -115,13 +144,13 @@ def split_k(draft: str) -> dict:
     return {"draft": draft}
 
 
-def retarget(targets: List[Target], model: str) -> List[Target]:
+def retarget(targets: list[Target], model: str) -> list[Target]:
     """The targets' rows, all on `model` (each draft once, in order)."""
     drafts = tuple(dict.fromkeys(d for t in targets for d in t.drafts))
     return [Target(ModelRef.parse(model, "--model"), drafts)]
 
 
-def builtin() -> List[Path]:
+def builtin() -> list[Path]:
     """The suites that come with mlx-spec, by name."""
     return sorted(SUITES_DIR.glob("*.toml"))
 
@@ -210,14 +239,20 @@ def load(name_or_path: str) -> Suite:
             raise SuiteError(f"{tw}: must be a table")
         _unknown(t, TARGET, tw)
         if kind not in ("table", "predict") and t.get("drafts"):
-            why = {"ngram": "its rows come from 'sweeps'", "compression": "its drafts are made from the target",
-                   "roofline": "it measures plain decoding", "quality": "it measures plain sampling"}[kind]
+            why = {
+                "ngram": "its rows come from 'sweeps'",
+                "compression": "its drafts are made from the target",
+                "roofline": "it measures plain decoding",
+                "quality": "it measures plain sampling",
+            }[kind]
             raise SuiteError(f"{tw}: a {kind} suite has no 'drafts' ({why})")
         if not isinstance(t.get("model"), str):
             raise SuiteError(f"{tw}: 'model' must be a model name, e.g. \"qwen2.5-coder-1.5b@int8\"")
         drafts = t.get("drafts", [])
         if not isinstance(drafts, list) or not all(isinstance(d, str) and d.strip() for d in drafts):
-            raise SuiteError(f"{tw}: 'drafts' must be a list of drafter names, e.g. [\"ngram\", \"qwen2.5-coder-0.5b@int4\"]")
+            raise SuiteError(
+                f'{tw}: \'drafts\' must be a list of drafter names, e.g. ["ngram", "qwen2.5-coder-0.5b@int4"]'
+            )
         for d in drafts:
             if " K=" in d and "k" not in split_k(d):
                 raise SuiteError(f"{tw}: '{d}': K must be an integer >= 1, as in \"mlx-lm-spec:MODEL K=3\"")
@@ -230,9 +265,12 @@ def load(name_or_path: str) -> Suite:
     return s
 
 
-
-KIND_FIELDS = {"roofline": ("bandwidth_gb",), "ngram": ("sweeps",), "compression": ("k", "methods"),
-               "quality": ("temps", "top_ks")}
+KIND_FIELDS = {
+    "roofline": ("bandwidth_gb",),
+    "ngram": ("sweeps",),
+    "compression": ("k", "methods"),
+    "quality": ("temps", "top_ks"),
+}
 
 
 def _kind_fields(data: dict, kind: str, where: str) -> None:
@@ -246,11 +284,14 @@ def _kind_fields(data: dict, kind: str, where: str) -> None:
 def _numbers(v, kind, lo: float, hi: float = float("inf")) -> bool:
     """Whether v is a non-empty list of `kind` (int or float: ints welcome) values in [lo, hi]."""
     ok = (int,) if kind is int else (int, float)
-    return (isinstance(v, list) and bool(v)
-            and all(isinstance(x, ok) and not isinstance(x, bool) and lo <= x <= hi for x in v))
+    return (
+        isinstance(v, list)
+        and bool(v)
+        and all(isinstance(x, ok) and not isinstance(x, bool) and lo <= x <= hi for x in v)
+    )
 
 
-def _sweeps(data: dict, kind: str, where: str) -> List[Tuple[Tuple[int, ...], Tuple[int, ...]]]:
+def _sweeps(data: dict, kind: str, where: str) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     from ..gen.registry import NGRAM_N
 
     raw = data.get("sweeps")
@@ -266,13 +307,14 @@ def _sweeps(data: dict, kind: str, where: str) -> List[Tuple[Tuple[int, ...], Tu
         _unknown(sw, SWEEP, sw_where)
         for name, lo, hi in (("k", 1, 64), ("n", NGRAM_N[0], NGRAM_N[1])):
             if not _numbers(sw.get(name), int, lo, hi):
-                raise SuiteError(f"{sw_where}: '{name}' must be a list of integers in [{lo}, {hi}], "
-                                 f"got {sw.get(name)!r}")
+                raise SuiteError(
+                    f"{sw_where}: '{name}' must be a list of integers in [{lo}, {hi}], got {sw.get(name)!r}"
+                )
         out.append((tuple(sw["k"]), tuple(sw["n"])))
     return out
 
 
-def _compression(data: dict, kind: str, where: str) -> Tuple[Tuple[int, ...], Tuple[str, ...]]:
+def _compression(data: dict, kind: str, where: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
     from .variants import methods as all_methods
 
     if kind != "compression":
@@ -289,7 +331,7 @@ def _compression(data: dict, kind: str, where: str) -> Tuple[Tuple[int, ...], Tu
     return tuple(data["k"]), tuple(methods)
 
 
-def _quality(data: dict, kind: str, where: str) -> Tuple[Tuple[float, ...], Tuple[int, ...]]:
+def _quality(data: dict, kind: str, where: str) -> tuple[tuple[float, ...], tuple[int, ...]]:
     if kind != "quality":
         return (), ()
     if not _numbers(data.get("temps"), float, 1e-6):

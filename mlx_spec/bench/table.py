@@ -12,8 +12,8 @@ why, and the rest goes on.
 import os
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
 
 from ..errors import MlxSpecError
 from ..make.progress import progress
@@ -102,15 +102,29 @@ class TableRun:
         self.result.write_markdown(md)
         return md
 
-    def _row(self, target: str, draft: Optional[str], k: Optional[int] = None, temp: Optional[float] = None,
-             top_k: Optional[int] = None, **labels) -> dict:
+    def _row(
+        self,
+        target: str,
+        draft: str | None,
+        k: int | None = None,
+        temp: float | None = None,
+        top_k: int | None = None,
+        **labels,
+    ) -> dict:
         label = draft or "none"
         if k is not None:
             label += f" K={k}"
         if temp is not None:
             label += f" temp={temp} top_k={top_k}"
-        row = {"key": key(target, label), "target": target, "draft": draft or "none", "k": k, "temp": temp,
-               "top_k": top_k, **labels}
+        row = {
+            "key": key(target, label),
+            "target": target,
+            "draft": draft or "none",
+            "k": k,
+            "temp": temp,
+            "top_k": top_k,
+            **labels,
+        }
         self.result.set_row(row)
         return row
 
@@ -140,16 +154,26 @@ class TableRun:
             return
         from .roofline import bytes_per_token
 
-        self.result.data["models"][name] = {"folder": str(folder), "weights_gb": params_gb(model),
-                                            "read_gb": bytes_per_token(model) / 1e9,
-                                            "quantization": quantization(model), "sha256": folder_sha256(folder)}
+        self.result.data["models"][name] = {
+            "folder": str(folder),
+            "weights_gb": params_gb(model),
+            "read_gb": bytes_per_token(model) / 1e9,
+            "quantization": quantization(model),
+            "sha256": folder_sha256(folder),
+        }
         for row in rows:
             row["target_quant"] = quantization(model)
-        prompts = build(tok, s.prompts["humaneval"], s.prompts["edit"], n_prose=s.prompts["prose"],
-                        n_prefix=s.prompts["prefix"], n_ptq=s.prompts["ptq"])
+        prompts = build(
+            tok,
+            s.prompts["humaneval"],
+            s.prompts["edit"],
+            n_prose=s.prompts["prose"],
+            n_prefix=s.prompts["prefix"],
+            n_ptq=s.prompts["ptq"],
+        )
         eos = tuple(tok.eos_token_ids)
-        drafters: Dict[str, tuple] = {}  # row key -> (drafter, K)
-        loaded: Dict[str, tuple] = {}  # draft folder -> (model, tokenizer): one copy serves every row using it
+        drafters: dict[str, tuple] = {}  # row key -> (drafter, K)
+        loaded: dict[str, tuple] = {}  # draft folder -> (model, tokenizer): one copy serves every row using it
         for row in rows:
             if row["draft"] == "none":
                 drafters[row["key"]] = (None, None, (Planner(), {}))
@@ -166,8 +190,11 @@ class TableRun:
                     warm(dmodel)
                     loaded[str(dfolder)] = (dmodel, dtok)
                     self.result.data["models"][spec_model(row["draft"])] = {
-                        "folder": str(dfolder), "weights_gb": params_gb(dmodel), "quantization": quantization(dmodel),
-                        "sha256": folder_sha256(dfolder)}
+                        "folder": str(dfolder),
+                        "weights_gb": params_gb(dmodel),
+                        "quantization": quantization(dmodel),
+                        "sha256": folder_sha256(dfolder),
+                    }
                 k = row["k"] or s.num_draft
                 if spec.startswith(MLX_LM_SPEC):
                     drafters[row["key"]] = (MlxLmSpec(loaded[str(dfolder)][0]), row["k"] or MLX_LM_K, None)
@@ -215,13 +242,33 @@ class TableRun:
         if isinstance(drafter, MlxLmSpec):  # greedy only (the suite checks): mlx-lm reports flags, not stats
             t = time_stream(lambda: mlx_lm_spec_stream(ids, model, drafter.model, max_tokens, k), max_tokens, eos)
             if stats is not None:
-                stats.__dict__.update({key: v for key, v in rounds_from_flags(t.from_draft, k, max_tokens).items()
-                                       if key in stats.__dict__})
+                stats.__dict__.update(
+                    {
+                        key: v
+                        for key, v in rounds_from_flags(t.from_draft, k, max_tokens).items()
+                        if key in stats.__dict__
+                    }
+                )
                 stats.spec_rounds = stats.rounds
             return t
-        return time_stream(lambda: ours_stream(ids, model, drafter, stats=stats, max_tokens=max_tokens,
-                                               eos_token_ids=eos, temp=temp, top_p=s.top_p, top_k=top_k,
-                                               planner=planner[0], accept=planner[1], num_draft=k), max_tokens, eos)
+        return time_stream(
+            lambda: ours_stream(
+                ids,
+                model,
+                drafter,
+                stats=stats,
+                max_tokens=max_tokens,
+                eos_token_ids=eos,
+                temp=temp,
+                top_p=s.top_p,
+                top_k=top_k,
+                planner=planner[0],
+                accept=planner[1],
+                num_draft=k,
+            ),
+            max_tokens,
+            eos,
+        )
 
     def _measure(self, model, drafter, k, planner, row: dict, p, rep: int, eos) -> dict:
         import mlx.core as mx
@@ -233,21 +280,29 @@ class TableRun:
         t = self._generate(model, drafter, k, planner, row, p.ids, self.suite.max_tokens, eos, stats)
         d = stats.as_dict()
         d["trace"] = compact_trace(d["trace"])
-        return {"prompt": p.id, "set": p.set, "repeat": rep, "prompt_tokens": len(p.ids), **t.as_dict(),
-                "stats": d, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "loadavg": os.getloadavg()[0]}  # other work beside a measurement slows it: 1-minute load at its end
+        return {
+            "prompt": p.id,
+            "set": p.set,
+            "repeat": rep,
+            "prompt_tokens": len(p.ids),
+            **t.as_dict(),
+            "stats": d,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "loadavg": os.getloadavg()[0],
+        }  # other work beside a measurement slows it: 1-minute load at its end
 
 
 TRACE_FIELDS = ("source", "proposed", "accepted", "seconds", "size", "behind")  # then hindsight [matched, judged]
 
 
-def compact_trace(trace: Optional[List[dict]]) -> Optional[List[list]]:
+def compact_trace(trace: list[dict] | None) -> list[list] | None:
     """The engine's per-round trace as one short row a round (TRACE_FIELDS, then the hindsight pair if any)."""
-    return [[r[f] if f != "seconds" else round(r[f], 5) for f in TRACE_FIELDS] + r.get("hindsight", [])
-            for r in trace or []] or None
+    return [
+        [r[f] if f != "seconds" else round(r[f], 5) for f in TRACE_FIELDS] + r.get("hindsight", []) for r in trace or []
+    ] or None
 
 
-def rounds(records: List[dict]) -> dict:
+def rounds(records: list[dict]) -> dict:
     """What a row's rounds cost, pooled over its records: per round, the wall clock (ms), the host's part of it
     (ms not spent waiting on the device), reads of the device, tokens; and the decode tokens/s its tokens per round
     and warm round costs predict: each round at the median time of its kind (source, verify size, drafted tokens) in
@@ -257,18 +312,23 @@ def rounds(records: List[dict]) -> dict:
         return {}
     trace = [t for r in ok for t in r["stats"]["trace"]]
     n, seconds, tokens = len(trace), sum(t[3] for t in trace), sum(t[2] + 1 for t in trace)
-    kinds: Dict[tuple, List[float]] = {}
+    kinds: dict[tuple, list[float]] = {}
     for t in trace:
         kinds.setdefault((t[0], t[4], t[1]), []).append(t[3])
     typical = {kind: median(v) for kind, v in kinds.items()}
     predicted = sum(t[3] if t[5] > 1 else typical[(t[0], t[4], t[1])] for t in trace)
     wait = sum(r["stats"].get("wait_time", 0.0) for r in ok)
-    return {"rounds": n, "ms_per_round": 1000 * seconds / n, "host_ms_per_round": 1000 * (seconds - wait) / n,
-            "syncs_per_round": sum(r["stats"].get("syncs", 0) for r in ok) / n, "tokens_per_round": tokens / n,
-            "predicted_tps": tokens / predicted if predicted else None}
+    return {
+        "rounds": n,
+        "ms_per_round": 1000 * seconds / n,
+        "host_ms_per_round": 1000 * (seconds - wait) / n,
+        "syncs_per_round": sum(r["stats"].get("syncs", 0) for r in ok) / n,
+        "tokens_per_round": tokens / n,
+        "predicted_tps": tokens / predicted if predicted else None,
+    }
 
 
-def _compare(mine: Dict[tuple, dict], base: Dict[tuple, dict], k: Optional[int]) -> dict:
+def _compare(mine: dict[tuple, dict], base: dict[tuple, dict], k: int | None) -> dict:
     """Speed-up over the target alone on the measurements both have, the spread, acceptance, and the lossless count."""
     both = [x for x in mine if x in base]
     if not both:
@@ -276,9 +336,14 @@ def _compare(mine: Dict[tuple, dict], base: Dict[tuple, dict], k: Optional[int])
     tps = sum(mine[x]["n_tokens"] for x in both) / sum(mine[x]["total"] for x in both)
     btps = sum(base[x]["n_tokens"] for x in both) / sum(base[x]["total"] for x in both)
     ratios = [mine[x]["e2e_tps"] / base[x]["e2e_tps"] for x in both if base[x]["e2e_tps"]]
-    out = dict(speedup=tps / btps, speedup_median=median(ratios), speedup_min=min(ratios), speedup_max=max(ratios),
-               compared=len(both),
-               identical=sum(first_mismatch(mine[x]["tokens"], base[x]["tokens"]) is None for x in both))
+    out = dict(
+        speedup=tps / btps,
+        speedup_median=median(ratios),
+        speedup_min=min(ratios),
+        speedup_max=max(ratios),
+        compared=len(both),
+        identical=sum(first_mismatch(mine[x]["tokens"], base[x]["tokens"]) is None for x in both),
+    )
     out.update(_acceptance([mine[x] for x in both]))
     dec = sum(mine[x]["n_tokens"] - 1 for x in both) / max(sum(mine[x]["decode_time"] for x in both), 1e-12)
     bdec = sum(base[x]["n_tokens"] - 1 for x in both) / max(sum(base[x]["decode_time"] for x in both), 1e-12)
@@ -298,9 +363,10 @@ def render(data: dict) -> str:
         from . import predict
         from .common import machine_line
 
-        return (f"# Benchmark suite `{data['suite']['name']}`\n\n{data['suite']['description']}\n\n"
-                f"`{' '.join(data['command'])}`\n\n- machine: {machine_line(data['machine'])}\n\n"
-                + predict.markdown(data))
+        return (
+            f"# Benchmark suite `{data['suite']['name']}`\n\n{data['suite']['description']}\n\n"
+            f"`{' '.join(data['command'])}`\n\n- machine: {machine_line(data['machine'])}\n\n" + predict.markdown(data)
+        )
     data["summary"] = summarize(data)
     if kind == "roofline":
         from . import roofline
@@ -313,31 +379,45 @@ def render(data: dict) -> str:
     return markdown(data)
 
 
-def summarize(data: dict) -> List[dict]:
+def summarize(data: dict) -> list[dict]:
     """Per row: tokens/s over all its measurements and its improvement over the target alone on the same ones,
     overall and per prompt set."""
     records = data["records"]
     out = []
     for row in data["rows"]:
         mine = {(r["prompt"], r["repeat"]): r for r in records if r["row"] == row["key"]}
-        entry = {k: row.get(k) for k in ("key", "target", "draft", "k", "status", "reason", "target_quant",
-                                         "draft_quant")}
+        entry = {
+            k: row.get(k) for k in ("key", "target", "draft", "k", "status", "reason", "target_quant", "draft_quant")
+        }
         entry["measurements"] = len(mine)
         base = {(r["prompt"], r["repeat"]): r for r in records if r["row"] == key(row["target"], "none")}
         if mine:
-            entry["tokens_per_second"] = sum(r["n_tokens"] for r in mine.values()) / sum(r["total"] for r in mine.values())
+            entry["tokens_per_second"] = sum(r["n_tokens"] for r in mine.values()) / sum(
+                r["total"] for r in mine.values()
+            )
         entry.update(_compare(mine, base, row.get("k")))
         entry["rounds"] = rounds(list(mine.values()))
         sets = dict.fromkeys(r["set"] for r in mine.values())
-        entry["by_set"] = {name: _compare({x: r for x, r in mine.items() if r["set"] == name}, base, row.get("k"))
-                           for name in sets}
-        ref = next((r for r in data["rows"] if r["target"] == row["target"]
-                    and (r.get("draft") or "").startswith(MLX_LM_SPEC)), None)
+        entry["by_set"] = {
+            name: _compare({x: r for x, r in mine.items() if r["set"] == name}, base, row.get("k")) for name in sets
+        }
+        ref = next(
+            (
+                r
+                for r in data["rows"]
+                if r["target"] == row["target"] and (r.get("draft") or "").startswith(MLX_LM_SPEC)
+            ),
+            None,
+        )
         if ref is not None and ref["key"] != row["key"] and row.get("draft") not in (None, "none"):
             theirs = {(r["prompt"], r["repeat"]): r for r in records if r["row"] == ref["key"]}
-            entry["vs_reference"] = {"draft": ref["draft"], "by_set": {
-                name: _speedups(_compare({x: r for x, r in mine.items() if r["set"] == name}, theirs, None))
-                for name in sets}}
+            entry["vs_reference"] = {
+                "draft": ref["draft"],
+                "by_set": {
+                    name: _speedups(_compare({x: r for x, r in mine.items() if r["set"] == name}, theirs, None))
+                    for name in sets
+                },
+            }
         out.append(entry)
     return out
 
@@ -357,20 +437,26 @@ def _by_set_table(data: dict) -> str:
     has_ref = any(e.get("vs_reference") for e in rows)
     if len(sets) < 2 and not has_ref:
         return ""
-    cell = lambda c: f"{c['speedup']:.2f}× ({c['speedup_min']:.2f}–{c['speedup_max']:.2f}), n={c['compared']}" if c else "-"  # noqa: E731
+    cell = lambda c: (
+        f"{c['speedup']:.2f}× ({c['speedup_min']:.2f}–{c['speedup_max']:.2f}), n={c['compared']}" if c else "-"
+    )  # noqa: E731
     head = ["Target", "Draft", *(f"{name}: over the target alone" for name in sets)]
     head += [f"{name}: over mlx-lm-spec" for name in sets] if has_ref else []
     body = []
     for e in rows:
-        line = [f"{short_name(e['target'])} {e.get('target_quant') or ''}".strip(),
-                table_name(e["draft"]) + (f" K={e['k']}" if e.get("k") else "")]
+        line = [
+            f"{short_name(e['target'])} {e.get('target_quant') or ''}".strip(),
+            table_name(e["draft"]) + (f" K={e['k']}" if e.get("k") else ""),
+        ]
         line += [cell(e["by_set"].get(name)) for name in sets]
         if has_ref:
             vs = (e.get("vs_reference") or {}).get("by_set", {})
             line += ["(reference)" if e["draft"].startswith(MLX_LM_SPEC) else cell(vs.get(name)) for name in sets]
         body.append(line)
-    return ("Per prompt set, as ratios of tokens/s on the prompts both rows measured: aggregate (per-prompt "
-            "min–max), n = prompts\n\n" + aligned_table(tuple(head), body) + "\n")
+    return (
+        "Per prompt set, as ratios of tokens/s on the prompts both rows measured: aggregate (per-prompt "
+        "min–max), n = prompts\n\n" + aligned_table(tuple(head), body) + "\n"
+    )
 
 
 def _rounds_table(data: dict) -> str:
@@ -384,17 +470,37 @@ def _rounds_table(data: dict) -> str:
         if not r:
             continue
         pred, meas = e.get("predicted_speedup"), e.get("decode_speedup")
-        body.append([f"{short_name(e['target'])} {e.get('target_quant') or ''}".strip(), table_name(e["draft"]),
-                     str(r["rounds"]), f"{r['tokens_per_round']:.2f}", f"{r['ms_per_round']:.2f}",
-                     f"{r['host_ms_per_round']:.2f} ({100 * r['host_ms_per_round'] / r['ms_per_round']:.0f}%)",
-                     f"{r['syncs_per_round']:.2f}", f"{meas:.2f}×" if meas else "-", f"{pred:.2f}×" if pred else "-"])
+        body.append(
+            [
+                f"{short_name(e['target'])} {e.get('target_quant') or ''}".strip(),
+                table_name(e["draft"]),
+                str(r["rounds"]),
+                f"{r['tokens_per_round']:.2f}",
+                f"{r['ms_per_round']:.2f}",
+                f"{r['host_ms_per_round']:.2f} ({100 * r['host_ms_per_round'] / r['ms_per_round']:.0f}%)",
+                f"{r['syncs_per_round']:.2f}",
+                f"{meas:.2f}×" if meas else "-",
+                f"{pred:.2f}×" if pred else "-",
+            ]
+        )
     if not body:
         return ""
-    head = ("Target", "Draft", "Rounds", "Tokens/round", "ms/round", "host ms/round (share)", "Reads/round",
-            "Decode speed-up measured", "predicted")
-    return ("Rounds of our engine: wall clock per round, the host's part of it (not waiting on the device), reads "
-            "of the device per round; the decode speed-up over the target alone measured, and predicted from the "
-            "rounds' tokens at the typical (median) cost of each kind of round\n\n" + aligned_table(head, body) + "\n")
+    head = (
+        "Target",
+        "Draft",
+        "Rounds",
+        "Tokens/round",
+        "ms/round",
+        "host ms/round (share)",
+        "Reads/round",
+        "Decode speed-up measured",
+        "predicted",
+    )
+    return (
+        "Rounds of our engine: wall clock per round, the host's part of it (not waiting on the device), reads "
+        "of the device per round; the decode speed-up over the target alone measured, and predicted from the "
+        "rounds' tokens at the typical (median) cost of each kind of round\n\n" + aligned_table(head, body) + "\n"
+    )
 
 
 def markdown(data: dict) -> str:
@@ -404,15 +510,25 @@ def markdown(data: dict) -> str:
 
     s = data["suite"]
     greedy = s["temp"] == 0
-    head = [f"# Benchmark suite `{s['name']}`", "", s["description"], "",
-            f"`{' '.join(data['command'])}`", "", f"- machine: {machine_line(data['machine'])}",
-            f"- {sum(s['prompts'].values())} prompts ({', '.join(f'{v} {k}' for k, v in s['prompts'].items() if v)}), "
-            f"{s['repeats']} repeat(s), at most {s['max_tokens']} new tokens, "
-            + (f"sampling every temperature of {s['temps']} with every top-k of {s['top_ks']}; tokens/s = generated "
-               "tokens / end-to-end time (prefill included)" if s["kind"] == "quality" else
-               ("greedy" if greedy else f"temp {s['temp']}, top_p {s['top_p']}, top_k {s['top_k']}")
-               + "; Token/s = generated tokens / end-to-end time (prefill included); Relative Improvement = over "
-                 "the target alone on the same prompts in this run")]
+    head = [
+        f"# Benchmark suite `{s['name']}`",
+        "",
+        s["description"],
+        "",
+        f"`{' '.join(data['command'])}`",
+        "",
+        f"- machine: {machine_line(data['machine'])}",
+        f"- {sum(s['prompts'].values())} prompts ({', '.join(f'{v} {k}' for k, v in s['prompts'].items() if v)}), "
+        f"{s['repeats']} repeat(s), at most {s['max_tokens']} new tokens, "
+        + (
+            f"sampling every temperature of {s['temps']} with every top-k of {s['top_ks']}; tokens/s = generated "
+            "tokens / end-to-end time (prefill included)"
+            if s["kind"] == "quality"
+            else ("greedy" if greedy else f"temp {s['temp']}, top_p {s['top_p']}, top_k {s['top_k']}")
+            + "; Token/s = generated tokens / end-to-end time (prefill included); Relative Improvement = over "
+            "the target alone on the same prompts in this run"
+        ),
+    ]
     if not data.get("complete"):
         head += ["", "**Incomplete run** (continue it with `--resume`): the rows below cover what was measured."]
     if s["kind"] == "quality":
@@ -432,14 +548,23 @@ def markdown(data: dict) -> str:
         tps = e["tokens_per_second"]
         gain = improvement(e["speedup"], 1.0) if e["draft"] != "none" and e.get("speedup") else "0%"
         differs = greedy and e["draft"] != "none" and e.get("compared") and e["identical"] < e["compared"]
-        flag = f" (differs from the target alone on {e['compared'] - e['identical']}/{e['compared']})" if differs else ""
+        flag = (
+            f" (differs from the target alone on {e['compared'] - e['identical']}/{e['compared']})" if differs else ""
+        )
         table.append([target, draft, e.get("draft_quant") or "N/A", f"{tps:.2f}{flag}", gain])
         if e["draft"] != "none" and e.get("compared"):
             same = f"{e['identical']}/{e['compared']}" if greedy else "n/a (sampling)"
             acc = e.get("acceptance_rate")
-            detail.append([target, draft, f"{e['speedup_median']:.2f}× ({e['speedup_min']:.2f}–{e['speedup_max']:.2f})",
-                           f"{100 * acc:.1f}%" if acc is not None else "-",
-                           f"{e['mean_accepted']:.2f}" if e.get("mean_accepted") is not None else "-", same])
+            detail.append(
+                [
+                    target,
+                    draft,
+                    f"{e['speedup_median']:.2f}× ({e['speedup_min']:.2f}–{e['speedup_max']:.2f})",
+                    f"{100 * acc:.1f}%" if acc is not None else "-",
+                    f"{e['mean_accepted']:.2f}" if e.get("mean_accepted") is not None else "-",
+                    same,
+                ]
+            )
     out = "\n".join(head) + "\n\n" + aligned_table(M3MAX_COLUMNS, table) + "\n"
     if s["kind"] == "table" and (loop := _rounds_table(data)):
         out += "\n" + loop
@@ -450,8 +575,21 @@ def markdown(data: dict) -> str:
     if s["kind"] in grids.GRIDS:
         out += "\n" + grids.GRIDS[s["kind"]](data)
     if detail:
-        out += "\n" + aligned_table(("Target", "Draft", "Speed-up per prompt: median (min–max)", "Acceptance",
-                                     "Mean accepted", "Identical to the target alone"), detail) + "\n"
+        out += (
+            "\n"
+            + aligned_table(
+                (
+                    "Target",
+                    "Draft",
+                    "Speed-up per prompt: median (min–max)",
+                    "Acceptance",
+                    "Mean accepted",
+                    "Identical to the target alone",
+                ),
+                detail,
+            )
+            + "\n"
+        )
         if s["kind"] == "table" and (per_set := _by_set_table(data)):
             out += "\n" + per_set
     if data.get("training"):

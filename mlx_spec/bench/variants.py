@@ -7,8 +7,8 @@ them, they never list them.
 import hashlib
 import json
 import struct
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 from ..errors import MlxSpecError
 
@@ -65,7 +65,7 @@ def _variant_path(spec: str, src: Path, method: str) -> Path:
     return home() / "bench" / "variants" / f"{base}-{method.replace(':', '-')}"
 
 
-def cached_variant(folder: str, method: str) -> Optional[Path]:
+def cached_variant(folder: str, method: str) -> Path | None:
     """The cached conversion of the model folder `folder` by `method`, if one was made already."""
     out = _variant_path(folder, Path(folder), method)
     return out if (out / "config.json").is_file() else None

@@ -1,7 +1,7 @@
 """A row's acceptance of a source's draft tokens, learned round by round: what the planner's expected tokens read."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .tunables import DISCOUNT, FIRST_PRIOR, PRIOR_ACCEPT, PRIOR_TRIALS
 
@@ -47,4 +47,4 @@ class SourceStats:
     def expected(self, k: int) -> float:
         """Tokens a round drafting k tokens yields."""
         a = min(self.accept, 0.999)
-        return 1 + self.first_accept * (1 - a ** k) / (1 - a)
+        return 1 + self.first_accept * (1 - a**k) / (1 - a)

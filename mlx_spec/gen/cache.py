@@ -1,6 +1,6 @@
 """Helpers over mlx-lm's per-layer caches: prefill, tokens held, rewinding all layers, the context limit."""
 
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache, trim_prompt_cache
@@ -10,13 +10,13 @@ from . import hidden, recurrent, shapes
 from .tunables import PREFILL_STEP
 
 
-def cache_tokens(cache: List) -> Optional[int]:
+def cache_tokens(cache: list) -> int | None:
     """Tokens held by every layer of `cache`, or None if the layers disagree (an interrupted update)."""
     offsets = {getattr(c, "offset", None) for c in cache}
     return offsets.pop() if len(offsets) == 1 and None not in offsets else None
 
 
-def rewind(cache: List, n_tokens: int) -> bool:
+def rewind(cache: list, n_tokens: int) -> bool:
     """Trim every layer back to `n_tokens` tokens; False where one cannot go that far (rebuild the cache then)."""
     ok = True
     for c in cache:
@@ -27,18 +27,18 @@ def rewind(cache: List, n_tokens: int) -> bool:
     return ok
 
 
-def new_cache(model) -> List:
+def new_cache(model) -> list:
     """mlx-lm's cache for `model` (one object per layer), its recurrent layers rewindable."""
     return recurrent.rewindable(make_prompt_cache(model))
 
 
-def context_limit(model) -> Optional[int]:
+def context_limit(model) -> int | None:
     """The model's maximum context, if its config states one."""
     args = getattr(model, "args", None)
     return getattr(args, "max_position_embeddings", None) or getattr(args, "context_length", None)
 
 
-def prefill_cache(model, cache, tokens: List[int], room: Optional[int], readers: Sequence = ()) -> None:
+def prefill_cache(model, cache, tokens: list[int], room: int | None, readers: Sequence = ()) -> None:
     """Feed `tokens` in chunks, the last padded to a size built before where that is possible (room: context left);
     `readers`: drafters that read the target's hidden states, given those of the tokens fed."""
     pad = builds_per_shape() and all(type(c) is KVCache for c in cache)  # dummies trimmed at once: attention only

@@ -6,7 +6,6 @@ least squares, a copy of the rows' cache. No cost is a constant of a machine.
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, List, Optional, Tuple
 
 from .tunables import CATCH_UP_RATIO, EMA, MARGIN, SIZES, TIMINGS
 
@@ -33,7 +32,7 @@ class _Fit:
         self.d, self.c = max(d, 0.0), c
 
 
-def _line(points: List[Tuple[float, float]]) -> Tuple[float, float]:
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
     """Least-squares (c0, c1) of y = c0 + c1 x, c1 >= 0; a single x gives (its y, 0)."""
     n = len(points)
     mx_, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
@@ -44,9 +43,9 @@ def _line(points: List[Tuple[float, float]]) -> Tuple[float, float]:
     return my - c1 * mx_, c1
 
 
-def _rising(points: List[Tuple[float, float, int]]) -> List[Tuple[float, float]]:
+def _rising(points: list[tuple[float, float, int]]) -> list[tuple[float, float]]:
     """The non-decreasing least-squares fit of (x, y, weight) points (pool adjacent violators), as sorted (x, y)."""
-    blocks: List[list] = []  # [mean y, weight, xs]
+    blocks: list[list] = []  # [mean y, weight, xs]
     for x, y, w in sorted(points):
         blocks.append([y, w, [x]])
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
@@ -60,15 +59,15 @@ def _rising(points: List[Tuple[float, float, int]]) -> List[Tuple[float, float]]
 class Costs:
     """Measured seconds of target passes by (places, size), of a costly source's part of a round, of a copy."""
 
-    timed: Dict[Tuple[int, int], Deque[float]] = field(default_factory=dict)  # (places, size) -> latest seconds
-    costs: Dict[Tuple[int, int], float] = field(default_factory=dict)  # their medians
-    drafts: Dict[Tuple[str, int], _Fit] = field(default_factory=dict)  # (costly source, rows) -> its cost fit
-    copies: List[float] = field(default_factory=list)  # seconds per position of packing the cache
+    timed: dict[tuple[int, int], deque[float]] = field(default_factory=dict)  # (places, size) -> latest seconds
+    costs: dict[tuple[int, int], float] = field(default_factory=dict)  # their medians
+    drafts: dict[tuple[str, int], _Fit] = field(default_factory=dict)  # (costly source, rows) -> its cost fit
+    copies: list[float] = field(default_factory=list)  # seconds per position of packing the cache
     ran: int = 0  # the most positions of a pass in a round a costly source drafted in (its fit times that round)
-    _curve: List[Tuple[float, float]] = field(default_factory=list)
+    _curve: list[tuple[float, float]] = field(default_factory=list)
     _slope: float = 0.0
 
-    def cost(self, places: int, size: int) -> Optional[float]:
+    def cost(self, places: int, size: int) -> float | None:
         """Seconds of a target pass over `places` rows of `size` positions: measured; else interpolated between the
         sizes measured at as many places, or that of the nearest one (`reach` bounds how far a guess goes); else
         predicted by positions from every pass measured; None before any pass was timed."""
@@ -92,7 +91,7 @@ class Costs:
         (xa, ya), (xb, yb) = self._curve[i - 1], self._curve[i]
         return ya + (yb - ya) * (x - xa) / (xb - xa)
 
-    def plain_step(self) -> Optional[float]:
+    def plain_step(self) -> float | None:
         """Seconds of one row's plain step on this machine, once measured or predicted."""
         return self.cost(1, 1)
 
@@ -120,12 +119,12 @@ class Costs:
         timed = max(max((p * s for p, s in self.costs), default=0), self.ran)
         return max(2 * timed, SIZES[-1]) if timed else 0
 
-    def time_pass(self, key: Tuple[int, int], seconds: float) -> None:
+    def time_pass(self, key: tuple[int, int], seconds: float) -> None:
         """A cost is the median of the shape's latest TIMINGS rounds: a stall moves it by nothing."""
         samples = self.timed.setdefault(key, deque(maxlen=TIMINGS))
         samples.append(seconds)
         self.costs[key] = statistics.median(samples)
-        by: Dict[int, List[float]] = {}
+        by: dict[int, list[float]] = {}
         for (p, s), v in self.timed.items():
             by.setdefault(p * s, []).extend(v)
         pts = [(x, statistics.median(v), len(v)) for x, v in by.items()]
@@ -148,5 +147,8 @@ class Costs:
         """Whether one pass over `rows` rows, or over as many as any plain pass timed (a width refused is not timed
         again), costs MARGIN less than as many passes over one (True until timed; one row alone: True)."""
         alone, widths = self.cost(1, 1), [rows] + [p for p, s in self.costs if s == 1 and p > 1]
-        return rows <= 1 or alone is None or any((c := self.cost(w, 1)) is None or c < (1 - MARGIN) * w * alone
-                                                 for w in widths)
+        return (
+            rows <= 1
+            or alone is None
+            or any((c := self.cost(w, 1)) is None or c < (1 - MARGIN) * w * alone for w in widths)
+        )

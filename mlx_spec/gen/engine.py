@@ -3,7 +3,7 @@ accepted, rewound, recorded and delivered row by row. A request alone is an engi
 
 import time
 from collections import Counter
-from typing import Dict, List, NamedTuple, Optional
+from typing import NamedTuple
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, can_trim_prompt_cache
@@ -25,27 +25,27 @@ class _Pending(NamedTuple):
 
     tokens: mx.array
     logits: mx.array
-    states: Optional[mx.array] = None
+    states: mx.array | None = None
 
 
 class Engine:
     """The rows generating together over one target: their cache (`joint.Rows`), one planner, one drafting per
     costly source, and a plain step queued ahead where the rounds are plain."""
 
-    def __init__(self, model, planner: Optional[Planner] = None, chunk: int = PREFILL_STEP):
+    def __init__(self, model, planner: Planner | None = None, chunk: int = PREFILL_STEP):
         """chunk: the most catch-up tokens a row's draft model is fed in a round beside other rows."""
         self.target, self.model = model, recurrent.recording(model)
         self.limit, self.chunk = context_limit(model), chunk
-        self.taps: Optional[hidden.Taps] = None  # the view that keeps the states some row's drafter reads
+        self.taps: hidden.Taps | None = None  # the view that keeps the states some row's drafter reads
         self.planner = planner if planner is not None else Planner()
         self.cache = Rows()
-        self.drafting: Dict[str, Drafting] = {}
-        self.pending: Optional[_Pending] = None
+        self.drafting: dict[str, Drafting] = {}
+        self.pending: _Pending | None = None
         self.hold = False  # a row waits to join: no step is queued ahead (a joining row has none)
         self.last_read, self.away, self.out = time.perf_counter(), 0.0, None
 
     @property
-    def rows(self) -> List[Row]:
+    def rows(self) -> list[Row]:
         """The rows, in the order of their places in the cache."""
         return [r for r in self.cache.owners if r is not None]
 
@@ -63,8 +63,9 @@ class Engine:
             self.last_read, self.away, self.out = time.perf_counter(), 0.0, None
         for part in row.parts:
             part.reset(row.context, cache)
-        row.caps = {p.name: min(row.k_max, default_num_draft(p) if len(row.parts) > 1 else row.k_max)
-                    for p in row.parts}
+        row.caps = {
+            p.name: min(row.k_max, default_num_draft(p) if len(row.parts) > 1 else row.k_max) for p in row.parts
+        }
 
     def remove(self, row: Row) -> list:
         """Take a row out: its cache, holding exactly its context minus the last token (drafts, queued steps gone);
@@ -83,7 +84,7 @@ class Engine:
 
     # --- one round: plan, propose, verify, accept, rewind, record, deliver ---
 
-    def round(self) -> Dict[int, List[Step]]:
+    def round(self) -> dict[int, list[Step]]:
         """One round of every row: {the row's index in `rows`: the steps it produced}; a finished row is `done`."""
         now = time.perf_counter()
         self.away += now - self.out if self.out is not None else 0.0
@@ -113,7 +114,7 @@ class Engine:
         return out
 
     @staticmethod
-    def _length(plan: Plan, i: int, row: Row, draft: Optional[Draft]) -> int:
+    def _length(plan: Plan, i: int, row: Row, draft: Draft | None) -> int:
         """The draft tokens of row i the round verifies: its draft's, up to the plan's k and the row's room (a tree:
         all of it, if no path is deeper)."""
         if draft is None or draft.source != plan.source(i):
@@ -122,7 +123,7 @@ class Engine:
             return len(draft) if max(tree.depths(draft.parents), default=0) <= min(plan.k, row.room) else 0
         return min(len(draft), plan.k, row.room)
 
-    def _lookup(self, row: Row) -> Optional[Draft]:
+    def _lookup(self, row: Row) -> Draft | None:
         """The row's first table-lookup draft (a suffix match before an n-gram's), or None."""
         for part in row.parts if row.room > 0 else ():
             if part.free:
@@ -131,11 +132,12 @@ class Engine:
                     return d
         return None
 
-    def _ask(self, row: Row, offer: Optional[Draft]) -> Ask:
+    def _ask(self, row: Row, offer: Draft | None) -> Ask:
         """What the row could draft: its lookup's draft, and its costly source where this engine's drafting of
         that source takes it (one draft model, one view of the target per engine)."""
-        ask = Ask(row.accept, (offer.source, len(offer)) if offer is not None else ("", 0), left=row.room + 1,
-                  pace=row.pace)
+        ask = Ask(
+            row.accept, (offer.source, len(offer)) if offer is not None else ("", 0), left=row.room + 1, pace=row.pace
+        )
         costly = next((p for p in row.parts if not p.free), None)
         if costly is not None and costly.name not in self.drafting:
             self.drafting[costly.name] = costly.drafting()
@@ -143,8 +145,12 @@ class Engine:
             ask.costly, ask.cap = costly.name, min(row.caps[costly.name], row.room)
             ask.behind = costly.behind(row.context)
             ask.tree = costly.trees and len(self.cache.owners) == 1 and self._treeable()
-        row.offered(max(ask.stats(ask.offer[0]).expected(ask.offer[1]) if offer is not None else 1.0,
-                        ask.stats(ask.costly).expected(ask.cap) if ask.cap else 1.0))
+        row.offered(
+            max(
+                ask.stats(ask.offer[0]).expected(ask.offer[1]) if offer is not None else 1.0,
+                ask.stats(ask.costly).expected(ask.cap) if ask.cap else 1.0,
+            )
+        )
         return ask
 
     def _treeable(self) -> bool:
@@ -152,7 +158,7 @@ class Engine:
         them out (trees are not offered beside other rows)."""
         return all(type(c) is KVCache for c in self.cache.layers) and tree.view(self.target).model is not None
 
-    def _plan(self, rows: List[Row], asks: List[Ask]):
+    def _plan(self, rows: list[Row], asks: list[Ask]):
         """(the round's Plan, whether it drains a queued step instead: the plan drafts through the target's cache)."""
         layers = self.cache.layers
         if not (self.cache.joint or can_trim_prompt_cache(layers)):  # a sliding window past its size
@@ -162,30 +168,40 @@ class Engine:
         plan = self.planner.plan(asks, len(self.cache.owners), self.cache.paddable(), self.pending is not None)
         if plan.k and self.limit is not None:  # no position, dummies included, past the model's context
             fit = min(self.limit - len(r.context) for r in rows) + 1  # positions a row's pass may span
-            plan = Plan(min(plan.k, fit - 1), plan.sources, min(plan.size, fit), plan.probe,
-                        min(plan.tree, fit - 1)) if fit > 1 else PLAIN
+            plan = (
+                Plan(min(plan.k, fit - 1), plan.sources, min(plan.size, fit), plan.probe, min(plan.tree, fit - 1))
+                if fit > 1
+                else PLAIN
+            )
         in_target = plan.k and any(p.in_target_cache and p.name in plan.sources for r in rows for p in r.parts)
         if in_target and self.pending is not None:
             return PLAIN, True
         return plan, False
 
-    def _propose(self, plan: Plan, rows: List[Row], offers: List[Optional[Draft]]) -> List[Optional[Draft]]:
+    def _propose(self, plan: Plan, rows: list[Row], offers: list[Draft | None]) -> list[Draft | None]:
         """Each row's draft: its lookup's, or from the costly source the plan names, all its rows in one drafting."""
         drafts = list(offers)
-        wanted: Dict[str, List[int]] = {}
+        wanted: dict[str, list[int]] = {}
         for i, (r, d) in enumerate(zip(rows, offers)):
             s = plan.source(i)
             if s and (d is None or d.source != s):
                 wanted.setdefault(s, []).append(i)
         chunk = self.chunk if len(rows) > 1 else None
         for s, idx in wanted.items():
-            members = [Member(next(p for p in rows[i].parts if p.name == s), rows[i].context, rows[i].sampler,
-                              self.cache.index(rows[i])) for i in idx]
+            members = [
+                Member(
+                    next(p for p in rows[i].parts if p.name == s),
+                    rows[i].context,
+                    rows[i].sampler,
+                    self.cache.index(rows[i]),
+                )
+                for i in idx
+            ]
             for i, d in zip(idx, self.drafting[s].propose(members, plan.k, self.cache, chunk, plan.tree)):
                 drafts[i] = d
         return drafts
 
-    def _verify(self, plan: Plan, rows: List[Row], drafts, lengths: List[int]):
+    def _verify(self, plan: Plan, rows: list[Row], drafts, lengths: list[int]):
         """One target pass over every place: [its last token] + its draft, padded to the plan's size (after a queued
         step: the draft alone, that step's logits its first row; a plain round: the queued step itself). Returns
         (per row what acceptance needs, lazy; positions fed; whether a shape ran for the first time)."""
@@ -211,11 +227,13 @@ class Engine:
             logits = mx.concatenate([pending.logits[:, None], logits], axis=1)
             states = mx.concatenate([pending.states, states], axis=1) if states is not None else None
         cold = shapes.first_time(self.model, (len(places), width)) or any(d is not None and d.cold for d in drafts)
-        built = [verify.targets(r.sampler, len(r.context), logits[self.cache.index(r), : n + 1], drafts[i], n)
-                 for i, (r, n) in enumerate(zip(rows, lengths))]
+        built = [
+            verify.targets(r.sampler, len(r.context), logits[self.cache.index(r), : n + 1], drafts[i], n)
+            for i, (r, n) in enumerate(zip(rows, lengths))
+        ]
         return built, width, cold, states
 
-    def _run(self, x: mx.array, shape: Optional[tuple] = None):
+    def _run(self, x: mx.array, shape: tuple | None = None):
         """The target's pass over x (places, L): (logits, the states its drafters read or None); shape: a tree's
         (mask, positions), `tree.layout`."""
         layers = self.cache.layers
@@ -225,27 +243,32 @@ class Engine:
             return view.run(lambda m: taps(x, layers) if taps is not None else (m(x, cache=layers), None), *shape)
         return self.taps(x, layers) if self.taps is not None else (self.model(x, cache=layers), None)
 
-    def _launch(self, built: List, rows: List[Row]) -> _Pending:
+    def _launch(self, built: list, rows: list[Row]) -> _Pending:
         """Queue the next plain step of every place on the round's lazy tokens, before the host reads them."""
         if self.pending is not None:  # the round was the queued step: its tokens feed the next
             tokens = self.pending.tokens
         else:
             mine = {id(r): b if r.sampler.exact else b[1] for r, b in zip(rows, built)}
-            tokens = mx.concatenate([mine[id(r)][:1] if r is not None else mx.zeros((1,), dtype=mx.uint32)
-                                     for r in self.cache.owners]).astype(mx.uint32)
+            tokens = mx.concatenate(
+                [mine[id(r)][:1] if r is not None else mx.zeros((1,), dtype=mx.uint32) for r in self.cache.owners]
+            ).astype(mx.uint32)
             mx.async_eval(tokens)  # its own event: the round's read then waits for this step, not the queued one
         logits, states = self._run(tokens[:, None])
         logits = logits[:, -1]  # (places, V)
         if all(r is None or r.sampler.temp == 0 for r in self.cache.owners):
             nxt = mx.argmax(logits, axis=-1)
         else:
-            nxt = mx.concatenate([r.sampler.draw(x[None], len(r.context) + 1) if r is not None
-                                  else mx.zeros((1,), dtype=mx.uint32) for r, x in zip(self.cache.owners, logits)])
+            nxt = mx.concatenate(
+                [
+                    r.sampler.draw(x[None], len(r.context) + 1) if r is not None else mx.zeros((1,), dtype=mx.uint32)
+                    for r, x in zip(self.cache.owners, logits)
+                ]
+            )
         pending = _Pending(nxt.astype(mx.uint32), logits, states)
         mx.async_eval(pending.tokens)
         return pending
 
-    def _read(self, rows: List[Row], built, drafts, lengths) -> float:
+    def _read(self, rows: list[Row], built, drafts, lengths) -> float:
         """The round's one host synchronisation; returns the round's seconds: since the last read, less the time
         spent outside the engine (the caller's)."""
         t = time.perf_counter()
@@ -259,7 +282,7 @@ class Engine:
         seconds, self.last_read, self.away = now - self.last_read - self.away, now, 0.0
         return seconds
 
-    def _rewind(self, rows: List[Row], kept: List[tuple], fed: int) -> None:
+    def _rewind(self, rows: list[Row], kept: list[tuple], fed: int) -> None:
         """Each place drops what it was fed beyond its kept tokens (a queued step is its first position)."""
         own = 0 if self.pending is not None else 1
         path = next((p for *_, p in kept if p is not None), None)
@@ -271,7 +294,7 @@ class Engine:
         if any(drop):
             self.cache.rewind(drop)
 
-    def _show(self, rows: List[Row], kept: List[tuple], states: Optional[mx.array]) -> None:
+    def _show(self, rows: list[Row], kept: list[tuple], states: mx.array | None) -> None:
         """The drafters that read the target's states get those of the positions each row kept."""
         if states is not None:
             for r, (_, a, _, path) in zip(rows, kept):
@@ -282,14 +305,21 @@ class Engine:
     def _record(self, plan: Plan, rows, asks, offers, drafts, lengths, kept, seconds: float, warm: bool) -> None:
         """One observation of the round, which the planner, each row's stats and trace, and the drafters learn."""
         outcomes, together = [], Counter(plan.source(i) for i, n in enumerate(lengths) if n)
-        for i, (r, ask, offer, d, n, (drafted, a, nxt, path)) in enumerate(zip(rows, asks, offers, drafts, lengths,
-                                                                              kept)):
+        for i, (r, ask, offer, d, n, (drafted, a, nxt, path)) in enumerate(
+            zip(rows, asks, offers, drafts, lengths, kept)
+        ):
             source = plan.source(i) if n else ""
             part = next((p for p in r.parts if p.name == source), None)
             nodes = n if path is not None else 0
             n = max(tree.depths(d.parents)) if nodes else n  # a tree proposes as many tokens as it is deep
-            o = Outcome(r.accept, tree_key(source) if nodes else source, n, a, d.behind if n else 0,
-                        part is not None and not part.free)
+            o = Outcome(
+                r.accept,
+                tree_key(source) if nodes else source,
+                n,
+                a,
+                d.behind if n else 0,
+                part is not None and not part.free,
+            )
             if offer is not None and offer.source != source:
                 o.judged = (offer.source, *shadow_judgement(offer.tokens.tolist(), drafted[:a] + [nxt]))
                 next(p for p in r.parts if p.name == offer.source).learn(*o.judged[1:])
@@ -302,8 +332,14 @@ class Engine:
             if o.costly and n:
                 r.stats.drafted_together = max(r.stats.drafted_together, together[source])
             if r.stats.trace is not None:
-                entry = {"source": source, "proposed": n, "accepted": a, "seconds": seconds,
-                         "size": plan.size if plan.k else 1, "behind": o.behind}
+                entry = {
+                    "source": source,
+                    "proposed": n,
+                    "accepted": a,
+                    "seconds": seconds,
+                    "size": plan.size if plan.k else 1,
+                    "behind": o.behind,
+                }
                 if plan.probe:
                     entry["probe"] = True
                 if nodes:

@@ -1,6 +1,6 @@
 """A generation of one request: the prompt prefilled into the caller's cache, then an engine of one row."""
 
-from typing import Iterator, Optional, Sequence
+from collections.abc import Iterator, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
@@ -18,26 +18,48 @@ from .stats import Stats
 from .tunables import DEFAULT_MAX_TOKENS
 
 
-def speculative_generate_step(prompt: Sequence[int], model, drafter=None, *, prompt_cache: Optional[list] = None,
-                              planner: Optional[Planner] = None, max_tokens: int = DEFAULT_MAX_TOKENS,
-                              temp: float = 0.0, top_p: float = 0.0, top_k: int = 0, seed: Optional[int] = None,
-                              num_draft: Optional[int] = None, adaptive: bool = True,
-                              eos_token_ids: Sequence[int] = (), stats: Optional[Stats] = None,
-                              accept: Optional[dict] = None) -> Iterator[Step]:
+def speculative_generate_step(
+    prompt: Sequence[int],
+    model,
+    drafter=None,
+    *,
+    prompt_cache: list | None = None,
+    planner: Planner | None = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    temp: float = 0.0,
+    top_p: float = 0.0,
+    top_k: int = 0,
+    seed: int | None = None,
+    num_draft: int | None = None,
+    adaptive: bool = True,
+    eos_token_ids: Sequence[int] = (),
+    stats: Stats | None = None,
+    accept: dict | None = None,
+) -> Iterator[Step]:
     """Yield `Step(token, from_draft, finish_reason)` as the target alone would (greedy: the same tokens; sampling: the
     same law). prompt_cache: the caller's, with a prefix of `prompt`; finished or closed, all tokens but the last."""
     if num_draft is not None and num_draft <= 0:
         raise GenerationError(f"--num-draft must be >= 1, got {num_draft}")
     stats = stats if stats is not None else Stats()
-    row = Row.start(model, prompt, max_tokens, drafter=drafter, sampler=Sampler(temp, top_p, top_k, seed),
-                    eos=frozenset(eos_token_ids), k_max=num_draft or default_num_draft(drafter), stats=stats,
-                    accept=accept if accept is not None else {})
+    row = Row.start(
+        model,
+        prompt,
+        max_tokens,
+        drafter=drafter,
+        sampler=Sampler(temp, top_p, top_k, seed),
+        eos=frozenset(eos_token_ids),
+        k_max=num_draft or default_num_draft(drafter),
+        stats=stats,
+        accept=accept if accept is not None else {},
+    )
     context = row.context
     cache = recurrent.rewindable(prompt_cache) if prompt_cache is not None else new_cache(model)
     cached = None if cache is None else cache_tokens(cache) if prompt_cache is not None else 0
     if cached is None or cached > len(context) - 1:
-        raise GenerationError(f"the prompt cache holds {cached} tokens; it must hold a prefix of the prompt "
-                              f"({len(context)} tokens) and no more than all but its last token")
+        raise GenerationError(
+            f"the prompt cache holds {cached} tokens; it must hold a prefix of the prompt "
+            f"({len(context)} tokens) and no more than all but its last token"
+        )
     stats.prompt_tokens, stats.prompt_cached = len(context), cached
     if row.budget == 0:
         return
@@ -45,8 +67,9 @@ def speculative_generate_step(prompt: Sequence[int], model, drafter=None, *, pro
     peak, yielded = Peak(), len(context)
     with mx.stream(generation_stream):
         try:
-            prefill_cache(model, cache, context[cached:-1], None if engine.limit is None else engine.limit - cached,
-                          row.parts)
+            prefill_cache(
+                model, cache, context[cached:-1], None if engine.limit is None else engine.limit - cached, row.parts
+            )
             engine.add(row, cache)
         except BaseException:
             rewind(cache, cached)  # an interrupted prefill leaves the cache as it came

@@ -1,7 +1,7 @@
 """The target's hidden states that a learned drafter reads: a view of the target whose read blocks hand over their
 outputs of each pass (the model is unchanged; where no drafter reads, the plain model runs and nothing is kept)."""
 
-from typing import Dict, Sequence, Tuple
+from collections.abc import Sequence
 
 import mlx.core as mx
 
@@ -17,26 +17,29 @@ class Taps:
         base = recurrent.recording(model)
         path = holder_of(base)
         if path is None:
-            raise UnsupportedError(f"{type(model).__name__}: a drafter reading hidden states needs an mlx-lm model "
-                                   "whose blocks a submodule holds (model.model.layers)")
+            raise UnsupportedError(
+                f"{type(model).__name__}: a drafter reading hidden states needs an mlx-lm model "
+                "whose blocks a submodule holds (model.model.layers)"
+            )
         blocks = holder(base).layers
         if max(reads) >= len(blocks):
             raise UnsupportedError(f"the drafter reads block {max(reads)} of a target with {len(blocks)}")
         self.reads, self.out = tuple(reads), []
-        self.model = with_blocks(base, [Watched(b, self._keep) if i in reads else b for i, b in enumerate(blocks)],
-                                 path)
+        self.model = with_blocks(
+            base, [Watched(b, self._keep) if i in reads else b for i, b in enumerate(blocks)], path
+        )
 
     def _keep(self, x, y) -> None:
         self.out.append(y)
 
-    def __call__(self, x: mx.array, cache: list) -> Tuple[mx.array, mx.array]:
+    def __call__(self, x: mx.array, cache: list) -> tuple[mx.array, mx.array]:
         self.out = []
         logits = self.model(x, cache=cache)
         states, self.out = mx.concatenate(self.out, axis=-1), []
         return logits, states
 
 
-_VIEWS: Dict[tuple, Taps] = {}
+_VIEWS: dict[tuple, Taps] = {}
 
 
 def taps(model, reads: Sequence[int]) -> Taps:
@@ -44,7 +47,7 @@ def taps(model, reads: Sequence[int]) -> Taps:
     return per_model(_VIEWS, model, (id(model), tuple(reads)), lambda: Taps(model, reads))
 
 
-def reads(parts) -> Tuple[int, ...]:
+def reads(parts) -> tuple[int, ...]:
     """The blocks any of `parts` reads, in order."""
     return tuple(sorted({i for p in parts for i in p.reads}))
 

@@ -1,6 +1,6 @@
 """The rows' cache: a lone row's own, or one joint `BatchKVCache` with gaps, so each row rewinds by its own count."""
 
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
@@ -15,7 +15,7 @@ class RaggedKVCache(BatchKVCache):
     """A `BatchKVCache` whose rows may have gaps: `gaps[i, j]` is True where row i's column j holds a position the
     row dropped (`drop`). The one place mlx-spec reads `BatchKVCache`'s internals (`_idx`: the columns in use)."""
 
-    gaps: Optional[mx.array] = None
+    gaps: mx.array | None = None
 
     @classmethod
     def of(cls, cache: KVCache) -> "RaggedKVCache":
@@ -27,7 +27,7 @@ class RaggedKVCache(BatchKVCache):
         g = (self.gaps if self.gaps is not None else mx.zeros((self.offset.shape[0], 0), dtype=mx.bool_))[:, :width]
         return mx.pad(g, [(0, 0), (0, width - g.shape[1])]) if g.shape[1] < width else g
 
-    def drop(self, extra: List[int]) -> None:
+    def drop(self, extra: list[int]) -> None:
         """Row i gives up its last `extra[i]` positions: they become a gap at the end of its columns."""
         e = mx.array(extra)
         self.gaps = self._gaps(self._idx) | (mx.arange(self._idx)[None] >= self._idx - e[:, None])
@@ -43,7 +43,7 @@ class RaggedKVCache(BatchKVCache):
         mask = create_causal_mask(N, offset=self._idx, left_padding=self.left_padding, **kwargs)
         return mask if self.gaps is None else mask & ~self._gaps(self._idx + N)[:, None, None, :]
 
-    def _columns(self, i: int) -> List[int]:
+    def _columns(self, i: int) -> list[int]:
         """Row i's columns that hold its positions, in order."""
         start = self.left_padding[i].item()
         gap = self._gaps(self._idx)[i].tolist()
@@ -96,16 +96,17 @@ class RaggedKVCache(BatchKVCache):
 
 def batchable(cache: Sequence) -> bool:
     """Whether a generation's cache can join others: plain KV caches and rewindable recurrent ones."""
-    return all(type(c) is KVCache or (isinstance(c, RewindableCache) and not isinstance(c, RewindableRows))
-               for c in cache)
+    return all(
+        type(c) is KVCache or (isinstance(c, RewindableCache) and not isinstance(c, RewindableRows)) for c in cache
+    )
 
 
-def _merge(cache: Sequence) -> List:
+def _merge(cache: Sequence) -> list:
     """A joint cache of one row from a generation's cache (copied, never changed)."""
     return [recurrent.joint(c) if isinstance(c, RewindableCache) else RaggedKVCache.of(c) for c in cache]
 
 
-def _extract(joint: List, i: int, tokens: int) -> List:
+def _extract(joint: list, i: int, tokens: int) -> list:
     """Row i's cache as a generation's own, its first `tokens` tokens, copied now (not holding the joint buffers)."""
     out = [c.extract(i) for c in joint]
     for c in out:
@@ -120,8 +121,8 @@ class Rows:
     """The cache the rows run over (`layers`) and the row in each of its places (`owners`; None: a row left)."""
 
     def __init__(self):
-        self.layers: Optional[List] = None
-        self.owners: List[Optional[object]] = []
+        self.layers: list | None = None
+        self.owners: list[object | None] = []
 
     @property
     def joint(self) -> bool:
@@ -138,7 +139,7 @@ class Rows:
         """The longest row's columns (1 where no layer is attention)."""
         return max([c.size() for c in self.layers if isinstance(c, (KVCache, BatchKVCache))], default=1)
 
-    def add(self, owner, cache: List) -> None:
+    def add(self, owner, cache: list) -> None:
         """A row whose `cache` holds its context but the last: alone as it is, else copied into a free or new place."""
         if not self.owners:
             self.layers, self.owners = cache, [owner]
@@ -146,8 +147,14 @@ class Rows:
         if not self.joint:
             self.layers = _merge(self.layers)
         free = next((i for i, o in enumerate(self.owners) if o is None), None)
-        if free is not None and all(isinstance(c, RaggedKVCache) and type(o) is KVCache and c.keys is not None and
-                                    o.keys is not None and o.offset <= c.size() for c, o in zip(self.layers, cache)):
+        if free is not None and all(
+            isinstance(c, RaggedKVCache)
+            and type(o) is KVCache
+            and c.keys is not None
+            and o.keys is not None
+            and o.offset <= c.size()
+            for c, o in zip(self.layers, cache)
+        ):
             for c, o in zip(self.layers, cache):
                 c.put(free, o)
             self.owners[free] = owner
@@ -156,7 +163,7 @@ class Rows:
             mine.extend(new)
         self.owners.append(owner)
 
-    def remove(self, owner, tokens: int) -> List:
+    def remove(self, owner, tokens: int) -> list:
         """Take a row out: its cache, holding its first `tokens` tokens (a lone row's own, trimmed)."""
         i = self.index(owner)
         if not self.joint:

@@ -2,12 +2,11 @@
 
 import weakref
 from pathlib import Path
-from typing import Dict, Optional, Tuple
 
 from ..errors import GenerationError, MlxSpecError, SourceError
 
 
-def load_folder(folder) -> Tuple[object, object, Path]:
+def load_folder(folder) -> tuple[object, object, Path]:
     """(model, tokenizer, folder) for an MLX or HF model folder (names and hub ids are the faces' to resolve)."""
     from mlx_lm.utils import load
 
@@ -26,10 +25,10 @@ def load_folder(folder) -> Tuple[object, object, Path]:
     return model, tokenizer, folder
 
 
-_FOLDERS: Dict[int, Path] = {}
+_FOLDERS: dict[int, Path] = {}
 
 
-def folder_of(model) -> Optional[Path]:
+def folder_of(model) -> Path | None:
     """The folder a model was loaded from by `load_folder` (where a checkpoint's extra layers, e.g. MTP, are)."""
     return _FOLDERS.get(id(model))
 
@@ -46,10 +45,13 @@ def check_tokenizers(target_tok, draft_tok) -> int:
     if tv != dv:
         diff = [t for t in tv if dv.get(t) != tv[t]]
         example = f" (e.g. {diff[0]!r}: target id {tv[diff[0]]}, draft id {dv.get(diff[0])})" if diff else ""
-        raise GenerationError(f"the draft's tokenizer differs from the target's: "
-                              f"{len(diff) or abs(len(tv) - len(dv))} of {len(tv)} tokens differ{example}")
+        raise GenerationError(
+            f"the draft's tokenizer differs from the target's: "
+            f"{len(diff) or abs(len(tv) - len(dv))} of {len(tv)} tokens differ{example}"
+        )
     probe = "def f(x):\n    return x  # héllo 世界"
     if target_tok.encode(probe) != draft_tok.encode(probe):
-        raise GenerationError("the draft's tokenizer splits text differently from the target's (same vocab, other "
-                              "merges)")
+        raise GenerationError(
+            "the draft's tokenizer splits text differently from the target's (same vocab, other merges)"
+        )
     return len(tv)

@@ -15,8 +15,8 @@ accept as the chains do, so it is first tried by a probe, then chosen where it p
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
 
 from .acceptance import SourceStats
 from .costs import Costs
@@ -38,7 +38,7 @@ class Plan:
     (k = 0: a plain step for every row); tree > 0: the costly source drafts a tree of that many tokens, k deep."""
 
     k: int = 0
-    sources: Tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
     size: int = 1
     probe: bool = False
     tree: int = 0
@@ -60,8 +60,8 @@ PLAIN = Plan()
 class Ask:
     """What one row could draft this round."""
 
-    accept: Dict[str, SourceStats]  # the row's acceptance by source
-    offer: Tuple[str, int] = ("", 0)  # a table lookup's draft: its source and length
+    accept: dict[str, SourceStats]  # the row's acceptance by source
+    offer: tuple[str, int] = ("", 0)  # a table lookup's draft: its source and length
     costly: str = ""  # the source that drafts at a cost for this row (a model, a view of the target), if any
     cap: int = 0  # the most tokens the costly source drafts for it
     behind: int = 0  # tokens the costly source feeds it before drafting
@@ -77,14 +77,14 @@ class Ask:
 class Outcome:
     """One row's part of a finished round."""
 
-    accept: Dict[str, SourceStats]
+    accept: dict[str, SourceStats]
     source: str = ""  # what it drafted with ("" for none)
     proposed: int = 0
     accepted: int = 0
     behind: int = 0
     costly: bool = False  # the source drafts at a cost: the round's time beyond its verify pass is its own
-    judged: Optional[Tuple[str, int, int]] = None  # an unverified lookup draft: (source, judged, matched)
-    hindsight: Optional[Tuple[List[bool], int]] = None  # whether a catch-up's greedy predictions were the output it
+    judged: tuple[str, int, int] | None = None  # an unverified lookup draft: (source, judged, matched)
+    hindsight: tuple[list[bool], int] | None = None  # whether a catch-up's greedy predictions were the output it
     # sat out, replayed as rounds of that many tokens
 
 
@@ -95,8 +95,8 @@ class Planner(Costs):
 
     adaptive: bool = True
     trees: bool = True  # a row alone whose costly source drafts trees may be given one where it pays
-    idle: Dict[str, int] = field(default_factory=dict)  # rounds since a costly source last drafted
-    credit: Dict[str, float] = field(default_factory=dict)  # probe budget it earned while passed over (seconds)
+    idle: dict[str, int] = field(default_factory=dict)  # rounds since a costly source last drafted
+    credit: dict[str, float] = field(default_factory=dict)  # probe budget it earned while passed over (seconds)
     refilled_w: float = 0.0  # discounted rows whose place a new row took, of `left_w` that left: none until seen
     left_w: float = PRIOR_TRIALS
     open: int = 0  # rows that left whose place no row has taken yet
@@ -118,8 +118,7 @@ class Planner(Costs):
         """Extra tokens the drafting rounds delivered per extra token the rows' estimates promised."""
         return self.kept_w / self.promised_w
 
-    def plan(self, asks: Sequence[Ask], places: Optional[int] = None, pad: bool = False,
-             queued: bool = False) -> Plan:
+    def plan(self, asks: Sequence[Ask], places: int | None = None, pad: bool = False, queued: bool = False) -> Plan:
         """The next round for rows that could draft as `asks` say, in a pass over `places` rows (default: one per
         ask; more where rows that left still hold places). pad: dummy positions may pad the pass. queued: a plain
         step is queued ahead (a drafting round then verifies after it, and plain decoding restarts its queue)."""
@@ -142,12 +141,17 @@ class Planner(Costs):
         best, best_rate, best_seconds = PLAIN, n / plain, plain
         last, cal = self._last(asks), self.calibration
         timed = [s for s in costly if s not in fresh]
-        options = [("", False)] + [(s, False) for s in timed] + [
-            (s, True) for s in timed if self.trees and any(a.tree and a.costly == s for a in asks)]
+        options = (
+            [("", False)]
+            + [(s, False) for s in timed]
+            + [(s, True) for s in timed if self.trees and any(a.tree and a.costly == s for a in asks)]
+        )
         for option, treed in options:
             key = tree_key(option) if treed else option
-            top = max(max((a.offer[1] for a in asks), default=0),
-                      max((a.cap for a in asks if option and a.costly == option), default=0))
+            top = max(
+                max((a.offer[1] for a in asks), default=0),
+                max((a.cap for a in asks if option and a.costly == option), default=0),
+            )
             for k in self._lengths(min(top, widest // TREE_PER_DEPTH if treed else widest), pad):
                 sources, gains = [], []
                 for a in asks:
@@ -170,8 +174,11 @@ class Planner(Costs):
                 rate = sum(gains) / seconds
                 margin = MARGIN * (not best.k or treed)  # drafting over plain, a tree over a chain: 5 % more
                 if self._value(gains, last, plain, seconds) >= 1 and rate > best_rate * (1 + margin):
-                    best, best_rate, best_seconds = Plan(k, tuple(sources), size, tree=(size - 1) * treed), rate, \
-                        seconds
+                    best, best_rate, best_seconds = (
+                        Plan(k, tuple(sources), size, tree=(size - 1) * treed),
+                        rate,
+                        seconds,
+                    )
         probe = self._credit(costly, fresh, best, best_seconds, best_rate, asks, b, pad)
         if probe is not None:
             return probe
@@ -184,8 +191,11 @@ class Planner(Costs):
 
     def promised(self, plan: Plan, asks: Sequence[Ask]) -> float:
         """Extra tokens the rows' estimates promise for a plan."""
-        return sum(min(self._stats(a, tree_key(s) if plan.tree and s == a.costly else s, s).expected(plan.k), a.left)
-                   - 1 for a, s in zip(asks, plan.sources) if s)
+        return sum(
+            min(self._stats(a, tree_key(s) if plan.tree and s == a.costly else s, s).expected(plan.k), a.left) - 1
+            for a, s in zip(asks, plan.sources)
+            if s
+        )
 
     @staticmethod
     def _stats(ask: Ask, key: str, source: str) -> SourceStats:
@@ -193,7 +203,7 @@ class Planner(Costs):
         (a tree is tried by a probe, `_tree_credit`, before it is chosen on its own)."""
         return ask.stats(key if key in ask.accept or key == source else source)
 
-    def _value(self, gains: List[float], last: List[float], plain: float, seconds: float) -> float:
+    def _value(self, gains: list[float], last: list[float], plain: float, seconds: float) -> float:
         """Plain-decoding seconds a round's extra tokens save per second it takes (plain decoding's is 1)."""
         n, alone = len(gains), self.cost(1, 1)
         refilled = (sum(gains) - n) * plain / n
@@ -201,7 +211,7 @@ class Planner(Costs):
         return (plain + self.refill * refilled + (1 - self.refill) * draining) / seconds
 
     @staticmethod
-    def _last(asks: Sequence[Ask]) -> List[float]:
+    def _last(asks: Sequence[Ask]) -> list[float]:
         """Each row's chance of ending last: a softmax of the rounds it still needs at its pace, over the counting
         noise of the most (their square root)."""
         rounds = [a.left / a.pace for a in asks]
@@ -210,7 +220,7 @@ class Planner(Costs):
         return [x / sum(w) for x in w]
 
     @staticmethod
-    def _lengths(cap: int, pad: bool) -> List[int]:
+    def _lengths(cap: int, pad: bool) -> list[int]:
         """The draft lengths worth weighing up to `cap`: each that fills a size of `SIZES`, and with padding cap."""
         ks = {s - 1 for s in SIZES if 1 <= s - 1 <= cap}
         if (pad or not ks) and cap > 0:
@@ -219,11 +229,16 @@ class Planner(Costs):
 
     def _probe(self, source: str, asks: Sequence[Ask], places: int, pad: bool) -> Plan:
         self.idle[source] = 0  # its credit pays for it once it is timed (`_pay`)
-        return Plan(1, tuple(source if a.costly == source and a.cap else "" for a in asks),
-                    self.size(places, 1, pad), probe=True)
+        return Plan(
+            1,
+            tuple(source if a.costly == source and a.cap else "" for a in asks),
+            self.size(places, 1, pad),
+            probe=True,
+        )
 
-    def _credit(self, costly, fresh, best: Plan, seconds: float, rate: float, asks, places: int,
-                pad: bool) -> Optional[Plan]:
+    def _credit(
+        self, costly, fresh, best: Plan, seconds: float, rate: float, asks, places: int, pad: bool
+    ) -> Plan | None:
         """Costly sources passed over earn probe credit, and probe once it covers what a probe would lose against
         rounds at `rate` tokens per second."""
         chosen = set(best.sources) if best.k else set()
@@ -242,7 +257,7 @@ class Planner(Costs):
                 return self._probe(s, asks, places, pad)
         return None
 
-    def _tree_credit(self, best: Plan, seconds: float, asks: Sequence[Ask], places: int, pad: bool) -> Optional[Plan]:
+    def _tree_credit(self, best: Plan, seconds: float, asks: Sequence[Ask], places: int, pad: bool) -> Plan | None:
         """A row given a chain it could have had as a tree earns credit towards trying the tree (its acceptance and
         cost are learned only where it drafts), and tries it once the credit covers the extra positions' cost."""
         ask = asks[0] if len(asks) == 1 else None
@@ -265,8 +280,11 @@ class Planner(Costs):
         """Whether `source` could beat plain decoding with every draft token accepted."""
         plain = self.cost(places, 1)
         cap = max(a.cap for a in rows)
-        return any((len(asks) + len(rows) * k) / self._probe_cost(source, rows, places, pad, k)
-                   > (1 + MARGIN) * len(asks) / plain for k in self._lengths(cap, pad))
+        return any(
+            (len(asks) + len(rows) * k) / self._probe_cost(source, rows, places, pad, k)
+            > (1 + MARGIN) * len(asks) / plain
+            for k in self._lengths(cap, pad)
+        )
 
     def _probe_cost(self, source: str, rows: Sequence[Ask], places: int, pad: bool, k: int) -> float:
         """Seconds of a round in which `source` drafts k tokens for `rows`: its catch-up and the restart of queued
@@ -283,8 +301,15 @@ class Planner(Costs):
 
     # --- learning ---
 
-    def record(self, plan: Plan, places: int, seconds: float, outcomes: Sequence[Outcome], warm: bool = True,
-               promised: float = 0.0) -> None:
+    def record(
+        self,
+        plan: Plan,
+        places: int,
+        seconds: float,
+        outcomes: Sequence[Outcome],
+        warm: bool = True,
+        promised: float = 0.0,
+    ) -> None:
         """A finished round over `places` rows: what each row drafted and kept, in `seconds` of wall clock (warm
         False: a shape ran for the first time, so the time is not a cost)."""
         for o in outcomes:
@@ -308,10 +333,11 @@ class Planner(Costs):
         if not costly:
             self.time_pass((places, plan.size if plan.k else 1), seconds)
         else:
-            self.time_draft(costly[0].source, len(costly), plan.k, sum(o.behind for o in costly), places, plan.size,
-                            seconds)
+            self.time_draft(
+                costly[0].source, len(costly), plan.k, sum(o.behind for o in costly), places, plan.size, seconds
+            )
 
-    def _pay(self, plan: Plan, places: int, seconds: Optional[float], outcomes: Sequence[Outcome]) -> None:
+    def _pay(self, plan: Plan, places: int, seconds: float | None, outcomes: Sequence[Outcome]) -> None:
         """A probe's source pays from its credit what the probe lost, as measured: its round's `seconds` (None: not
         a cost) and, after a queued plain step, the whole restart of the queue (a probe is a stretch of one round),
         beyond what plain decoding takes for the tokens it yielded. Credit left over is not kept."""
@@ -341,4 +367,3 @@ class Planner(Costs):
         if not self.copies or full is None:
             return True
         return (1 - self.refill) * (full - kept) * rounds > statistics.median(self.copies) * positions
-

@@ -4,7 +4,6 @@ a recorded call's starting state and replays the token mixer on the part kept; t
 import functools
 import inspect
 import weakref
-from typing import Dict, List, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -96,7 +95,7 @@ class RewindableRows(RewindableCache):
         self._calls.clear()
         self._rows = [None] * len(self._rows)
 
-    def trim_rows(self, drop: List[int]) -> None:
+    def trim_rows(self, drop: list[int]) -> None:
         """Drop row i's last `drop[i]` positions, across recorded calls: each row's state is restored to before the
         call its kept part ends in and that part replayed, the rows keeping as many of a call in one replay."""
         left, parts, index = list(drop), [self.cache], list(range(len(drop)))
@@ -145,12 +144,19 @@ class RewindableRows(RewindableCache):
     def extract(self, idx: int) -> RewindableCache:
         """Row idx as a generation's own rewindable cache, trimmable within the call it was last rewound in."""
         inner = ArraysCache(len(self.cache))
-        inner.cache = [None if s is None else s[idx: idx + 1] for s in self.cache]
+        inner.cache = [None if s is None else s[idx : idx + 1] for s in self.cache]
         out = RewindableCache(inner, self.offset[idx].item())
         if self._rows[idx] is not None:
             (before, layer, x, mask, _), i, k = self._rows[idx]
-            out._calls.append(([None if s is None else s[i: i + 1] for s in before], layer, x[i: i + 1, :k],
-                               _take(mask, [i], k), out.offset))
+            out._calls.append(
+                (
+                    [None if s is None else s[i : i + 1] for s in before],
+                    layer,
+                    x[i : i + 1, :k],
+                    _take(mask, [i], k),
+                    out.offset,
+                )
+            )
         return out
 
 
@@ -161,7 +167,7 @@ def joint(cache: RewindableCache) -> RewindableRows:
     return RewindableRows(inner, mx.array([cache.offset]))
 
 
-def _take(mask, rows: List[int], keep: int):
+def _take(mask, rows: list[int], keep: int):
     """The given rows' first `keep` positions of a recorded (rows, positions) mask."""
     return None if mask is None else mask[mx.array(rows)][..., :keep]
 
@@ -178,7 +184,7 @@ def _replay(layer, x, mask, cache) -> None:
     run(inputs, **({"mask": mask} if masked else {}), cache=cache)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _signature(fn) -> inspect.Signature:
     return inspect.signature(fn)
 
@@ -203,7 +209,7 @@ class Recorder(nn.Module):
         return getattr(self["block"], name)  # what the model reads of its blocks (e.g. `is_linear`)
 
 
-_VIEWS: Dict[int, object] = {}
+_VIEWS: dict[int, object] = {}
 
 
 def recording(model):
@@ -213,18 +219,27 @@ def recording(model):
 
 def _recording(model):
     layers = getattr(model, "layers", None)
-    idx = [i for i, c in enumerate(make_prompt_cache(model)) if isinstance(c, ArraysCache)
-           and not isinstance(layers[i], Recorder)] if layers is not None else []  # its recurrent blocks
+    idx = (
+        [
+            i
+            for i, c in enumerate(make_prompt_cache(model))
+            if isinstance(c, ArraysCache) and not isinstance(layers[i], Recorder)
+        ]
+        if layers is not None
+        else []
+    )  # its recurrent blocks
     if not idx:
         return model
     holder = holder_of(model)  # the module holding the blocks (`model.layers` may be a copy of its list)
     if holder is None:
-        raise UnsupportedError(f"{type(model).__name__}: recurrent layers rewind only in an mlx-lm model whose "
-                               "blocks a submodule holds (model.model.layers, model.backbone.layers)")
+        raise UnsupportedError(
+            f"{type(model).__name__}: recurrent layers rewind only in an mlx-lm model whose "
+            "blocks a submodule holds (model.model.layers, model.backbone.layers)"
+        )
     return with_blocks(model, [Recorder(b) if i in idx else b for i, b in enumerate(layers)], holder)
 
 
-def rewindable(cache: List) -> Optional[List]:
+def rewindable(cache: list) -> list | None:
     """The engine's view of a cache, recurrent entries wrapped to rewind; None where a state's length is unknown."""
     if all(not isinstance(c, ArraysCache) or isinstance(c, RewindableCache) for c in cache):
         return cache
@@ -239,7 +254,7 @@ def rewindable(cache: List) -> Optional[List]:
     return out
 
 
-def commit(cache: List) -> None:
+def commit(cache: list) -> None:
     """What every rewindable layer of `cache` holds now is final (its history is freed)."""
     for c in cache:
         if isinstance(c, RewindableCache):

@@ -1,8 +1,9 @@
 """Drafter specs: parse one once into a DrafterSpec, build the drafter from it, and each kind's default K."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Union
+from typing import Optional, Union
 
 from ..errors import ConvertError, GenerationError
 from ..make.importance import vocabulary_texts
@@ -11,9 +12,17 @@ from . import tunables
 from .drafters.base import Drafter
 
 # Most draft tokens per round, by kind: the one place these defaults live.
-DEFAULT_K = {"model": tunables.MODEL_K, "self": tunables.MODEL_K, "quant-self": tunables.MODEL_K,
-             "ngram": tunables.NGRAM_K, "suffix": tunables.SUFFIX_K, "hybrid": tunables.SUFFIX_K,
-             "eagle3": tunables.MODEL_K, "mtp": tunables.MODEL_K, "dflash": tunables.MODEL_K}
+DEFAULT_K = {
+    "model": tunables.MODEL_K,
+    "self": tunables.MODEL_K,
+    "quant-self": tunables.MODEL_K,
+    "ngram": tunables.NGRAM_K,
+    "suffix": tunables.SUFFIX_K,
+    "hybrid": tunables.SUFFIX_K,
+    "eagle3": tunables.MODEL_K,
+    "mtp": tunables.MODEL_K,
+    "dflash": tunables.MODEL_K,
+}
 KINDS = ("none", "ngram", "suffix", "self", "quant-self", "hybrid", "eagle3", "mtp", "dflash", "model")
 LEARNED = ("eagle3", "mtp", "dflash")  # drafters reading the target's states, loaded from a folder of their own
 NGRAM_N = (2, 16)  # the longest n-gram `ngram:N` may ask for
@@ -33,7 +42,7 @@ class DrafterSpec:
         return f"{self.kind}:{self.arg}" if self.arg else self.kind
 
     @property
-    def model(self) -> Optional[str]:
+    def model(self) -> str | None:
         """The model this spec loads (a model spec, or a hybrid's inner one), else None."""
         spec = self.inner if self.kind == "hybrid" else self
         return spec.arg if spec is not None and spec.kind == "model" else None
@@ -65,13 +74,15 @@ def parse(spec: Spec) -> DrafterSpec:
     if head == "hybrid":
         inner = parse(arg or "self")
         if inner.kind in ("hybrid", "ngram", "suffix") or (inner.kind == "none" and arg != "none"):
-            raise GenerationError(f"hybrid needs a model or self drafter to fall back on (or 'none': the context's "
-                                  f"sources alone), got '{arg}'")
+            raise GenerationError(
+                f"hybrid needs a model or self drafter to fall back on (or 'none': the context's "
+                f"sources alone), got '{arg}'"
+            )
         return DrafterSpec(head, arg, inner)
     return DrafterSpec(head, arg) if head in KINDS[1:-1] else DrafterSpec("model", spec)
 
 
-def default_num_draft(drafter: Union[Drafter, Spec]) -> int:
+def default_num_draft(drafter: Drafter | Spec) -> int:
     """Default K for a drafter, a spec or None (plain decoding drafts nothing; 1 keeps K valid)."""
     if drafter is None:
         return 1
@@ -79,10 +90,10 @@ def default_num_draft(drafter: Union[Drafter, Spec]) -> int:
     return DEFAULT_K.get(kind, tunables.MODEL_K)
 
 
-_HEAD_IDS: Dict[tuple, List[int]] = {}
+_HEAD_IDS: dict[tuple, list[int]] = {}
 
 
-def head_ids(tokenizer, real: int) -> List[int]:
+def head_ids(tokenizer, real: int) -> list[int]:
     """A draft head's base vocabulary: the tokens of `make.importance.vocabulary_texts` and EOS, once per tokenizer."""
     key = (getattr(tokenizer, "name_or_path", None) or id(tokenizer), real)
     if key not in _HEAD_IDS:
@@ -92,8 +103,9 @@ def head_ids(tokenizer, real: int) -> List[int]:
     return _HEAD_IDS[key]
 
 
-def build(spec: Spec, target, tokenizer, *, load: Optional[Callable[[str], tuple]] = None,
-          subset_head: bool = True) -> Optional[Drafter]:
+def build(
+    spec: Spec, target, tokenizer, *, load: Callable[[str], tuple] | None = None, subset_head: bool = True
+) -> Drafter | None:
     """The drafter for `spec` over `target` (None: plain decoding); load: a draft model spec -> (model, tokenizer)."""
     from ..make.layers import parse_layers
     from .drafters import suffix as _suffix
@@ -141,7 +153,7 @@ def build(spec: Spec, target, tokenizer, *, load: Optional[Callable[[str], tuple
     return ModelDrafter(draft, width, real, head_ids=subset)
 
 
-_HEADS: Dict[tuple, object] = {}
+_HEADS: dict[tuple, object] = {}
 
 
 def _shared(kind: str, folder, target, load: Callable[[], object]):
@@ -155,8 +167,12 @@ def _eagle3(folder: str, target, width: int, real: int) -> Drafter:
     from ..make import eagle3
     from .drafters.eagle3 import Eagle3Drafter
 
-    head = _shared("eagle3", folder, target, lambda: eagle3.load(
-        folder, embed=getattr(getattr(target, "model", None), "embed_tokens", None)))
+    head = _shared(
+        "eagle3",
+        folder,
+        target,
+        lambda: eagle3.load(folder, embed=getattr(getattr(target, "model", None), "embed_tokens", None)),
+    )
     c, n = head.config, len(target.layers)
     hidden = getattr(getattr(target, "args", None), "hidden_size", None)
     reads = c.reads or eagle3.default_reads(n)
@@ -164,9 +180,12 @@ def _eagle3(folder: str, target, width: int, real: int) -> Drafter:
         raise GenerationError(
             f"{folder}: this EAGLE-3 head was made for another target (it reads blocks {list(reads)} of hidden size "
             f"{c.target_hidden_size}, vocabulary {c.vocab_size}; the target has {n} blocks, hidden size {hidden}, "
-            f"vocabulary {width})")
+            f"vocabulary {width})"
+        )
     if "embed_tokens" in head and head.embed_tokens.weight.shape[0] not in (width, real):
-        raise GenerationError(f"{folder}: the head embeds {head.embed_tokens.weight.shape[0]} tokens, the target {width}")
+        raise GenerationError(
+            f"{folder}: the head embeds {head.embed_tokens.weight.shape[0]} tokens, the target {width}"
+        )
     return Eagle3Drafter(head, reads, width, real)
 
 
@@ -179,8 +198,7 @@ def _mtp(folder: str, target, width: int, real: int) -> Drafter:
     where = Path(folder).expanduser() if folder else folder_of(target)
     if where is None:
         raise GenerationError("'mtp': the target was not loaded from a folder; name its checkpoint: 'mtp:FOLDER'")
-    return MTPDrafter(_shared("mtp", where, target, lambda: mtp.load(where, target)), len(target.layers), width,
-                      real)
+    return MTPDrafter(_shared("mtp", where, target, lambda: mtp.load(where, target)), len(target.layers), width, real)
 
 
 def _dflash(folder: str, target, width: int, real: int) -> Drafter:
@@ -192,10 +210,17 @@ def _dflash(folder: str, target, width: int, real: int) -> Drafter:
     c, n = module.config, len(target.layers)
     hidden = getattr(getattr(getattr(target, "language_model", target), "args", None), "hidden_size", None)
     vocab = c.layer.get("vocab_size")
-    if module.hidden_size != hidden or c.target_layers not in (None, n) or max(c.reads) >= n or min(c.reads) < 0 \
-            or vocab not in (None, width, real) or not 0 <= c.mask_token_id < width:
+    if (
+        module.hidden_size != hidden
+        or c.target_layers not in (None, n)
+        or max(c.reads) >= n
+        or min(c.reads) < 0
+        or vocab not in (None, width, real)
+        or not 0 <= c.mask_token_id < width
+    ):
         raise GenerationError(
             f"{folder}: this DFlash drafter was made for another target (it reads blocks {c.reads} of a target of "
             f"{c.target_layers or 'more'} blocks, hidden size {module.hidden_size}, vocabulary {vocab}, mask token "
-            f"{c.mask_token_id}; the target has {n} blocks, hidden size {hidden}, vocabulary {width})")
+            f"{c.mask_token_id}; the target has {n} blocks, hidden size {hidden}, vocabulary {width})"
+        )
     return DFlashDrafter(module, width, real)

@@ -1,13 +1,14 @@
 """A generation as the engine runs it (a row): its context, budget and stats, and the one finish rule."""
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Dict, List, NamedTuple, Optional, Sequence
+from typing import NamedTuple
 
 from ..errors import GenerationError
+from .acceptance import SourceStats
 from .cache import context_limit
 from .drafters.base import Drafter
-from .acceptance import SourceStats
 from .sampling import GREEDY, Sampler
 from .stats import Stats
 
@@ -19,28 +20,28 @@ class Step(NamedTuple):
 
     token: int
     from_draft: bool  # this token was a draft token the target accepted
-    finish_reason: Optional[str]  # on the last token: one of FINISH_REASONS
+    finish_reason: str | None  # on the last token: one of FINISH_REASONS
 
 
 @dataclass
 class Row:
     """One generation: `context` is the prompt and the tokens so far, its last not consumed by the target yet."""
 
-    context: List[int]
-    drafter: Optional[Drafter] = None
+    context: list[int]
+    drafter: Drafter | None = None
     sampler: Sampler = GREEDY
     budget: int = 0  # tokens it may produce in all
     at_limit: str = "length"  # the finish reason when the budget runs out: "length" or "context"
     eos: frozenset = frozenset()
     k_max: int = 1  # the most draft tokens a round gives it
     stats: Stats = field(default_factory=Stats)
-    accept: Dict[str, SourceStats] = field(default_factory=dict)  # its acceptance of each source
-    caps: Dict[str, int] = field(default_factory=dict)  # the most tokens each of its sources drafts
+    accept: dict[str, SourceStats] = field(default_factory=dict)  # its acceptance of each source
+    caps: dict[str, int] = field(default_factory=dict)  # the most tokens each of its sources drafts
     pace: float = 1.0  # tokens its rounds yield, the mean over them
     paced: int = 0
     done: bool = False
     started: float = field(default_factory=time.perf_counter)  # prompt time runs from here to the first token
-    first_at: Optional[float] = None
+    first_at: float | None = None
 
     @classmethod
     def start(cls, model, prompt: Sequence[int], max_tokens: int, **fields) -> "Row":
@@ -70,15 +71,16 @@ class Row:
         self.paced += 1
         self.pace += (tokens - self.pace) / self.paced
 
-    def deliver(self, tokens: List[int], drafted: int) -> List[Step]:
+    def deliver(self, tokens: list[int], drafted: int) -> list[Step]:
         """The round's tokens (the first `drafted` drafted) as Steps, the last with its finish: where a row ends."""
         steps, now = [], time.perf_counter()
         if self.first_at is None:
             self.first_at, self.stats.prompt_time = now, now - self.started
         for j, tok in enumerate(tokens):
             self.stats.generation_tokens += 1
-            finish = "stop" if tok in self.eos else (self.at_limit if self.stats.generation_tokens >= self.budget
-                                                     else None)
+            finish = (
+                "stop" if tok in self.eos else (self.at_limit if self.stats.generation_tokens >= self.budget else None)
+            )
             self.context.append(tok)
             steps.append(Step(tok, j < drafted, finish))
             if finish:

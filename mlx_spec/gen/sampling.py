@@ -1,8 +1,8 @@
 """Sampling: one temperature/top-p/top-k transform for plain decoding, drafts and verification; a row's rule."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Optional
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
@@ -23,7 +23,7 @@ def validate(temp: float, top_p: float = 0.0, top_k: int = 0) -> None:
         raise GenerationError(f"--top-k must be >= 0, got {top_k}")
 
 
-def make_probs_fn(temp: float = 0.0, top_p: float = 0.0, top_k: int = 0) -> Optional[ProbsFn]:
+def make_probs_fn(temp: float = 0.0, top_p: float = 0.0, top_k: int = 0) -> ProbsFn | None:
     """logits (..., V) -> the distribution mlx-lm's `make_sampler(temp, top_p, top_k)` samples from, by its own
     filters in its order (None: greedy), so plain and speculative sampling draw from the same law."""
     validate(temp, top_p, top_k)
@@ -55,13 +55,13 @@ class Sampler:
     temp: float = 0.0
     top_p: float = 0.0
     top_k: int = 0
-    seed: Optional[int] = None
+    seed: int | None = None
 
     def __post_init__(self):
         validate(self.temp, self.top_p, self.top_k)
 
     @cached_property
-    def probs_fn(self) -> Optional[ProbsFn]:
+    def probs_fn(self) -> ProbsFn | None:
         return make_probs_fn(self.temp, self.top_p, self.top_k)
 
     @property

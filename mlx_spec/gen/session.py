@@ -1,6 +1,6 @@
 """A conversation: the target cache, the drafter with its state, the planner and the token history, across turns."""
 
-from typing import Iterator, List, Optional, Tuple
+from collections.abc import Iterator
 
 from .cache import cache_tokens, new_cache, prefill_cache, rewind
 from .drafters.base import Drafter
@@ -13,24 +13,25 @@ from .verify import common_prefix
 class Session:
     """Turn after turn over one growing conversation, each prefilling only what the caches do not hold yet."""
 
-    def __init__(self, model, tokenizer, drafter: Optional[Drafter] = None, *,
-                 num_draft: Optional[int] = None, adaptive: bool = True):
+    def __init__(
+        self, model, tokenizer, drafter: Drafter | None = None, *, num_draft: int | None = None, adaptive: bool = True
+    ):
         self.model, self.tokenizer = model, tokenizer
         self.reset()
         self.planner = Planner(adaptive)
         self.accept: dict = {}  # the conversation's acceptance of each draft source, kept across turns
         self.set_drafter(drafter, num_draft)
 
-    def set_drafter(self, drafter: Optional[Drafter], num_draft: Optional[int] = None) -> None:
+    def set_drafter(self, drafter: Drafter | None, num_draft: int | None = None) -> None:
         """Switch drafters (None: plain decoding); the conversation, cache and planner's measurements stay."""
-        self.drafter: Optional[Drafter] = drafter
+        self.drafter: Drafter | None = drafter
         self.num_draft = num_draft or default_num_draft(drafter)
 
     def reset(self) -> None:
         """Forget the conversation (the drafter's own state is rebuilt on its next reset)."""
         self.cache, self.tokens = new_cache(self.model), []  # tokens: what the target cache holds, token by token
 
-    def _reuse(self, ids: List[int]) -> None:
+    def _reuse(self, ids: list[int]) -> None:
         """Trim the target cache to the longest prefix it shares with `ids` (keeping >= 1 token to feed)."""
         held = cache_tokens(self.cache)
         if held is None or held != len(self.tokens):  # an interrupted update we could not rewind
@@ -40,7 +41,7 @@ class Session:
             self.reset()  # a sliding-window cache past its window, a recurrent layer's history that does not reach
         self.tokens = self.tokens[:keep]
 
-    def prefill(self, prompt_ids: List[int], step: Optional[int] = None) -> Iterator[Tuple[bool, int]]:
+    def prefill(self, prompt_ids: list[int], step: int | None = None) -> Iterator[tuple[bool, int]]:
         """Make the cache hold `prompt_ids` but its last for a generation elsewhere (given back with `restore`), `step`
         tokens (default: all) an iteration, each yielding (done, tokens cached before); closed early, it forgets all."""
         ids = list(prompt_ids)
@@ -50,8 +51,13 @@ class Session:
         step = step or max(1, len(rest))
         try:
             for i in range(0, len(rest), step):
-                prefill_cache(self.model, self.cache, rest[i : i + step], None,
-                              self.drafter.parts if self.drafter is not None else ())
+                prefill_cache(
+                    self.model,
+                    self.cache,
+                    rest[i : i + step],
+                    None,
+                    self.drafter.parts if self.drafter is not None else (),
+                )
                 if i + step < len(rest):
                     yield False, cached
         except BaseException:
@@ -60,19 +66,27 @@ class Session:
         self.tokens = ids[:-1]
         yield True, cached
 
-    def restore(self, cache: list, tokens: List[int]) -> None:
+    def restore(self, cache: list, tokens: list[int]) -> None:
         """Take back a cache holding `tokens` (a batch's row, extracted): the next turn reuses it."""
         self.cache, self.tokens = cache, list(tokens)
 
-    def generate(self, prompt_ids: List[int], **kwargs) -> Iterator[Event]:
+    def generate(self, prompt_ids: list[int], **kwargs) -> Iterator[Event]:
         """Events for the next reply to the whole conversation `prompt_ids` (kwargs: `stream_generate`'s)."""
         ids = list(prompt_ids)
         self._reuse(ids)
-        out: List[int] = []
+        out: list[int] = []
         try:
             kwargs.setdefault("num_draft", self.num_draft)
-            for ev in stream_generate(self.model, self.tokenizer, ids, self.drafter, prompt_cache=self.cache,
-                                      planner=self.planner, accept=self.accept, **kwargs):
+            for ev in stream_generate(
+                self.model,
+                self.tokenizer,
+                ids,
+                self.drafter,
+                prompt_cache=self.cache,
+                planner=self.planner,
+                accept=self.accept,
+                **kwargs,
+            ):
                 out.append(ev.token)
                 yield ev
         finally:

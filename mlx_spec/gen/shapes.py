@@ -1,12 +1,11 @@
 """The shapes a model's passes run at: which it ran before (a GPU builds kernels per shape), a few padded sizes."""
 
 import weakref
-from typing import Dict, Set
 
 from ..device import builds_per_shape
 from .tunables import PREFILL_STEP, SIZES
 
-_SEEN: Dict[int, Set[int]] = {}
+_SEEN: dict[int, set[int]] = {}
 
 
 def first_time(model, size) -> bool:

@@ -1,7 +1,6 @@
 """What a generation measured: tokens, rounds, acceptance by position, reads of the device, the planner's costs."""
 
 from dataclasses import dataclass, field
-from typing import List, Optional
 
 
 @dataclass
@@ -17,17 +16,17 @@ class Stats:
     spec_rounds: int = 0  # rounds that verified at least one draft token
     proposed: int = 0
     accepted: int = 0
-    proposed_by_position: List[int] = field(default_factory=list)
-    accepted_by_position: List[int] = field(default_factory=list)
+    proposed_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
     syncs: int = 0  # times the host waited to read the device: one per round
     wait_time: float = 0.0  # seconds the host spent waiting on those reads (the rest of a round is the host's)
     peak_memory_gb: float = 0.0  # highest MLX allocation during the run above what was in use at its start
     widest: int = 0  # the most rows a round of this generation verified in one pass (1: it ran alone)
     drafted_together: int = 0  # the most rows a draft model or view of the target drafted for in one of its passes
-    fallback: Optional[str] = None  # why speculation stopped early, if it did
-    finish_reason: Optional[str] = None
+    fallback: str | None = None  # why speculation stopped early, if it did
+    finish_reason: str | None = None
     costs: dict = field(default_factory=dict)  # the planner's measured seconds per round by verify size at the end
-    trace: Optional[List[dict]] = None  # a list to fill: one entry per round, what was planned and what it cost
+    trace: list[dict] | None = None  # a list to fill: one entry per round, what was planned and what it cost
 
     @property
     def prefill_tokens(self) -> int:
@@ -57,13 +56,24 @@ class Stats:
         """Share of generated tokens that came from drafts (each token's own flag is `from_draft`)."""
         return self.accepted / self.generation_tokens if self.generation_tokens else 0.0
 
-    def acceptance_by_position(self) -> List[float]:
+    def acceptance_by_position(self) -> list[float]:
         return [a / p if p else 0.0 for a, p in zip(self.accepted_by_position, self.proposed_by_position)]
 
     def as_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "trace" or v is not None}
-        d.update({k: getattr(self, k) for k in ("prefill_tokens", "prompt_tps", "generation_tps", "acceptance_rate",
-                                                "mean_accepted", "draft_share")})
+        d.update(
+            {
+                k: getattr(self, k)
+                for k in (
+                    "prefill_tokens",
+                    "prompt_tps",
+                    "generation_tps",
+                    "acceptance_rate",
+                    "mean_accepted",
+                    "draft_share",
+                )
+            }
+        )
         return dict(d, acceptance_by_position=self.acceptance_by_position())
 
     def record(self, n: int, a: int) -> None:

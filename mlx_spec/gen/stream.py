@@ -1,7 +1,7 @@
 """Token steps to text events and a finished response (mlx-lm's generator chain: ids -> events -> text)."""
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Union
 
 from ..errors import GenerationError
 from .drafters.base import Drafter
@@ -18,11 +18,12 @@ class Event:
     text: str  # the text this token completed (may be "" mid-character)
     from_draft: bool
     stats: Stats
-    finish_reason: Optional[str] = None  # on the last event: "stop", "length" or "context"
+    finish_reason: str | None = None  # on the last event: "stop", "length" or "context"
 
 
-def stream_generate(model, tokenizer, prompt: Union[str, List[int]], drafter: Optional[Drafter] = None,
-                    **kwargs) -> Iterator[Event]:
+def stream_generate(
+    model, tokenizer, prompt: str | list[int], drafter: Drafter | None = None, **kwargs
+) -> Iterator[Event]:
     """Text events for `prompt` (a string is tokenized as is) by `speculative_generate_step` with kwargs."""
     if isinstance(prompt, str):
         prompt = tokenizer.encode(prompt)
@@ -48,10 +49,10 @@ class Response:
     """A finished generation."""
 
     text: str
-    tokens: List[int]
-    from_draft: List[bool]
+    tokens: list[int]
+    from_draft: list[bool]
     stats: Stats
-    finish_reason: Optional[str]
+    finish_reason: str | None
 
 
 def collect(events: Iterator[Event]) -> Response:
@@ -59,10 +60,15 @@ def collect(events: Iterator[Event]) -> Response:
     evs = list(events)
     if not evs:
         raise GenerationError("nothing was generated (max_tokens is 0?)")
-    return Response("".join(e.text for e in evs), [e.token for e in evs], [e.from_draft for e in evs], evs[-1].stats,
-                    evs[-1].finish_reason)
+    return Response(
+        "".join(e.text for e in evs),
+        [e.token for e in evs],
+        [e.from_draft for e in evs],
+        evs[-1].stats,
+        evs[-1].finish_reason,
+    )
 
 
-def generate(model, tokenizer, prompt, drafter: Optional[Drafter] = None, **kwargs) -> Response:
+def generate(model, tokenizer, prompt, drafter: Drafter | None = None, **kwargs) -> Response:
     """`stream_generate` to the end, collected into a Response."""
     return collect(stream_generate(model, tokenizer, prompt, drafter, **kwargs))

@@ -6,7 +6,7 @@ A tree is its nodes' tokens and `parents` (per node the index of its parent, -1 
 parent before its children, siblings in the drafter's order of preference."""
 
 import copy
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -15,9 +15,9 @@ from ..make.layers import holder, holder_of, per_model, with_blocks
 from .sampling import sample
 
 
-def depths(parents: Sequence[int]) -> List[int]:
+def depths(parents: Sequence[int]) -> list[int]:
     """Each node's depth: 1 for a child of the row's last token."""
-    out: List[int] = []
+    out: list[int] = []
     for p in parents:
         out.append(1 if p < 0 else out[p] + 1)
     return out
@@ -25,7 +25,7 @@ def depths(parents: Sequence[int]) -> List[int]:
 
 def ancestry(parents: Sequence[int]) -> mx.array:
     """(n, n) bool: [j, i] where node i is node j or one of its ancestors."""
-    rows: List[List[bool]] = []
+    rows: list[list[bool]] = []
     for j, p in enumerate(parents):
         row = list(rows[p]) if p >= 0 else [False] * len(parents)
         row[j] = True
@@ -33,7 +33,7 @@ def ancestry(parents: Sequence[int]) -> mx.array:
     return mx.array(rows, dtype=mx.bool_)
 
 
-def layout(parents: Sequence[int], width: int, root: bool, prefix: int) -> Tuple[mx.array, mx.array]:
+def layout(parents: Sequence[int], width: int, root: bool, prefix: int) -> tuple[mx.array, mx.array]:
     """(mask (width, prefix + width) bool, positions past the cache's offset (width,)) of a pass over `width`
     positions: the row's last token if `root` (else the cache holds it), the nodes, then padding, which sees the
     context and itself. A node's position is its depth past the last token's."""
@@ -54,8 +54,8 @@ class Positions:
     """What a view's next pass runs under: positions past the cache's offset (at) and a mask (None: a plain pass)."""
 
     def __init__(self):
-        self.at: Optional[mx.array] = None
-        self.mask: Optional[mx.array] = None
+        self.at: mx.array | None = None
+        self.mask: mx.array | None = None
 
 
 class _Rope(nn.Module):
@@ -116,8 +116,11 @@ class View:
         path = holder_of(model)
         blocks = holder(model).layers if path is not None else None
         copies = [roped(b, self.tree) for b in blocks] if blocks else None
-        self.model = with_blocks(model, [_Masked(b, self.tree) for b in copies], path) \
-            if copies and all(c is not None for c in copies) else None
+        self.model = (
+            with_blocks(model, [_Masked(b, self.tree) for b in copies], path)
+            if copies and all(c is not None for c in copies)
+            else None
+        )
 
     def run(self, call, mask: mx.array, at: mx.array):
         """call(view): a pass of the view under (mask, at)."""
@@ -128,7 +131,7 @@ class View:
             self.tree.mask = self.tree.at = None
 
 
-_VIEWS: Dict[int, View] = {}
+_VIEWS: dict[int, View] = {}
 
 
 def view(model) -> View:
@@ -140,15 +143,15 @@ def view(model) -> View:
 # --- acceptance ---
 
 
-def children(parents: Sequence[int]) -> Dict[int, List[int]]:
+def children(parents: Sequence[int]) -> dict[int, list[int]]:
     """Each node's children in order (-1: the row's last token's)."""
-    out: Dict[int, List[int]] = {}
+    out: dict[int, list[int]] = {}
     for j, p in enumerate(parents):
         out.setdefault(p, []).append(j)
     return out
 
 
-def accept_greedy(tokens: Sequence[int], parents: Sequence[int], targets: Sequence[int]) -> Tuple[List[int], int]:
+def accept_greedy(tokens: Sequence[int], parents: Sequence[int], targets: Sequence[int]) -> tuple[list[int], int]:
     """(the accepted path's nodes, the token the target adds after it); targets[0] follows the last token, targets[j +
     1] node j."""
     kids, path, at = children(parents), [], -1
@@ -169,7 +172,7 @@ def exact_targets(sampler, logits: mx.array, position: int, parents: Sequence[in
     return mx.concatenate([sampler.pick(logits[i : i + 1], position + d) for i, d in enumerate(at)])
 
 
-def sampling_targets(q: mx.array, tokens: mx.array, parents: Sequence[int]) -> Tuple[mx.array, mx.array]:
+def sampling_targets(q: mx.array, tokens: mx.array, parents: Sequence[int]) -> tuple[mx.array, mx.array]:
     """Sampling through a tree of deterministic drafts, built lazily: (accept (n,), candidates (n + 1,)) for the
     target's laws q (n + 1, V) after the last token and each node.
     At a node, its children are tried in order: child c is taken with probability q(c) / (1 - the q of the siblings
@@ -196,7 +199,7 @@ def _without(q: mx.array, refused: mx.array) -> mx.array:
     return mx.where(total > 0, rest / mx.maximum(total, 1e-30), q)
 
 
-def accept_sampling(accept: Sequence[bool], candidates: Sequence[int], parents: Sequence[int]) -> Tuple[List[int], int]:
+def accept_sampling(accept: Sequence[bool], candidates: Sequence[int], parents: Sequence[int]) -> tuple[list[int], int]:
     """(the accepted path's nodes, the token after it) from what `sampling_targets` built, once read."""
     kids, path, at = children(parents), [], -1
     while True:

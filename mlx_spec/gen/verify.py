@@ -1,6 +1,7 @@
 """Verification: which draft tokens the target accepts and the token it adds, built lazily, then read on the host."""
 
-from typing import NamedTuple, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import mlx.core as mx
 
@@ -20,7 +21,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def accept_greedy(draft: Sequence[int], targets: Sequence[int]) -> Tuple[int, int]:
+def accept_greedy(draft: Sequence[int], targets: Sequence[int]) -> tuple[int, int]:
     """Accept the longest prefix of `draft` equal to the target's tokens; return (accepted, next token)."""
     n = common_prefix(draft, targets)
     return n, targets[n]
@@ -32,7 +33,7 @@ def _residual(q: mx.array, p: mx.array) -> mx.array:
     return r / r.sum(axis=-1, keepdims=True)
 
 
-def sampling_targets(q: mx.array, draft: mx.array, p: Optional[mx.array]) -> Tuple[mx.array, mx.array]:
+def sampling_targets(q: mx.array, draft: mx.array, p: mx.array | None) -> tuple[mx.array, mx.array]:
     """Speculative sampling, built lazily: (accept (n,), candidates (n+1,)) for target q (n+1, V), draft (n,) and its
     p (n, V), None for a deterministic (one-hot) draft.
     Accept draft token x with probability min(1, q(x) / p(x)).
@@ -53,7 +54,7 @@ def sampling_targets(q: mx.array, draft: mx.array, p: Optional[mx.array]) -> Tup
     return accept, candidates
 
 
-def accept_sampling(accept: Sequence[bool], candidates: Sequence[int]) -> Tuple[int, int]:
+def accept_sampling(accept: Sequence[bool], candidates: Sequence[int]) -> tuple[int, int]:
     """(accepted, next token) from what `sampling_targets` built, once read."""
     a = next((i for i, ok in enumerate(accept) if not ok), len(accept))
     return a, candidates[a]
@@ -70,8 +71,11 @@ def targets(sampler: Sampler, position: int, logits: mx.array, draft, n: int):
     """What acceptance needs of a row's logits (n + 1, V), its context `position` tokens long: its own tokens
     (greedy, seeded), or speculative sampling's draws (accept (n,), candidates (n + 1,)), lazily."""
     if n and draft.parents is not None:
-        return tree.exact_targets(sampler, logits, position, draft.parents) if sampler.exact else \
-            tree.sampling_targets(sampler.probs_fn(logits), draft.tokens[:n], draft.parents)
+        return (
+            tree.exact_targets(sampler, logits, position, draft.parents)
+            if sampler.exact
+            else tree.sampling_targets(sampler.probs_fn(logits), draft.tokens[:n], draft.parents)
+        )
     if sampler.exact:
         return sampler.pick(logits, position)
     if not n:
@@ -87,9 +91,15 @@ def accept(sampler: Sampler, built, draft, n: int) -> tuple:
     if isinstance(built, Given):
         return [], 0, built.tokens.tolist()[built.place], None
     if n and draft.parents is not None:
-        path, nxt = tree.accept_greedy(drafted, draft.parents, built.tolist()) if sampler.exact else \
-            tree.accept_sampling(built[0].tolist(), built[1].tolist(), draft.parents)
+        path, nxt = (
+            tree.accept_greedy(drafted, draft.parents, built.tolist())
+            if sampler.exact
+            else tree.accept_sampling(built[0].tolist(), built[1].tolist(), draft.parents)
+        )
         return [drafted[j] for j in path], len(path), nxt, path
-    a, nxt = accept_greedy(drafted, built.tolist()) if sampler.exact else accept_sampling(built[0].tolist(),
-                                                                                         built[1].tolist())
+    a, nxt = (
+        accept_greedy(drafted, built.tolist())
+        if sampler.exact
+        else accept_sampling(built[0].tolist(), built[1].tolist())
+    )
     return drafted, a, nxt, None

@@ -7,7 +7,6 @@ mlx-lm's command-line versions download a calibration set from the web; ours shi
 """
 
 import copy
-from typing import List, Tuple
 
 import mlx.core as mx
 
@@ -21,7 +20,7 @@ DWQ_BATCH = 2
 DWQ_VALID = 2  # samples held out to check that distillation did not make the draft worse
 
 
-def samples(tokens: List[List[int]], length: int = SEQUENCE_LENGTH) -> mx.array:
+def samples(tokens: list[list[int]], length: int = SEQUENCE_LENGTH) -> mx.array:
     """The calibration token lists joined and cut into rows of `length` (at least one row)."""
     flat = [t for ids in tokens for t in ids]
     if len(flat) < 2:
@@ -34,8 +33,15 @@ def samples(tokens: List[List[int]], length: int = SEQUENCE_LENGTH) -> mx.array:
 def gptq(model, config: dict, data: mx.array, bits: int, group_size: int):
     from mlx_lm.quant.gptq import gptq_quantize
 
-    model, quant = gptq_quantize(model, data, bits, group_size, fallback_bits=bits, fallback_group_size=group_size,
-                                 batch_size=min(8, data.shape[0]))
+    model, quant = gptq_quantize(
+        model,
+        data,
+        bits,
+        group_size,
+        fallback_bits=bits,
+        fallback_group_size=group_size,
+        batch_size=min(8, data.shape[0]),
+    )
     return model, dict(config, quantization=quant)
 
 
@@ -45,8 +51,15 @@ def awq(model, config: dict, data: mx.array, bits: int, group_size: int):
     model_type = config.get("model_type")
     if model_type not in AWQ_MODEL_CONFIGS:
         raise UnsupportedError(f"awq: mlx-lm has no AWQ rules for {model_type} (it has {', '.join(AWQ_MODEL_CONFIGS)})")
-    awq_quantize(model, data, AWQ_MODEL_CONFIGS[model_type], group_size=group_size, bits=bits,
-                 embed_group_size=group_size, embed_bits=bits)
+    awq_quantize(
+        model,
+        data,
+        AWQ_MODEL_CONFIGS[model_type],
+        group_size=group_size,
+        bits=bits,
+        embed_group_size=group_size,
+        embed_bits=bits,
+    )
     return model, update_config(model, dict(config))
 
 
@@ -58,16 +71,27 @@ def dwq(model, config: dict, data: mx.array, bits: int, group_size: int):
 
     rows = [(data[i].tolist(), 0) for i in range(data.shape[0])]
     if len(rows) < DWQ_BATCH + DWQ_VALID:
-        raise ConvertError(f"dwq: the calibration text gives {len(rows)} samples of {data.shape[1]} tokens; "
-                           f"it needs at least {DWQ_BATCH + DWQ_VALID}")
+        raise ConvertError(
+            f"dwq: the calibration text gives {len(rows)} samples of {data.shape[1]} tokens; "
+            f"it needs at least {DWQ_BATCH + DWQ_VALID}"
+        )
     train, valid = rows[:-DWQ_VALID], rows[-DWQ_VALID:]
     mx.eval(model.parameters())
     q_model = copy.deepcopy(model)
     q_model, quantized = quantize_model(q_model, dict(config), group_size, bits)
     opt = optimizers.Adam(learning_rate=DWQ_LEARNING_RATE, bias_correction=True)
     dtype = next(v.dtype for _, v in _floats(model))
-    dwq_quantize(q_model, lambda batch, _i, split: model(batch), opt, train, valid, batch_size=DWQ_BATCH,
-                 max_seq_length=data.shape[1], seed=0, dtype=dtype)
+    dwq_quantize(
+        q_model,
+        lambda batch, _i, split: model(batch),
+        opt,
+        train,
+        valid,
+        batch_size=DWQ_BATCH,
+        max_seq_length=data.shape[1],
+        seed=0,
+        dtype=dtype,
+    )
     q_model.eval()
     return q_model, quantized
 
@@ -78,8 +102,9 @@ def _floats(model):
     return [(k, v) for k, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)]
 
 
-def quantize_calibrated(method: str, model, config: dict, data: mx.array, bits: int,
-                        group_size: int) -> Tuple[object, dict]:
+def quantize_calibrated(
+    method: str, model, config: dict, data: mx.array, bits: int, group_size: int
+) -> tuple[object, dict]:
     """(model, config with `quantization`) by `method` in CALIBRATED."""
     assert method in CALIBRATED, method
     fn = {"gptq": gptq, "awq": awq, "dwq": dwq}[method]

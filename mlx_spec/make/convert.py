@@ -3,8 +3,8 @@
 import json
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 from .. import __version__
 from ..errors import ConvertError, MlxSpecError, SourceError, UnsupportedError
@@ -38,19 +38,30 @@ def draft_methods() -> dict:
     method added to `convert` is measured without touching them.
     """
     methods = {dtype: {"dtype": dtype} for dtype in DTYPES if dtype != "auto"}
-    methods.update({f"int{bits}": {"dtype": "float32", "quantize": bits} for bits in sorted(SUPPORTED_BITS, reverse=True)})
-    methods.update({mode: {"dtype": "float32", "quantize": bits, "quant_mode": mode}
-                    for mode, (_group, bits) in FP_MODES.items()})
+    methods.update(
+        {f"int{bits}": {"dtype": "float32", "quantize": bits} for bits in sorted(SUPPORTED_BITS, reverse=True)}
+    )
+    methods.update(
+        {mode: {"dtype": "float32", "quantize": bits, "quant_mode": mode} for mode, (_group, bits) in FP_MODES.items()}
+    )
     methods["nf4"] = {"dtype": "float32", "quantize": 4, "quant_mode": "nf4"}
     methods.update({f"{m}-int4": {"dtype": "float32", "quantize": 4, "quant_mode": m} for m in CALIBRATED})
-    methods.update({"layers-half": {"dtype": "float32", "keep_fraction": 0.5},
-                    "layers-quarter": {"dtype": "float32", "keep_fraction": 0.25},
-                    "layers-half-first": {"dtype": "float32", "keep_fraction": 0.5, "layer_pick": "first"},
-                    "layers-half-importance": {"dtype": "float32", "keep_fraction": 0.5, "layer_pick": "importance"}})
-    methods.update({"prune-0.25": {"dtype": "float32", "prune": "unstructured:0.25"},
-                    "prune-block16-0.25": {"dtype": "float32", "prune": "block:16:0.25"},
-                    "prune-2:4": {"dtype": "float32", "prune": "2:4"},
-                    "prune-4:8": {"dtype": "float32", "prune": "4:8"}})
+    methods.update(
+        {
+            "layers-half": {"dtype": "float32", "keep_fraction": 0.5},
+            "layers-quarter": {"dtype": "float32", "keep_fraction": 0.25},
+            "layers-half-first": {"dtype": "float32", "keep_fraction": 0.5, "layer_pick": "first"},
+            "layers-half-importance": {"dtype": "float32", "keep_fraction": 0.5, "layer_pick": "importance"},
+        }
+    )
+    methods.update(
+        {
+            "prune-0.25": {"dtype": "float32", "prune": "unstructured:0.25"},
+            "prune-block16-0.25": {"dtype": "float32", "prune": "block:16:0.25"},
+            "prune-2:4": {"dtype": "float32", "prune": "2:4"},
+            "prune-4:8": {"dtype": "float32", "prune": "4:8"},
+        }
+    )
     return methods
 
 
@@ -62,8 +73,9 @@ def auto_dtype() -> str:
     return "float32" if mx.default_device() == mx.cpu else "bfloat16"
 
 
-def validate(dtype: str, quantize: Optional[int], group_size: int, head_bits: Optional[int],
-             quant_mode: str = "affine") -> None:
+def validate(
+    dtype: str, quantize: int | None, group_size: int, head_bits: int | None, quant_mode: str = "affine"
+) -> None:
     """Reject bad options before anything is read or written."""
     check_mode(quant_mode, group_size, DEFAULT_GROUP_SIZE, head_bits)
     if quant_mode != "affine" and quantize is None:
@@ -81,10 +93,22 @@ def validate(dtype: str, quantize: Optional[int], group_size: int, head_bits: Op
         raise ConvertError("--head-bits needs --quantize")
 
 
-def check_options(out, *, dtype: str = "auto", quantize: Optional[int] = None, group_size: int = DEFAULT_GROUP_SIZE,
-                  head_bits: Optional[int] = None, keep_layers: Optional[int] = None,
-                  layers: Optional[Sequence[int]] = None, force: bool = False, quant_mode: str = "affine",
-                  prune: Optional[str] = None, layer_pick: str = "even", calibration=None, **_ignored) -> None:
+def check_options(
+    out,
+    *,
+    dtype: str = "auto",
+    quantize: int | None = None,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    head_bits: int | None = None,
+    keep_layers: int | None = None,
+    layers: Sequence[int] | None = None,
+    force: bool = False,
+    quant_mode: str = "affine",
+    prune: str | None = None,
+    layer_pick: str = "even",
+    calibration=None,
+    **_ignored,
+) -> None:
     """Every check that needs no model: options, the calibration file, and an existing output folder."""
     validate(dtype, quantize, group_size, head_bits, quant_mode)
     if keep_layers is not None and layers is not None:
@@ -124,17 +148,17 @@ def convert_folder(
     source: str,
     source_sha256: str,
     dtype: str = "auto",
-    quantize: Optional[int] = None,
+    quantize: int | None = None,
     group_size: int = DEFAULT_GROUP_SIZE,
-    head_bits: Optional[int] = None,
-    keep_layers: Optional[int] = None,
-    layers: Optional[Sequence[int]] = None,
+    head_bits: int | None = None,
+    keep_layers: int | None = None,
+    layers: Sequence[int] | None = None,
     force: bool = False,
     quant_mode: str = "affine",
-    prune: Optional[str] = None,
+    prune: str | None = None,
     layer_pick: str = "even",
     calibration=None,
-    recipe: Optional[str] = None,
+    recipe: str | None = None,
     log: Callable[[str], None] = lambda _m: None,
 ) -> Path:
     """Convert the model folder `src` into an MLX folder at `out`, written atomically.
@@ -160,9 +184,20 @@ def convert_folder(
         save_model,
     )
 
-    check_options(out, dtype=dtype, quantize=quantize, group_size=group_size, head_bits=head_bits,
-                  keep_layers=keep_layers, layers=layers, force=force, quant_mode=quant_mode, prune=prune,
-                  layer_pick=layer_pick, calibration=calibration)
+    check_options(
+        out,
+        dtype=dtype,
+        quantize=quantize,
+        group_size=group_size,
+        head_bits=head_bits,
+        keep_layers=keep_layers,
+        layers=layers,
+        force=force,
+        quant_mode=quant_mode,
+        prune=prune,
+        layer_pick=layer_pick,
+        calibration=calibration,
+    )
     out = Path(out)
 
     started = time.perf_counter()
@@ -176,9 +211,18 @@ def convert_folder(
     if eagle3.is_head(src_cfg):
         if keep_layers is not None or layers is not None or prune or head_bits is not None or quant_mode != "affine":
             raise ConvertError("an EAGLE-3 head converts with --dtype and --quantize BITS (affine) only")
-        return eagle3.convert(src, out, dtype=auto_dtype() if dtype == "auto" else dtype, quantize=quantize,
-                              group_size=group_size, force=force, source=str(source))
-    ensure_free_space(out.parent, int(_weights_bytes(src) * (2 if dtype == "float32" else 1.1)), f"converting into {out}")
+        return eagle3.convert(
+            src,
+            out,
+            dtype=auto_dtype() if dtype == "auto" else dtype,
+            quantize=quantize,
+            group_size=group_size,
+            force=force,
+            source=str(source),
+        )
+    ensure_free_space(
+        out.parent, int(_weights_bytes(src) * (2 if dtype == "float32" else 1.1)), f"converting into {out}"
+    )
 
     try:
         model, config = load_model(src, lazy=True)
@@ -190,7 +234,9 @@ def convert_folder(
             raise UnsupportedError(f"{src}: unsupported architecture '{src_cfg.get('model_type')}'") from None
         raise SourceError(f"{src}: cannot load the model: {str(e).splitlines()[0]}") from None
     except Exception as e:  # a bad safetensors header or a missing file surfaces here
-        raise SourceError(f"{src}: cannot load the model: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        raise SourceError(
+            f"{src}: cannot load the model: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from None
 
     ops = list(prior["operations"]) if prior else []
     n_layers = len(model.layers)
@@ -214,12 +260,21 @@ def convert_folder(
             raise ConvertError(f"layer-drop: mlx-lm's {config.get('model_type')} keeps its blocks elsewhere")
         config = kept_config(config, layers)
 
-    steps = 2 + (layers is not None) + (quantize is not None) + (prune is not None)  # [drop] dtype [prune] [quantize] save
+    steps = (
+        2 + (layers is not None) + (quantize is not None) + (prune is not None)
+    )  # [drop] dtype [prune] [quantize] save
     with progress(total=steps, desc=f"converting {src.name}", unit="step") as bar:
         if layers is not None:
             model.model.layers = [model.model.layers[i] for i in layers]  # saving renumbers them 0..K-1
-            ops.append({"op": "layer_drop", "kept": layers, "of": n_layers, "pick": layer_pick if keep_layers else "list",
-                        **({"similarity": [round(v, 5) for v in similarity]} if layer_pick == "importance" else {})})
+            ops.append(
+                {
+                    "op": "layer_drop",
+                    "kept": layers,
+                    "of": n_layers,
+                    "pick": layer_pick if keep_layers else "list",
+                    **({"similarity": [round(v, 5) for v in similarity]} if layer_pick == "importance" else {}),
+                }
+            )
             bar.update()
 
         if any(getattr(m, "bits", None) for _, m in model.named_modules()):
@@ -231,9 +286,12 @@ def convert_folder(
         target = auto_dtype() if dtype == "auto" else dtype
         mx_dtype = getattr(mx, target)
         keep = getattr(model, "cast_predicate", lambda _k: True)  # mlx-lm's: what must keep its dtype (routing biases)
-        model.update(tree_map_with_path(
-            lambda k, v: v.astype(mx_dtype) if mx.issubdtype(v.dtype, mx.floating) and keep(k) else v,
-            model.parameters()))
+        model.update(
+            tree_map_with_path(
+                lambda k, v: v.astype(mx_dtype) if mx.issubdtype(v.dtype, mx.floating) and keep(k) else v,
+                model.parameters(),
+            )
+        )
         config["torch_dtype"] = target
         ops.append({"op": "dtype", "dtype": target})
         bar.update()
@@ -244,16 +302,33 @@ def convert_folder(
             bar.update()
 
         if quantize is not None and quant_mode == "nf4":
-            ops.append({"op": "quantize", "mode": "nf4", "bits": 4, "block": 64, "linear_layers": nf4_model(model),
-                        "stored": target, "note": "simulated: rounded to NF4 and stored dequantized, no memory saved"})
+            ops.append(
+                {
+                    "op": "quantize",
+                    "mode": "nf4",
+                    "bits": 4,
+                    "block": 64,
+                    "linear_layers": nf4_model(model),
+                    "stored": target,
+                    "note": "simulated: rounded to NF4 and stored dequantized, no memory saved",
+                }
+            )
             bar.update()
         elif quantize is not None and quant_mode in CALIBRATED:
             data = samples(calibration_tokens(tokenizer, calibration_texts(calibration), CALIBRATED_TOKENS))
             log(f"{quant_mode}: calibrating on {data.size} tokens")
             model, config = quantize_calibrated(quant_mode, model, config, data, quantize, group_size)
-            ops.append({"op": "quantize", "bits": quantize, "group_size": group_size, "mode": "affine",
-                        "method": quant_mode, "format": format_name(quantize, quant_mode),
-                        "calibration_tokens": data.size})
+            ops.append(
+                {
+                    "op": "quantize",
+                    "bits": quantize,
+                    "group_size": group_size,
+                    "mode": "affine",
+                    "method": quant_mode,
+                    "format": format_name(quantize, quant_mode),
+                    "calibration_tokens": data.size,
+                }
+            )
             bar.update()
         elif quantize is not None:
             fp = quant_mode in FP_MODES
@@ -266,9 +341,16 @@ def convert_folder(
 
             model, config = quantize_model(model, config, group, quantize, mode=quant_mode, quant_predicate=predicate)
             _eval_by_module(model)
-            ops.append({"op": "quantize", "bits": quantize, "group_size": group, "mode": quant_mode,
-                        "format": format_name(quantize, quant_mode),
-                        **({"head_bits": head_bits} if head_bits is not None else {})})
+            ops.append(
+                {
+                    "op": "quantize",
+                    "bits": quantize,
+                    "group_size": group,
+                    "mode": quant_mode,
+                    "format": format_name(quantize, quant_mode),
+                    **({"head_bits": head_bits} if head_bits is not None else {}),
+                }
+            )
             bar.update()
 
         keep_mtp = layers is None and prune is None and mtp.has_mtp(src)  # the target's own: a draft has none to keep

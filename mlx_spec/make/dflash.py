@@ -12,7 +12,6 @@ causal mask, to the whole block; the output layer reads it after `norm`, positio
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -24,8 +23,15 @@ from . import drafter_weights
 from .layers import holder
 
 UNSUPPORTED = {  # what other DFlash variants add, each a one-line refusal: (key in config or dflash_config, default)
-    "causal": False, "dflash_query_causal": False, "attention_sink_bias": False, "final_logit_softcapping": None,
-    "output_multiplier": 1.0, "input_embedding_scale": 1.0, "projector_type": None, "markov_rank": 0}
+    "causal": False,
+    "dflash_query_causal": False,
+    "attention_sink_bias": False,
+    "final_logit_softcapping": None,
+    "output_multiplier": 1.0,
+    "input_embedding_scale": 1.0,
+    "projector_type": None,
+    "markov_rank": 0,
+}
 
 
 @dataclass
@@ -33,10 +39,10 @@ class DFlashConfig:
     """What a drafter is: its Qwen3 layers, the target blocks it reads, its block and mask token."""
 
     layer: dict  # the decoder layers' Qwen3 config (hidden_size, heads, rope ...): the config.json itself
-    reads: List[int]  # `target_layer_ids`: the target blocks whose outputs it reads, in the order `fc` takes them
+    reads: list[int]  # `target_layer_ids`: the target blocks whose outputs it reads, in the order `fc` takes them
     block_size: int  # positions of the block it was trained on: the last known token and block_size - 1 masks
     mask_token_id: int  # the token of a masked position (an id of the target's embedding)
-    target_layers: Optional[int] = None  # `num_target_layers`: the blocks of the target it was made for
+    target_layers: int | None = None  # `num_target_layers`: the blocks of the target it was made for
 
     @classmethod
     def from_dict(cls, c: dict) -> "DFlashConfig":
@@ -53,32 +59,48 @@ class DFlashConfig:
             raise UnsupportedError("DFlash2 drafters (a candidate selector and convolutions) do not run here")
         for key, default in UNSUPPORTED.items():
             if value(key, default) not in (default, None):
-                raise UnsupportedError(f"a DFlash drafter with {key}={value(key)!r} does not run here (only z-lab's "
-                                       "Qwen3 layout: non-causal blocks, the target's plain embedding and head)")
+                raise UnsupportedError(
+                    f"a DFlash drafter with {key}={value(key)!r} does not run here (only z-lab's "
+                    "Qwen3 layout: non-causal blocks, the target's plain embedding and head)"
+                )
         kinds = set(c.get("layer_types") or ["full_attention"])
         if kinds != {"full_attention"}:
-            raise UnsupportedError(f"a DFlash drafter with {sorted(kinds - {'full_attention'})} layers does not run "
-                                   "here (full attention only)")
+            raise UnsupportedError(
+                f"a DFlash drafter with {sorted(kinds - {'full_attention'})} layers does not run "
+                "here (full attention only)"
+            )
         reads, mask = value("target_layer_ids"), value("mask_token_id")
         if not reads or mask is None:
             raise SourceError("a DFlash config needs dflash_config.target_layer_ids and mask_token_id")
         if "hidden_size" not in c or "num_attention_heads" not in c:
             raise SourceError("not a DFlash config: no hidden_size / num_attention_heads")
         target_layers = value("num_target_layers")
-        config = cls(dict(c), [int(i) for i in reads], int(value("block_size", 16)), int(mask),
-                     int(target_layers) if target_layers is not None else None)
+        config = cls(
+            dict(c),
+            [int(i) for i in reads],
+            int(value("block_size", 16)),
+            int(mask),
+            int(target_layers) if target_layers is not None else None,
+        )
         config.args()  # a layer config mlx-lm's Qwen3 takes, or a TypeError here
         return config
 
     def args(self) -> qwen3.ModelArgs:
         """The decoder layers' arguments for mlx-lm's Qwen3 (what z-lab's configs leave out: Qwen3's defaults)."""
         c = self.layer
-        return qwen3.ModelArgs.from_dict(dict(
-            c, model_type="qwen3", head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
-            num_key_value_heads=c.get("num_key_value_heads") or c["num_attention_heads"],
-            max_position_embeddings=c.get("max_position_embeddings", 32768),
-            tie_word_embeddings=c.get("tie_word_embeddings", False), rope_theta=c.get("rope_theta", 1000000.0),
-            rms_norm_eps=c.get("rms_norm_eps", 1e-6), vocab_size=c.get("vocab_size", 0)))
+        return qwen3.ModelArgs.from_dict(
+            dict(
+                c,
+                model_type="qwen3",
+                head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
+                num_key_value_heads=c.get("num_key_value_heads") or c["num_attention_heads"],
+                max_position_embeddings=c.get("max_position_embeddings", 32768),
+                tie_word_embeddings=c.get("tie_word_embeddings", False),
+                rope_theta=c.get("rope_theta", 1000000.0),
+                rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+                vocab_size=c.get("vocab_size", 0),
+            )
+        )
 
 
 class DFlash(nn.Module):
@@ -105,7 +127,7 @@ class DFlash(nn.Module):
     def hidden_size(self) -> int:
         return self.fc.weight.shape[0]
 
-    def make_cache(self) -> List[KVCache]:
+    def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.layers]
 
     def context(self, states: mx.array, cache: list) -> None:
@@ -119,7 +141,7 @@ class DFlash(nn.Module):
             values = a.v_proj(h).reshape(B, S, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
             c.update_and_fetch(a.rope(keys, offset=c.offset), values)
 
-    def block(self, tokens: mx.array, cache: list, mask: Optional[mx.array] = None) -> mx.array:
+    def block(self, tokens: mx.array, cache: list, mask: mx.array | None = None) -> mx.array:
         """Normed states (B, L, d) of a block of tokens (B, L) following the context each row's cache holds, every
         position seeing the whole block (mask: which cached columns each row may see, None: all). The block's keys
         are appended to the cache: the caller trims them."""
@@ -144,5 +166,9 @@ def load(folder, target=None) -> DFlash:
         raise SourceError(f"{folder}: not a DFlash drafter: {type(e).__name__}: {e}") from None
     except (SourceError, UnsupportedError) as e:
         raise type(e)(f"{folder}: {e}") from None
-    return drafter_weights.fill(DFlash(config, target), drafter_weights.read(folder),
-                                f"{folder}: weights do not fit the DFlash config", config.layer.get("quantization"))
+    return drafter_weights.fill(
+        DFlash(config, target),
+        drafter_weights.read(folder),
+        f"{folder}: weights do not fit the DFlash config",
+        config.layer.get("quantization"),
+    )

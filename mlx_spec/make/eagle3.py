@@ -10,7 +10,6 @@ over a draft vocabulary, `d2t` (draft id -> target id - draft id), `embed_tokens
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -33,7 +32,7 @@ class Eagle3Config:
     vocab_size: int  # the target's vocabulary, which the head embeds
     draft_vocab_size: int
     target_hidden_size: int
-    reads: List[int] = field(default_factory=list)  # target layers whose outputs it reads; [] until bound
+    reads: list[int] = field(default_factory=list)  # target layers whose outputs it reads; [] until bound
     norm_before_residual: bool = False
     layers: int = 1
 
@@ -45,25 +44,34 @@ class Eagle3Config:
             raise SourceError("not an EAGLE-3 config: no hidden_size / num_attention_heads")
         layer.setdefault("model_type", "llama")
         aux = c.get("eagle_aux_hidden_state_layer_ids") or (c.get("eagle_config") or {}).get(
-            "eagle_aux_hidden_state_layer_ids")
+            "eagle_aux_hidden_state_layer_ids"
+        )
         if aux and min(aux) < 1:
             raise UnsupportedError(f"EAGLE-3 head reads the input of layer {min(aux)}: only layers from 1 are tapped")
-        return cls(layer, int(layer.get("vocab_size", c.get("vocab_size", 0))),
-                   int(c.get("draft_vocab_size") or layer.get("draft_vocab_size") or layer["vocab_size"]),
-                   int(c.get("target_hidden_size") or layer["hidden_size"]),
-                   [i - 1 for i in aux] if aux else [], bool(c.get("norm_before_residual", False)),
-                   int(layer.get("num_hidden_layers", 1)))
+        return cls(
+            layer,
+            int(layer.get("vocab_size", c.get("vocab_size", 0))),
+            int(c.get("draft_vocab_size") or layer.get("draft_vocab_size") or layer["vocab_size"]),
+            int(c.get("target_hidden_size") or layer["hidden_size"]),
+            [i - 1 for i in aux] if aux else [],
+            bool(c.get("norm_before_residual", False)),
+            int(layer.get("num_hidden_layers", 1)),
+        )
 
     def to_dict(self) -> dict:
         """The speculators layout (what `load` reads back, and mlx-vlm's EAGLE-3 loader reads)."""
-        return {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
-                "transformer_layer_config": dict(self.layer, num_hidden_layers=self.layers, vocab_size=self.vocab_size),
-                "draft_vocab_size": self.draft_vocab_size, "target_hidden_size": self.target_hidden_size,
-                "norm_before_residual": self.norm_before_residual,
-                "eagle_aux_hidden_state_layer_ids": [i + 1 for i in self.reads]}
+        return {
+            "speculators_model_type": "eagle3",
+            "architectures": ["Eagle3Speculator"],
+            "transformer_layer_config": dict(self.layer, num_hidden_layers=self.layers, vocab_size=self.vocab_size),
+            "draft_vocab_size": self.draft_vocab_size,
+            "target_hidden_size": self.target_hidden_size,
+            "norm_before_residual": self.norm_before_residual,
+            "eagle_aux_hidden_state_layer_ids": [i + 1 for i in self.reads],
+        }
 
 
-def default_reads(n_layers: int) -> List[int]:
+def default_reads(n_layers: int) -> list[int]:
     """The layers EAGLE-3 reads when a head does not say: the outputs of blocks 1, n/2 - 1 and n - 4 (the inputs of
     blocks 2, n/2 and n - 3, as SafeAILab/EAGLE, SpecForge and vLLM tap them)."""
     return [1, n_layers // 2 - 1, n_layers - 4]
@@ -89,7 +97,8 @@ class FirstLayer(nn.Module):
     def __call__(self, embeds: mx.array, hidden: mx.array, mask, cache) -> mx.array:
         normed = self.hidden_norm(hidden)
         h = (normed if self.norm_before_residual else hidden) + self.self_attn(
-            mx.concatenate([self.input_layernorm(embeds), normed], axis=-1), mask, cache)
+            mx.concatenate([self.input_layernorm(embeds), normed], axis=-1), mask, cache
+        )
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -98,11 +107,12 @@ class Eagle3Head(nn.Module):
     the head's own state (d) of the position before; `logits` reads the draft vocabulary, `ids` maps it to the
     target's."""
 
-    def __init__(self, config: Eagle3Config, embed: Optional[nn.Module] = None):
+    def __init__(self, config: Eagle3Config, embed: nn.Module | None = None):
         super().__init__()
         self.config = config
-        args = llama.ModelArgs.from_dict(dict(config.layer, vocab_size=config.vocab_size,
-                                              num_hidden_layers=config.layers))
+        args = llama.ModelArgs.from_dict(
+            dict(config.layer, vocab_size=config.vocab_size, num_hidden_layers=config.layers)
+        )
         d = args.hidden_size
         if embed is None:
             self.embed_tokens = nn.Embedding(config.vocab_size, d)
@@ -110,7 +120,8 @@ class Eagle3Head(nn.Module):
             object.__setattr__(self, "shared", embed)
         self.fc = nn.Linear(3 * config.target_hidden_size, d, bias=False)
         self.layers = [FirstLayer(args, config.norm_before_residual)] + [
-            llama.TransformerBlock(args) for _ in range(1, config.layers)]
+            llama.TransformerBlock(args) for _ in range(1, config.layers)
+        ]
         self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         self.lm_head = nn.Linear(d, config.draft_vocab_size, bias=False)
         self.d2t = mx.zeros((config.draft_vocab_size,), dtype=mx.int32)
@@ -119,7 +130,7 @@ class Eagle3Head(nn.Module):
     def hidden_size(self) -> int:
         return self.fc.weight.shape[0]
 
-    def __call__(self, tokens: mx.array, hidden: mx.array, cache: Optional[list] = None, mask=None) -> mx.array:
+    def __call__(self, tokens: mx.array, hidden: mx.array, cache: list | None = None, mask=None) -> mx.array:
         """mask: the attention's (a draft tree's), else causal."""
         if hidden.shape[-1] != self.hidden_size:
             hidden = self.fc(hidden)
@@ -143,12 +154,12 @@ class Eagle3Head(nn.Module):
         return mx.arange(self.d2t.size, dtype=mx.int32) + self.d2t.astype(mx.int32)
 
 
-def _weights(folder: Path) -> Dict[str, mx.array]:
+def _weights(folder: Path) -> dict[str, mx.array]:
     """A head's weights in this module's names (SafeAILab's `midlayer` is layer 0)."""
     out = {}
     for k, v in drafter_weights.read(folder).items():
         if k.startswith("midlayer."):
-            k = "layers.0." + k[len("midlayer."):]
+            k = "layers.0." + k[len("midlayer.") :]
         if k == "t2d" or k.startswith("verifier_"):
             continue  # the target->draft mask (d2t says it), the verifier's copies
         out[k] = v.astype(mx.int32) if k == "d2t" else v
@@ -158,10 +169,11 @@ def _weights(folder: Path) -> Dict[str, mx.array]:
 def is_head(config: dict) -> bool:
     """Whether a config.json is an EAGLE-3 head's, in either published layout."""
     return config.get("speculators_model_type") == "eagle3" or any(
-        "eagle3" in a.lower() for a in config.get("architectures") or ())
+        "eagle3" in a.lower() for a in config.get("architectures") or ()
+    )
 
 
-def load(folder, embed: Optional[nn.Module] = None) -> Eagle3Head:
+def load(folder, embed: nn.Module | None = None) -> Eagle3Head:
     """The head in `folder` (config.json + safetensors, either layout); `embed`: the target's embedding, used where
     the head ships none (none given: the head has no embedding, to be converted or saved only). A missing, extra or
     misshapen weight is a one-line error."""
@@ -173,18 +185,22 @@ def load(folder, embed: Optional[nn.Module] = None) -> Eagle3Head:
     weights = _weights(folder)
     if config.draft_vocab_size == config.vocab_size and "d2t" not in weights:
         weights["d2t"] = mx.zeros((config.draft_vocab_size,), dtype=mx.int32)
-    if "lm_head.weight" not in weights and config.draft_vocab_size == config.vocab_size and "embed_tokens.weight" \
-            in weights:
+    if (
+        "lm_head.weight" not in weights
+        and config.draft_vocab_size == config.vocab_size
+        and "embed_tokens.weight" in weights
+    ):
         weights["lm_head.weight"] = weights["embed_tokens.weight"]  # tied
     own = "embed_tokens.weight" in weights
     head = Eagle3Head(config, None if own or embed is None else embed)
     if not own and embed is None:
         head.pop("embed_tokens")  # never allocated: its random initialisation was lazy
-    return drafter_weights.fill(head, weights, f"{folder}: weights do not fit the EAGLE-3 config",
-                                config.layer.get("quantization"))
+    return drafter_weights.fill(
+        head, weights, f"{folder}: weights do not fit the EAGLE-3 config", config.layer.get("quantization")
+    )
 
 
-def save(head: Eagle3Head, folder, force: bool = False, provenance: Optional[dict] = None) -> None:
+def save(head: Eagle3Head, folder, force: bool = False, provenance: dict | None = None) -> None:
     """Write `head` in the speculators layout (config.json + model.safetensors), atomically: a folder appears whole;
     provenance: what made it, kept under "mlx_spec" in the config."""
     with atomic_dir(Path(folder), force=force) as tmp:
@@ -196,15 +212,19 @@ def save(head: Eagle3Head, folder, force: bool = False, provenance: Optional[dic
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def convert(src, out, *, dtype: str, quantize: Optional[int], group_size: int, force: bool, source: str) -> Path:
+def convert(src, out, *, dtype: str, quantize: int | None, group_size: int, force: bool, source: str) -> Path:
     """An EAGLE-3 head from `src` (either layout) into an MLX folder at `out` in the speculators layout: cast to
     `dtype`, its linear layers (and its own embedding, if it ships one) quantized to `quantize` bits if asked."""
     head = load(src)
     head.set_dtype(getattr(mx, dtype))
     ops = [{"op": "dtype", "dtype": dtype}]
     if quantize is not None:
-        nn.quantize(head, group_size, quantize,
-                    class_predicate=lambda _p, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % group_size == 0)
+        nn.quantize(
+            head,
+            group_size,
+            quantize,
+            class_predicate=lambda _p, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % group_size == 0,
+        )
         head.config.layer["quantization"] = {"group_size": group_size, "bits": quantize}
         ops.append({"op": "quantize", "bits": quantize, "group_size": group_size, "mode": "affine"})
     head.config.layer.pop("torch_dtype", None)

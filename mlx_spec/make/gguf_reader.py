@@ -17,8 +17,7 @@ from ..errors import SourceError, UnsupportedError
 _ALIGNMENT = 32  # GGUF's default when general.alignment is absent
 
 # GGUF metadata value types -> struct format; 8 = string and 9 = array are handled apart.
-_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-           10: "<Q", 11: "<q", 12: "<d"}
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "gemma3")
 
@@ -120,7 +119,7 @@ def _parse(path: Path, buf: np.ndarray, size: int, version: int) -> GGUFFile:
         n = take("<Q")
         if pos + n > size:
             raise _Truncated(f"a {n}-byte string runs past byte {size}")
-        s = bytes(buf[pos:pos + n]).decode("utf-8", errors="replace")
+        s = bytes(buf[pos : pos + n]).decode("utf-8", errors="replace")
         pos += n
         return s
 
@@ -162,8 +161,9 @@ def _parse(path: Path, buf: np.ndarray, size: int, version: int) -> GGUFFile:
     align = int(out.fields.get("general.alignment", _ALIGNMENT)) or _ALIGNMENT
     data_start = -(-pos // align) * align
     for name, shape, qtype, offset in raw:
-        out.tensors.append(TensorInfo(name, shape, qtype, data_start + offset,
-                                      _tensor_nbytes(path, name, shape, qtype)))
+        out.tensors.append(
+            TensorInfo(name, shape, qtype, data_start + offset, _tensor_nbytes(path, name, shape, qtype))
+        )
     return out
 
 
@@ -183,10 +183,11 @@ def check_bounds(info: GGUFFile) -> None:
         if t.offset + t.nbytes > info.size:
             raise SourceError(
                 f"{info.path}: truncated: tensor {t.name} needs bytes up to {t.offset + t.nbytes:,} "
-                f"but the file has {info.size:,}")
+                f"but the file has {info.size:,}"
+            )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _dequantizable(qtype: int) -> bool:
     """Whether the installed gguf package can dequantize this type (tried on one zero block)."""
     if qtype == GGMLQuantizationType.F64:
@@ -218,9 +219,13 @@ def read_gguf_info(gguf_path: Path) -> dict:
     embd = next((t for t in info.tensors if t.name == "token_embd.weight"), None)
     tokens = info.get("tokenizer.ggml.tokens")
     return {
-        "path": str(info.path), "file_size": info.size, "gguf_version": info.version,
-        "architecture": arch, "name": info.get("general.name"),
-        "supported": not found, "problems": found,
+        "path": str(info.path),
+        "file_size": info.size,
+        "gguf_version": info.version,
+        "architecture": arch,
+        "name": info.get("general.name"),
+        "supported": not found,
+        "problems": found,
         "n_layers": _int(info.get("{arch}.block_count")),
         "hidden_size": _int(info.get("{arch}.embedding_length")),
         "n_heads": _int(info.get("{arch}.attention.head_count")),
@@ -229,7 +234,8 @@ def read_gguf_info(gguf_path: Path) -> dict:
         "vocab_size": embd.shape[-1] if embd else (len(tokens) if tokens is not None else None),
         "n_tensors": len(info.tensors),
         "n_params": sum(math.prod(t.shape) for t in info.tensors),
-        "tensor_types": types, "file_type": _int(info.get("general.file_type")),
+        "tensor_types": types,
+        "file_type": _int(info.get("general.file_type")),
         "tokenizer_model": info.get("tokenizer.ggml.model"),
         "has_chat_template": bool(info.get("tokenizer.chat_template")),
     }
@@ -241,8 +247,9 @@ def problems(info: GGUFFile) -> list[str]:
     if int(info.get("split.count", 1)) > 1:
         out.append("it is one part of a split GGUF; merge the parts first (llama-gguf-split --merge)")
     if info.architecture not in SUPPORTED_ARCHITECTURES:
-        out.append(f"architecture {info.architecture!r} is not supported "
-                   f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+        out.append(
+            f"architecture {info.architecture!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
     bad = sorted({t.type_name for t in info.tensors if not _dequantizable(t.qtype)})
     if bad:
         out.append(f"tensor type {', '.join(bad)} is not supported (the gguf package cannot dequantize it)")

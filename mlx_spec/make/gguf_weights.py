@@ -22,19 +22,28 @@ _DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 # Per-block GGUF tensor names -> HF module names (suffix .weight/.bias is kept).
 _LLAMA_BLOCK = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
 _BLOCK_NAMES = {
     "llama": _LLAMA_BLOCK,
     "qwen2": _LLAMA_BLOCK,
     # Gemma 3 has four norms per block; its ffn_norm is the *pre*-feed-forward one.
-    "gemma3": {**_LLAMA_BLOCK, "ffn_norm": "pre_feedforward_layernorm",
-               "post_attention_norm": "post_attention_layernorm",
-               "post_ffw_norm": "post_feedforward_layernorm",
-               "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
+    "gemma3": {
+        **_LLAMA_BLOCK,
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_attention_norm": "post_attention_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+        "attn_q_norm": "self_attn.q_norm",
+        "attn_k_norm": "self_attn.k_norm",
+    },
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # Tensors llama.cpp adds that have no HF weight (rope_freqs is folded into the config instead).
@@ -53,8 +62,9 @@ def _uniform(info: GGUFFile, key: str, default=None) -> int:
     v = info.get(key, default)
     if isinstance(v, (list, np.ndarray)):
         if len(set(int(x) for x in v)) != 1:
-            raise UnsupportedError(f"{info.path}: per-layer {key.replace('{arch}', info.architecture)} "
-                                   "values differ; not supported")
+            raise UnsupportedError(
+                f"{info.path}: per-layer {key.replace('{arch}', info.architecture)} values differ; not supported"
+            )
         v = v[0]
     return int(v)
 
@@ -93,11 +103,17 @@ def _llama3_scaling(info: GGUFFile, freqs: TensorInfo, head_dim: int, theta: flo
     wavelen = 2 * math.pi / inv
     for low, high, orig in ((1.0, 4.0, 8192),):
         smooth = (orig / wavelen - low) / (high - low)
-        want = np.where(wavelen < orig / high, 1.0,
-                        np.where(wavelen > orig / low, factor, 1 / ((1 - smooth) / factor + smooth)))
+        want = np.where(
+            wavelen < orig / high, 1.0, np.where(wavelen > orig / low, factor, 1 / ((1 - smooth) / factor + smooth))
+        )
         if want.shape == got.shape and np.allclose(want, got, rtol=1e-3):
-            return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
-                    "high_freq_factor": high, "original_max_position_embeddings": orig}
+            return {
+                "rope_type": "llama3",
+                "factor": factor,
+                "low_freq_factor": low,
+                "high_freq_factor": high,
+                "original_max_position_embeddings": orig,
+            }
     raise UnsupportedError(f"{info.path}: rope_freqs.weight does not match llama3 RoPE scaling")
 
 
@@ -110,8 +126,9 @@ def _build_config(info: GGUFFile, dtype: str) -> dict:
     hidden = int(_require(info, "{arch}.embedding_length"))
     heads = _uniform(info, "{arch}.attention.head_count")
     kv_heads = _uniform(info, "{arch}.attention.head_count_kv", heads)
-    head_dim = int(info.get("{arch}.attention.key_length")
-                   or info.get("{arch}.rope.dimension_count") or hidden // heads)
+    head_dim = int(
+        info.get("{arch}.attention.key_length") or info.get("{arch}.rope.dimension_count") or hidden // heads
+    )
     theta = float(info.get("{arch}.rope.freq_base", 10000.0))
     tok = lambda k: info.get(f"tokenizer.ggml.{k}_token_id")  # noqa: E731
     cfg = {
@@ -134,29 +151,42 @@ def _build_config(info: GGUFFile, dtype: str) -> dict:
         cfg["pad_token_id"] = int(pad)
     rope_scaling = _rope_scaling(info, head_dim, theta)
     if arch == "llama":
-        cfg.update(model_type="llama", architectures=["LlamaForCausalLM"], hidden_act="silu",
-                   attention_bias="blk.0.attn_q.bias" in names, mlp_bias=False,
-                   rope_scaling=rope_scaling)
+        cfg.update(
+            model_type="llama",
+            architectures=["LlamaForCausalLM"],
+            hidden_act="silu",
+            attention_bias="blk.0.attn_q.bias" in names,
+            mlp_bias=False,
+            rope_scaling=rope_scaling,
+        )
     elif arch == "qwen2":
         if head_dim != hidden // heads:
             raise UnsupportedError(f"{info.path}: qwen2 with head_dim {head_dim} != hidden/heads")
-        cfg.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_act="silu",
-                   use_sliding_window=False, rope_scaling=rope_scaling)
+        cfg.update(
+            model_type="qwen2",
+            architectures=["Qwen2ForCausalLM"],
+            hidden_act="silu",
+            use_sliding_window=False,
+            rope_scaling=rope_scaling,
+        )
     else:  # gemma3 (problems() has ruled out the rest)
         n = cfg["num_hidden_layers"]
         # llama.cpp hard-codes these for gemma3: every 6th layer is global, local layers use
         # RoPE base 10k, and only the 27B (62 layers) scales queries by hidden/heads.
         pattern = 6
         cfg.update(
-            model_type="gemma3_text", architectures=["Gemma3ForCausalLM"],
+            model_type="gemma3_text",
+            architectures=["Gemma3ForCausalLM"],
             hidden_activation="gelu_pytorch_tanh",
             query_pre_attn_scalar=hidden // heads if n == 62 else head_dim,
             sliding_window=int(info.get("{arch}.attention.sliding_window", 4096)),
             sliding_window_pattern=pattern,
-            layer_types=["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
-                         for i in range(n)],
-            rope_local_base_freq=10000.0, rope_scaling=rope_scaling,
-            final_logit_softcapping=None, attn_logit_softcapping=None)
+            layer_types=["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)],
+            rope_local_base_freq=10000.0,
+            rope_scaling=rope_scaling,
+            final_logit_softcapping=None,
+            attn_logit_softcapping=None,
+        )
     return cfg
 
 
@@ -182,11 +212,11 @@ def _dequantize(info: GGUFFile, t: TensorInfo) -> np.ndarray:
     step = max(1, _CHUNK_BYTES // (row_elems * 4))
     try:
         for i in range(0, n_rows, step):
-            chunk = np.asarray(raw[i:i + step])
+            chunk = np.asarray(raw[i : i + step])
             if qtype == GGMLQuantizationType.F64:
-                out[i:i + step] = chunk.view("<f8")
+                out[i : i + step] = chunk.view("<f8")
             else:
-                out[i:i + step] = quants.dequantize(chunk, qtype).reshape(-1, row_elems)
+                out[i : i + step] = quants.dequantize(chunk, qtype).reshape(-1, row_elems)
     except (NotImplementedError, KeyError) as e:
         raise UnsupportedError(f"{info.path}: cannot dequantize {t.name} ({qtype.name}): {e}") from None
     del raw
@@ -217,8 +247,9 @@ def _plan_tensors(info: GGUFFile, arch: str) -> list[tuple[TensorInfo, str]]:
             continue
         plan.append((t, hf))
     if unknown:
-        raise UnsupportedError(f"{info.path}: unexpected {arch} tensors {', '.join(unknown[:5])}"
-                               f"{' ...' if len(unknown) > 5 else ''}")
+        raise UnsupportedError(
+            f"{info.path}: unexpected {arch} tensors {', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}"
+        )
     return plan
 
 
@@ -239,8 +270,7 @@ def _write_weights(info: GGUFFile, plan, cfg: dict, out_dir: Path, dtype: str) -
     weight_map, total = {}, 0
     with progress(total=len(plan), desc=f"dequantizing {info.path.name}", unit="tensor") as bar:
         for i, shard in enumerate(shards):
-            fname = ("model.safetensors" if len(shards) == 1
-                     else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors")
+            fname = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
             arrays = {}
             for t, hf in shard:
                 w = _fix_tensor(arch, t.name, _dequantize(info, t), cfg)

@@ -7,8 +7,8 @@ and the measured-importance layer skipping of SWIFT and Draft & Verify). `conver
 """
 
 import sysconfig
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, List, Sequence
 
 import mlx.core as mx
 
@@ -20,13 +20,41 @@ CALIBRATION_TOKENS = 1024  # tokens of calibration text per ranking: enough for 
 PICKS = ("even", "first", "importance")  # how --keep-layers K chooses its blocks
 # Pure-Python standard library modules whose source joins the calibration text as a draft head's base vocabulary:
 # code and English docstrings that ship with every Python (about 1.2 MB, 11.5k Qwen2.5 tokens).
-HEAD_MODULES = ("argparse", "dataclasses", "functools", "pathlib", "textwrap", "typing", "statistics", "string",
-                "heapq", "bisect", "random", "datetime", "json/encoder", "json/decoder", "collections/__init__", "csv",
-                "logging/__init__", "unittest/case", "shutil", "tempfile", "fractions", "difflib", "pprint", "enum",
-                "abc", "contextlib", "copy", "glob", "fnmatch", "os")
+HEAD_MODULES = (
+    "argparse",
+    "dataclasses",
+    "functools",
+    "pathlib",
+    "textwrap",
+    "typing",
+    "statistics",
+    "string",
+    "heapq",
+    "bisect",
+    "random",
+    "datetime",
+    "json/encoder",
+    "json/decoder",
+    "collections/__init__",
+    "csv",
+    "logging/__init__",
+    "unittest/case",
+    "shutil",
+    "tempfile",
+    "fractions",
+    "difflib",
+    "pprint",
+    "enum",
+    "abc",
+    "contextlib",
+    "copy",
+    "glob",
+    "fnmatch",
+    "os",
+)
 
 
-def calibration_texts(path=None) -> List[str]:
+def calibration_texts(path=None) -> list[str]:
     """The calibration passages (separated by two blank lines); a clear error for a missing, empty or binary file."""
     path = Path(path) if path is not None else CALIBRATION
     try:
@@ -45,11 +73,12 @@ def calibration_texts(path=None) -> List[str]:
     return passages
 
 
-def vocabulary_texts() -> List[str]:
+def vocabulary_texts() -> list[str]:
     """The calibration passages and the source of HEAD_MODULES: the text a draft head's base vocabulary comes from."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    return calibration_texts() + [p.read_text(errors="ignore") for m in HEAD_MODULES
-                                  if (p := stdlib / f"{m}.py").is_file()]
+    return calibration_texts() + [
+        p.read_text(errors="ignore") for m in HEAD_MODULES if (p := stdlib / f"{m}.py").is_file()
+    ]
 
 
 def _turn(sink: list):
@@ -62,7 +91,7 @@ def _turn(sink: list):
     return see
 
 
-def block_similarity(model, token_lists: Iterable[Sequence[int]]) -> List[float]:
+def block_similarity(model, token_lists: Iterable[Sequence[int]]) -> list[float]:
     """Per block, the mean cosine similarity of its input and output hidden states over the given token lists.
 
     The shared `model` is not changed: a shallow copy runs with probes in place of its blocks.
@@ -84,7 +113,7 @@ def block_similarity(model, token_lists: Iterable[Sequence[int]]) -> List[float]
     return [mx.stack(s).mean().item() for s in sinks]
 
 
-def calibration_tokens(tokenizer, texts: Sequence[str], budget: int = CALIBRATION_TOKENS) -> List[List[int]]:
+def calibration_tokens(tokenizer, texts: Sequence[str], budget: int = CALIBRATION_TOKENS) -> list[list[int]]:
     """Token lists from the passages, in order, until `budget` tokens (each passage cut to fit)."""
     out, used = [], 0
     for text in texts:
@@ -97,9 +126,11 @@ def calibration_tokens(tokenizer, texts: Sequence[str], budget: int = CALIBRATIO
     return out
 
 
-def most_important(similarity: Sequence[float], k: int) -> List[int]:
+def most_important(similarity: Sequence[float], k: int) -> list[int]:
     """The k blocks that change their input most (lowest similarity), in block order."""
     if not 1 <= k <= len(similarity):
-        raise ConvertError(f"the number of layers to keep must be between 1 and the layer count {len(similarity)}, got {k}")
+        raise ConvertError(
+            f"the number of layers to keep must be between 1 and the layer count {len(similarity)}, got {k}"
+        )
     order = sorted(range(len(similarity)), key=lambda i: similarity[i])
     return sorted(order[:k])

@@ -6,27 +6,46 @@ Used by `convert --keep-layers/--layers` and by the self drafter, so both read o
 import copy
 import functools
 import weakref
-from typing import Callable, Dict, List, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 from ..errors import ConvertError
 
 # Architectures whose block i behaves by its index i (Gemma's sliding/global attention pattern is
 # derived from the index in mlx-lm), so a subset of blocks would silently change the attention. The hybrid
 # recurrent models take their masks from the cache at a fixed block index, so a subset would fail or mis-mask.
-INDEX_DEPENDENT = ("gemma2", "gemma3", "gemma3_text", "cohere2", "qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2",
-                   "lfm2_moe")
+INDEX_DEPENDENT = (
+    "gemma2",
+    "gemma3",
+    "gemma3_text",
+    "cohere2",
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "lfm2",
+    "lfm2_moe",
+)
 # Where HF configs keep the block count, and the lists with one entry per block (transformers
 # checks len(layer_types) == num_hidden_layers; mlx-lm models index the others by block).
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
-PER_LAYER_KEYS = ("layer_types", "mlp_layer_types", "no_rope_layers", "layer_rope_theta", "partial_rotary_factors",
-                  "num_attention_heads_per_layer", "num_query_heads", "num_kv_heads", "ffn_multipliers",
-                  "block_configs", "is_moe_layer")
+PER_LAYER_KEYS = (
+    "layer_types",
+    "mlp_layer_types",
+    "no_rope_layers",
+    "layer_rope_theta",
+    "partial_rotary_factors",
+    "num_attention_heads_per_layer",
+    "num_query_heads",
+    "num_kv_heads",
+    "ffn_multipliers",
+    "block_configs",
+    "is_moe_layer",
+)
 # mlx-lm ignores `layer_types` for these and makes block i global iff (i + 1) % sliding_window_pattern == 0
 # (models/gemma3_text.py, cohere2.py); every other block uses the sliding window.
 PATTERN_TYPED = ("gemma3_text", "cohere2")
 
 
-def with_blocks(model, blocks: list, holder: Optional[str] = None):
+def with_blocks(model, blocks: list, holder: str | None = None):
     """A model object that runs embed -> `blocks` -> norm -> head of `model`, sharing its weights (`holder`: the path
     of the submodule that holds the blocks, found by `holder_of` if not given).
 
@@ -44,7 +63,7 @@ def with_blocks(model, blocks: list, holder: Optional[str] = None):
     return copies[0]
 
 
-def per_model(store: Dict, model, key, make: Callable[[], object]):
+def per_model(store: dict, model, key, make: Callable[[], object]):
     """`make()`, kept in `store` under `key` until `model` is let go: a view of a model, or a module read beside it,
     made once for every request that runs that model."""
     if key not in store:
@@ -53,7 +72,7 @@ def per_model(store: Dict, model, key, make: Callable[[], object]):
     return store[key]
 
 
-def holder_of(model) -> Optional[str]:
+def holder_of(model) -> str | None:
     """The path of the submodule whose own list `model.layers` is (`model`, `backbone`, `language_model.model` of a
     vision-language wrapper whose `layers` are properties), or None."""
     ids = [id(b) for b in getattr(model, "layers", None) or ()]
@@ -89,7 +108,7 @@ class Watched:
         return getattr(self._block, name)
 
 
-def keep_layer_indices(n_layers: int, k: int) -> List[int]:
+def keep_layer_indices(n_layers: int, k: int) -> list[int]:
     """K evenly spaced blocks of n, first and last included.
 
     The seed (draft-model-generation-compression §3.2) takes blocks [0, n/(k-1), 2n/(k-1), ...];
@@ -104,13 +123,13 @@ def keep_layer_indices(n_layers: int, k: int) -> List[int]:
     return [(2 * i * (n_layers - 1) + (k - 1)) // (2 * (k - 1)) for i in range(k)]
 
 
-def parse_layers(text: str, n_layers: int) -> List[int]:
+def parse_layers(text: str, n_layers: int) -> list[int]:
     """'K' (K evenly spaced blocks), 'a-b' (a range), 'i,j,..' or a mix such as '0-3,8,11'; sorted, checked."""
     text = text.strip()
     try:
         if text.isdigit():
             return keep_layer_indices(n_layers, int(text))
-        out: List[int] = []
+        out: list[int] = []
         for part in text.split(","):
             lo, sep, hi = part.strip().partition("-")
             out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
@@ -151,7 +170,7 @@ def kept_config(config: dict, kept: Sequence[int]) -> dict:
     return out
 
 
-def _check_builds(config: dict, kept: List[int]) -> None:
+def _check_builds(config: dict, kept: list[int]) -> None:
     """Refuse a config mlx-lm cannot build (e.g. llama's layer_types with no full-attention block left).
 
     Building is cheap: MLX allocates nothing until the lazy random init is evaluated.
@@ -166,12 +185,12 @@ def _check_builds(config: dict, kept: List[int]) -> None:
         raise ConvertError(f"mlx-lm cannot build a model of the kept blocks {kept}: {why}") from None
 
 
-def _globals(pattern: int, n: int) -> List[bool]:
+def _globals(pattern: int, n: int) -> list[bool]:
     """Which of n blocks mlx-lm makes global (full attention) under `sliding_window_pattern`."""
     return [(i + 1) % pattern == 0 for i in range(n)]
 
 
-def _repattern(config: dict, kept: List[int], n: int) -> dict:
+def _repattern(config: dict, kept: list[int], n: int) -> dict:
     """sliding_window_pattern and layer_types under which mlx-lm gives each kept block its old type."""
     from mlx_lm.utils import _get_classes
 
@@ -185,9 +204,12 @@ def _repattern(config: dict, kept: List[int], n: int) -> dict:
         raise ConvertError(
             f"{config['model_type']}: mlx-lm makes block j global iff (j+1) % sliding_window_pattern == 0, and no "
             f"pattern gives the kept blocks {kept} their attention types ({kinds}, G = global); keep blocks whose "
-            "global ones fall every p-th")
-    out = {"sliding_window_pattern": fits[0],
-           "layer_types": ["full_attention" if g else "sliding_attention" for g in want]}
+            "global ones fall every p-th"
+        )
+    out = {
+        "sliding_window_pattern": fits[0],
+        "layer_types": ["full_attention" if g else "sliding_attention" for g in want],
+    }
     if "_sliding_window_pattern" in config:  # transformers' spelling, kept in step
         out["_sliding_window_pattern"] = fits[0]
     return out

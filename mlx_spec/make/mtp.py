@@ -11,9 +11,9 @@ do). The module names its weights as Qwen3-Next does; `NEXTN` says which DeepSee
 import importlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -25,11 +25,24 @@ from . import drafter_weights
 from .layers import holder
 
 FILE = "mtp.safetensors"  # beside a converted model: the module's weights as it names them (mlx_lm.load skips it)
-NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight", "k_norm.weight",
-         "norm.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")  # zero-centred in `mtp.*`
+NORMS = (
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "q_norm.weight",
+    "k_norm.weight",
+    "norm.weight",
+    "pre_fc_norm_embedding.weight",
+    "pre_fc_norm_hidden.weight",
+)  # zero-centred in `mtp.*`
 KEEP_DTYPE = ("e_score_correction_bias",)  # a router's bias stays float32 (cast, it changes which experts run)
-NEXTN = {"eh_proj": "fc", "enorm": "pre_fc_norm_embedding", "hnorm": "pre_fc_norm_hidden", "shared_head.norm": "norm",
-         "shared_head.head": "head", "embed_tokens": "embed_tokens"}  # a nextn layer's own weights: the module's names
+NEXTN = {
+    "eh_proj": "fc",
+    "enorm": "pre_fc_norm_embedding",
+    "hnorm": "pre_fc_norm_hidden",
+    "shared_head.norm": "norm",
+    "shared_head.head": "head",
+    "embed_tokens": "embed_tokens",
+}  # a nextn layer's own weights: the module's names
 
 
 @dataclass(frozen=True)
@@ -82,9 +95,10 @@ class MTP(nn.Module):
         object.__setattr__(self, "embed", self.embed_tokens if embed else inner.embed_tokens)
         object.__setattr__(self, "target_norm", inner.norm)
 
-    def __call__(self, tokens: mx.array, hidden: mx.array, cache: Optional[list] = None) -> mx.array:
-        h = self.fc(mx.concatenate([self.pre_fc_norm_embedding(self.embed(tokens)),
-                                    self.pre_fc_norm_hidden(hidden)], axis=-1))
+    def __call__(self, tokens: mx.array, hidden: mx.array, cache: list | None = None) -> mx.array:
+        h = self.fc(
+            mx.concatenate([self.pre_fc_norm_embedding(self.embed(tokens)), self.pre_fc_norm_hidden(hidden)], axis=-1)
+        )
         cache = cache if cache is not None else [None] * len(self.layers)
         mask = create_attention_mask(h, cache[0], return_array=self.array_mask)
         for layer, c in zip(self.layers, cache):
@@ -94,7 +108,7 @@ class MTP(nn.Module):
     def logits(self, h: mx.array) -> mx.array:
         return self.head(h)
 
-    def make_cache(self) -> List[KVCache]:
+    def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.layers]
 
 
@@ -108,7 +122,7 @@ def _config(folder: Path) -> dict:
     return json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
 
 
-def _nextn_prefix(config: dict) -> Optional[str]:
+def _nextn_prefix(config: dict) -> str | None:
     """Where a DeepSeek-layout checkpoint of a family here keeps its (first) nextn layer, or None."""
     family = FAMILIES.get(config.get("model_type"))
     if family is None or not family.nextn or not config.get("num_nextn_predict_layers"):
@@ -121,7 +135,7 @@ def _matcher(config: dict) -> Callable[[str], bool]:
     return (lambda k: k.startswith(prefix)) if prefix else _is_mtp
 
 
-def _files(folder: Path, wanted: Callable[[str], bool], probe: bool = False) -> List[Path]:
+def _files(folder: Path, wanted: Callable[[str], bool], probe: bool = False) -> list[Path]:
     """The safetensors files of `folder` that hold `wanted` keys (by the index where there is one)."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -143,7 +157,7 @@ def _is_mtp(key: str) -> bool:
     return key.startswith("mtp.") or ".mtp." in key
 
 
-def weights(folder: Path) -> Dict[str, mx.array]:
+def weights(folder: Path) -> dict[str, mx.array]:
     """The MTP weights of a checkpoint as the module names them: `mtp.*` with its prefix dropped, HF's zero-centred
     norms made whole (the checkpoint's norms multiply by 1 + w), experts stacked as mlx-lm's `switch_mlp`; a nextn
     layer as `_nextn` reads it."""
@@ -163,9 +177,11 @@ def weights(folder: Path) -> Dict[str, mx.array]:
         base, gate_up = k[: -len(".experts.gate_up_proj")], out.pop(k)
         mid = gate_up.shape[-2] // 2
         out[f"{base}.switch_mlp.gate_proj.weight"], out[f"{base}.switch_mlp.up_proj.weight"] = (
-            gate_up[..., :mid, :], gate_up[..., mid:, :])
+            gate_up[..., :mid, :],
+            gate_up[..., mid:, :],
+        )
         out[f"{base}.switch_mlp.down_proj.weight"] = out.pop(f"{base}.experts.down_proj")
-    experts: Dict[tuple, Dict[int, mx.array]] = {}
+    experts: dict[tuple, dict[int, mx.array]] = {}
     for k in [k for k in out if re.fullmatch(r".*\.experts\.\d+\.\w+_proj\.\w+", k)]:
         m = re.fullmatch(r"(.*)\.experts\.(\d+)\.(\w+_proj)\.(\w+)", k)
         experts.setdefault((m[1], m[3], m[4]), {})[int(m[2])] = out.pop(k)
@@ -174,7 +190,7 @@ def weights(folder: Path) -> Dict[str, mx.array]:
     return out
 
 
-def _nextn(folder: Path, config: dict, prefix: str) -> Dict[str, mx.array]:
+def _nextn(folder: Path, config: dict, prefix: str) -> dict[str, mx.array]:
     """A nextn layer's weights: sanitized by mlx-lm as the target's own layer 0 would be (experts stacked, MLA's
     `kv_b_proj` split, DeepSeek-V3's FP8 dequantized), its own weights renamed by NEXTN, its decoder layer as
     `layers.0`."""
@@ -182,22 +198,26 @@ def _nextn(folder: Path, config: dict, prefix: str) -> Dict[str, mx.array]:
     args = arch.ModelArgs.from_dict(config)
     raw = {}
     for f in _files(folder, _matcher(config)):
-        raw.update({"model.layers.0." + k[len(prefix):]: v for k, v in mx.load(str(f)).items() if k.startswith(prefix)})
+        raw.update(
+            {"model.layers.0." + k[len(prefix) :]: v for k, v in mx.load(str(f)).items() if k.startswith(prefix)}
+        )
     if not raw:
         return {}
     out = {}
     for k, v in arch.Model(replace(args, num_hidden_layers=1)).sanitize(raw).items():  # a one-layer model: lazy
-        rest = k[len("model.layers.0."):]
+        rest = k[len("model.layers.0.") :]
         own = next((n for n in NEXTN if rest.startswith(n + ".")), None)
-        out[NEXTN[own] + rest[len(own):] if own else "layers.0." + rest] = v
+        out[NEXTN[own] + rest[len(own) :] if own else "layers.0." + rest] = v
     return out
 
 
 def save(folder: Path, src: Path, dtype) -> int:
     """Write the MTP layers of checkpoint `src` into `folder`/FILE, cast to `dtype`; their parameter count (0 and
     nothing written where it has none)."""
-    got = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) and not k.endswith(KEEP_DTYPE) else v
-           for k, v in weights(Path(src)).items()}
+    got = {
+        k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) and not k.endswith(KEEP_DTYPE) else v
+        for k, v in weights(Path(src)).items()
+    }
     if got:
         mx.save_safetensors(str(Path(folder) / FILE), got, metadata={"format": "mlx"})
     return sum(v.size for v in got.values())
@@ -209,13 +229,19 @@ def load(folder, target) -> MTP:
     folder = Path(folder).expanduser()
     kind = getattr(getattr(target, "args", None), "model_type", type(target).__name__)
     if kind not in FAMILIES:
-        raise SourceError(f"an MTP drafter runs the MTP layers of {', '.join(FAMILIES)} checkpoints; the target is "
-                          f"{kind}")
+        raise SourceError(
+            f"an MTP drafter runs the MTP layers of {', '.join(FAMILIES)} checkpoints; the target is {kind}"
+        )
     got = weights(folder)
     if not got:
-        raise SourceError(f"{folder}: no MTP layers (the checkpoints that ship them here: Qwen3-Next's, mtp.*; "
-                          "DeepSeek-V3's and GLM-4.5+'s, model.layers.<num_hidden_layers>.*; a copy converted by "
-                          "mlx-lm has them dropped, one converted by mlx-spec keeps them)")
+        raise SourceError(
+            f"{folder}: no MTP layers (the checkpoints that ship them here: Qwen3-Next's, mtp.*; "
+            "DeepSeek-V3's and GLM-4.5+'s, model.layers.<num_hidden_layers>.*; a copy converted by "
+            "mlx-lm has them dropped, one converted by mlx-spec keeps them)"
+        )
     n = 1 + max(int(k.split(".")[1]) for k in got if k.startswith("layers."))
-    return drafter_weights.fill(MTP(target, n, head="head.weight" in got, embed="embed_tokens.weight" in got), got,
-                                f"{folder}: its MTP weights do not fit the target")
+    return drafter_weights.fill(
+        MTP(target, n, head="head.weight" in got, embed="embed_tokens.weight" in got),
+        got,
+        f"{folder}: its MTP weights do not fit the target",
+    )

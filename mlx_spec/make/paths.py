@@ -46,8 +46,7 @@ def ensure_free_space(where: Path, need_bytes: int, what: str) -> None:
     free = shutil.disk_usage(probe).free
     if free < need_bytes:
         raise ConvertError(
-            f"not enough disk space for {what}: need {need_bytes / 1e9:.2f} GB at {probe}, "
-            f"{free / 1e9:.2f} GB free"
+            f"not enough disk space for {what}: need {need_bytes / 1e9:.2f} GB at {probe}, {free / 1e9:.2f} GB free"
         )
 
 

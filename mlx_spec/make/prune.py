@@ -8,7 +8,6 @@ dense: pruning changes what the draft computes, not its size or speed (quantize 
 """
 
 from dataclasses import dataclass
-from typing import Tuple
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
@@ -108,7 +107,7 @@ def mask_for(w: mx.array, p: Prune) -> mx.array:
     return nm_mask(w, p.n, p.m)
 
 
-def prune_model(model, p: Prune) -> Tuple[dict, float]:
+def prune_model(model, p: Prune) -> tuple[dict, float]:
     """Zero weights of every block's linear layers in place; returns (provenance op, measured sparsity)."""
     inner = getattr(model, "model", model)
     if not hasattr(inner, "layers"):
@@ -131,4 +130,9 @@ def prune_model(model, p: Prune) -> Tuple[dict, float]:
     if total == 0:
         raise ConvertError("--prune: the model's blocks have no 2-D linear weights to prune")
     measured = zeros / total
-    return {"op": "prune", **p.as_dict(), "measured_sparsity": round(measured, 6), "matrices": sum(pruned.values())}, measured
+    return {
+        "op": "prune",
+        **p.as_dict(),
+        "measured_sparsity": round(measured, 6),
+        "matrices": sum(pruned.values()),
+    }, measured

@@ -11,7 +11,6 @@ saves no memory and runs at float speed.
 import copy
 from functools import lru_cache
 from statistics import NormalDist
-from typing import Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -24,12 +23,14 @@ NF4_BLOCK = 64  # weights sharing one absmax scale (QLoRA's and bitsandbytes' bl
 NF4_OFFSET = 0.9677083  # QLoRA's quantile range: (1 - 1/(2*15) + 1 - 1/(2*16)) / 2
 CALIBRATED = ("gptq", "awq", "dwq")  # affine formats chosen with calibration data by mlx_lm.quant (make.calibrated)
 MODES = ("affine", *FP_MODES, "nf4", *CALIBRATED)
-QUANTIZE_HELP = ("int2|int3|int4|int6|int8 (MLX affine), gptq-int4|awq-int4|dwq-int4 (any of those bits, calibrated "
-                 "by mlx-lm on the project's calibration text), mxfp4|nvfp4|mxfp8 (MLX FP modes), "
-                 "nf4 (simulated: no memory saved)")
+QUANTIZE_HELP = (
+    "int2|int3|int4|int6|int8 (MLX affine), gptq-int4|awq-int4|dwq-int4 (any of those bits, calibrated "
+    "by mlx-lm on the project's calibration text), mxfp4|nvfp4|mxfp8 (MLX FP modes), "
+    "nf4 (simulated: no memory saved)"
+)
 
 
-def parse_quantize(text: Optional[str]) -> Tuple[Optional[int], str]:
+def parse_quantize(text: str | None) -> tuple[int | None, str]:
     """'int4' / '4' -> (4, 'affine'); 'gptq-int4' -> (4, 'gptq'); 'mxfp4' -> (4, 'mxfp4'); 'nf4' -> (4, 'nf4');
     None -> (None, 'affine')."""
     if text is None:
@@ -104,7 +105,7 @@ def nf4_model(model) -> int:
     return count
 
 
-def check_mode(mode: str, group_size: int, default_group: int, head_bits: Optional[int]) -> None:
+def check_mode(mode: str, group_size: int, default_group: int, head_bits: int | None) -> None:
     """The FP formats fix their own group size; NF4 has no head option (it keeps embeddings float)."""
     if mode not in MODES:
         raise ConvertError(f"quantization mode must be one of {MODES}, got '{mode}'")
@@ -139,6 +140,11 @@ def quantized_copy(model, fmt: str, group_size: int):
     group = FP_MODES[mode][0] if mode in FP_MODES else group_size
     view = _structure(model)
     # nn.quantize replaces leaf modules in the copied containers with new quantized ones; the model's stay.
-    nn.quantize(view, group_size=group, bits=bits, mode=mode,
-                class_predicate=lambda _p, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % group == 0)
+    nn.quantize(
+        view,
+        group_size=group,
+        bits=bits,
+        mode=mode,
+        class_predicate=lambda _p, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % group == 0,
+    )
     return view

@@ -8,7 +8,6 @@ are built in memory only, at the precision asked, for timing passes (`mlx-spec b
 
 import json
 from pathlib import Path
-from typing import Optional
 
 from ..errors import SourceError
 from .paths import home
@@ -16,36 +15,95 @@ from .paths import home
 PREFIX = "random:"
 _QWEN = dict(model_type="qwen2", rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=32768)
 SHAPES = {
-    "tiny": dict(_QWEN, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=512, vocab_size=1024, tie_word_embeddings=True, max_position_embeddings=4096),
-    "qwen2.5-0.5b": dict(_QWEN, hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                         intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True),
-    "qwen2.5-1.5b": dict(_QWEN, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                         intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
-    "qwen2.5-7b": dict(_QWEN, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-                       intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
-    "qwen2.5-14b": dict(_QWEN, hidden_size=5120, num_hidden_layers=48, num_attention_heads=40, num_key_value_heads=8,
-                        intermediate_size=13824, vocab_size=152064, tie_word_embeddings=False),
-    "qwen2.5-32b": dict(_QWEN, hidden_size=5120, num_hidden_layers=64, num_attention_heads=40, num_key_value_heads=8,
-                        intermediate_size=27648, vocab_size=152064, tie_word_embeddings=False),
-    "llama-2-7b": dict(model_type="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-                       num_key_value_heads=32, intermediate_size=11008, vocab_size=32000, rms_norm_eps=1e-5,
-                       rope_theta=10000.0, max_position_embeddings=4096, tie_word_embeddings=False),
+    "tiny": dict(
+        _QWEN,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=512,
+        vocab_size=1024,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+    ),
+    "qwen2.5-0.5b": dict(
+        _QWEN,
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-1.5b": dict(
+        _QWEN,
+        hidden_size=1536,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        intermediate_size=8960,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-7b": dict(
+        _QWEN,
+        hidden_size=3584,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        intermediate_size=18944,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
+    "qwen2.5-14b": dict(
+        _QWEN,
+        hidden_size=5120,
+        num_hidden_layers=48,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        intermediate_size=13824,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
+    "qwen2.5-32b": dict(
+        _QWEN,
+        hidden_size=5120,
+        num_hidden_layers=64,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        intermediate_size=27648,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
+    "llama-2-7b": dict(
+        model_type="llama",
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        intermediate_size=11008,
+        vocab_size=32000,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    ),
 }
 SEED = 0
 
 
-def shape(spec: str) -> Optional[str]:
+def shape(spec: str) -> str | None:
     """The shape a `random:NAME` spec names (None for any other spec); an unknown one is a one-line error."""
     if not spec.startswith(PREFIX):
         return None
-    name = spec[len(PREFIX):]
+    name = spec[len(PREFIX) :]
     if name not in SHAPES:
         raise SourceError(f"unknown random shape '{name}' (known: {', '.join(SHAPES)})")
     return name
 
 
-def build(name: str, dtype: str = "bfloat16", quantize: Optional[str] = None):
+def build(name: str, dtype: str = "bfloat16", quantize: str | None = None):
     """The model of shape `name` with random weights (seeded), in `dtype`, optionally quantized (int4, int8, ...),
     built in memory: every weight is made lazily and evaluated once at its final precision."""
     import mlx.core as mx
@@ -86,8 +144,17 @@ def folder(name: str) -> Path:
     model = build(name, "float32")
     mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    (tmp / "config.json").write_text(json.dumps(dict(config, eos_token_id=eos, architectures=["Qwen2ForCausalLM"],
-                                                     mlx_spec={"source": f"{PREFIX}{name}", "seed": SEED}), indent=1))
+    (tmp / "config.json").write_text(
+        json.dumps(
+            dict(
+                config,
+                eos_token_id=eos,
+                architectures=["Qwen2ForCausalLM"],
+                mlx_spec={"source": f"{PREFIX}{name}", "seed": SEED},
+            ),
+            indent=1,
+        )
+    )
     tmp.replace(out)
     return out
 
@@ -102,10 +169,15 @@ def _tokenizer(vocab_size: int):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(calibration_texts(), trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    fast.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    fast.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     return fast

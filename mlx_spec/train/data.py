@@ -5,8 +5,8 @@ top tokens), computed in chunks into shards on disk of a bounded size."""
 import json
 import random
 import sysconfig
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence
 
 import mlx.core as mx
 
@@ -19,7 +19,7 @@ TOP = 4  # the target's top tokens kept per position: its law, truncated
 TEXT_SUFFIXES = (".py", ".md", ".txt", ".rst", ".json")
 
 
-def default_texts() -> List[str]:
+def default_texts() -> list[str]:
     """Code and prose that ship with this machine's Python: the calibration text and the standard-library modules of
     a draft head's vocabulary, the rest of the standard library's sources, and its documentation's prose (pydoc
     topics)."""
@@ -30,14 +30,15 @@ def default_texts() -> List[str]:
     return vocabulary_texts() + list(pydoc_data.topics.topics.values()) + code
 
 
-def read_texts(paths: Sequence[str]) -> List[str]:
+def read_texts(paths: Sequence[str]) -> list[str]:
     """The text of each file, and of each text file under each folder."""
     out = []
     for p in map(Path, paths):
         p = p.expanduser()
         if p.is_dir():
-            out += [f.read_text(errors="ignore") for f in sorted(p.rglob("*")) if f.suffix in TEXT_SUFFIXES
-                    and f.is_file()]
+            out += [
+                f.read_text(errors="ignore") for f in sorted(p.rglob("*")) if f.suffix in TEXT_SUFFIXES and f.is_file()
+            ]
         elif p.is_file():
             out.append(p.read_text(errors="ignore"))
         else:
@@ -47,25 +48,67 @@ def read_texts(paths: Sequence[str]) -> List[str]:
 
 # Open questions for the default self-distillation asks: topics apart from the benchmark's prose questions.
 TOPICS = (
-    "coral reefs", "the Silk Road", "electric cars", "learning a second language", "composting", "the Renaissance",
-    "chess", "jazz", "film photography", "hiking safety", "saving for retirement", "the human heart", "rainforests",
-    "the Industrial Revolution", "public libraries", "earthquakes", "balcony gardening", "time management",
-    "recycling plastics", "the Olympic Games", "the telephone", "penguins", "deserts", "the Great Wall of China",
-    "mountaineering", "cooking rice", "the metric system", "bird migration", "remote work", "public speaking",
-    "the Apollo program", "solar power", "rivers and floods", "friendship", "museums", "minimalism",
-    "ancient Egypt", "the theatre", "volunteering", "board games", "wind turbines", "coffee", "castles",
-    "lightning", "volcanoes",
+    "coral reefs",
+    "the Silk Road",
+    "electric cars",
+    "learning a second language",
+    "composting",
+    "the Renaissance",
+    "chess",
+    "jazz",
+    "film photography",
+    "hiking safety",
+    "saving for retirement",
+    "the human heart",
+    "rainforests",
+    "the Industrial Revolution",
+    "public libraries",
+    "earthquakes",
+    "balcony gardening",
+    "time management",
+    "recycling plastics",
+    "the Olympic Games",
+    "the telephone",
+    "penguins",
+    "deserts",
+    "the Great Wall of China",
+    "mountaineering",
+    "cooking rice",
+    "the metric system",
+    "bird migration",
+    "remote work",
+    "public speaking",
+    "the Apollo program",
+    "solar power",
+    "rivers and floods",
+    "friendship",
+    "museums",
+    "minimalism",
+    "ancient Egypt",
+    "the theatre",
+    "volunteering",
+    "board games",
+    "wind turbines",
+    "coffee",
+    "castles",
+    "lightning",
+    "volcanoes",
 )
 ASKS = (
-    "Explain {} to a curious teenager in a few paragraphs.", "What are common misconceptions about {}?",
-    "Write a short essay about {}.", "Give practical advice to a beginner interested in {}.",
-    "Summarize the history of {}.", "What are the advantages and disadvantages of {}?",
+    "Explain {} to a curious teenager in a few paragraphs.",
+    "What are common misconceptions about {}?",
+    "Write a short essay about {}.",
+    "Give practical advice to a beginner interested in {}.",
+    "Summarize the history of {}.",
+    "What are the advantages and disadvantages of {}?",
 )
-CODE_ASK = ("Complete the following Python function. Reply with the whole function in one ```python code block.\n"
-            "```python\n{}```")
+CODE_ASK = (
+    "Complete the following Python function. Reply with the whole function in one ```python code block.\n"
+    "```python\n{}```"
+)
 
 
-def default_asks() -> List[str]:
+def default_asks() -> list[str]:
     """Requests like the ones a head serves, that need no network: open questions (`ASKS` x `TOPICS`) and code to
     complete (the signature and docstring of standard-library functions), alternating."""
     import ast
@@ -80,15 +123,22 @@ def default_asks() -> List[str]:
             doc = ast.get_docstring(f) if isinstance(f, ast.FunctionDef) else None
             if doc and not f.name.startswith("_") and 60 <= len(doc) <= 600:
                 doc = "\n    ".join(doc.splitlines())
-                stubs.append(CODE_ASK.format(f"def {f.name}({ast.unparse(f.args)}):\n    \"\"\"{doc}\n    \"\"\"\n"))
+                stubs.append(CODE_ASK.format(f'def {f.name}({ast.unparse(f.args)}):\n    """{doc}\n    """\n'))
     prose = [a.format(t) for t in TOPICS for a in ASKS]
     random.Random(0).shuffle(stubs)
     random.Random(1).shuffle(prose)
     return [a for pair in zip(prose, stubs) for a in pair]
 
 
-def replies(target, tokenizer, prompts: Sequence[str], max_tokens: int, until: Optional[float] = None,
-            batch: int = 32, log=lambda _m: None) -> List[List[int]]:
+def replies(
+    target,
+    tokenizer,
+    prompts: Sequence[str],
+    max_tokens: int,
+    until: float | None = None,
+    batch: int = 32,
+    log=lambda _m: None,
+) -> list[list[int]]:
     """Each prompt through the chat template, followed by the target's own greedy reply (self-distillation: what the
     head will draft), `batch` prompts at a time through mlx-lm's `batch_generate`, until the time `until`."""
     import time
@@ -99,23 +149,34 @@ def replies(target, tokenizer, prompts: Sequence[str], max_tokens: int, until: O
     for start in range(0, len(prompts), batch):
         if until is not None and time.time() > until:
             break
-        ids = [list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
-               if getattr(tokenizer, "chat_template", None) else tokenizer.encode(text)
-               for text in prompts[start : start + batch]]
-        got = batch_generate(target, tokenizer, ids, max_tokens=max_tokens, return_token_ids=True,
-                             completion_batch_size=len(ids), prefill_batch_size=len(ids))
+        ids = [
+            list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
+            if getattr(tokenizer, "chat_template", None)
+            else tokenizer.encode(text)
+            for text in prompts[start : start + batch]
+        ]
+        got = batch_generate(
+            target,
+            tokenizer,
+            ids,
+            max_tokens=max_tokens,
+            return_token_ids=True,
+            completion_batch_size=len(ids),
+            prefill_batch_size=len(ids),
+        )
         out += [p + r for p, r in zip(ids, got.token_ids)]
         log(f"replies {len(out)}/{len(prompts)}: {sum(map(len, got.token_ids))} tokens in this batch")
     return out
 
 
-def sequences(tokenizer, texts: Sequence[str], length: int, exclude: Sequence[str] = (),
-              streams: Sequence[List[int]] = ()) -> List[List[int]]:
+def sequences(
+    tokenizer, texts: Sequence[str], length: int, exclude: Sequence[str] = (), streams: Sequence[list[int]] = ()
+) -> list[list[int]]:
     """The token `streams` (the target's replies), then the texts' tokens, EOS between them, cut into sequences of
     `length`, the replies' first (each part shuffled, seeded: the features a budget has time for are the replies, then
     a sample of the text); a text holding any of `exclude` (the benchmark prompts) is left out."""
-    eos = (getattr(tokenizer, "eos_token_ids", None) or [0])
-    stream: List[int] = []
+    eos = getattr(tokenizer, "eos_token_ids", None) or [0]
+    stream: list[int] = []
     for ids in streams:
         stream += list(ids) + [min(eos)]
     first = [stream[i : i + length] for i in range(0, len(stream) - length + 1, length)]
@@ -138,7 +199,7 @@ def sequences(tokenizer, texts: Sequence[str], length: int, exclude: Sequence[st
     return first + rest
 
 
-def features(target, seq: List[int], reads: Sequence[int]):
+def features(target, seq: list[int], reads: Sequence[int]):
     """(states (L, n * d) float16, top ids (L, TOP) int32, their probabilities among the top (L, TOP) float16) of the
     target on `seq`. The loss weighs the top tokens against each other only, so their softmax is taken over the top
     logits, not over the whole vocabulary (a pass over 151k logits a position costs a fifth of the target's pass)."""
@@ -160,15 +221,23 @@ class Shards:
         self.folder, self.per = Path(folder), per
         self.folder.mkdir(parents=True, exist_ok=True)
 
-    def files(self) -> List[Path]:
+    def files(self) -> list[Path]:
         return sorted(self.folder.glob("shard-*.safetensors"))
 
     def tokens(self) -> int:
         meta = self.folder / "meta.json"
         return json.loads(meta.read_text())["tokens"] if meta.is_file() else 0
 
-    def write(self, target, seqs: List[List[int]], reads: Sequence[int], bytes_per_token: int, limit_gb: float,
-              until: Optional[float] = None, bar=None) -> int:
+    def write(
+        self,
+        target,
+        seqs: list[list[int]],
+        reads: Sequence[int],
+        bytes_per_token: int,
+        limit_gb: float,
+        until: float | None = None,
+        bar=None,
+    ) -> int:
         """Compute and write the shards still missing (resumable) until the time `until` or `limit_gb` is reached;
         returns the tokens on disk."""
         import time
@@ -194,7 +263,7 @@ class Shards:
                 bar.update(sum(map(len, part)))
         return tokens
 
-    def batches(self, order: Sequence[int], size: Optional[int] = None) -> Iterator[dict]:
+    def batches(self, order: Sequence[int], size: int | None = None) -> Iterator[dict]:
         """The shards in `order`, loaded one at a time, each whole or in batches of `size` sequences."""
         files = self.files()
         for i in order:

@@ -5,9 +5,9 @@ import json
 import math
 import random
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -30,7 +30,7 @@ class Plan:
     """What a training run is: its data, its head and its budget (kept in DIR/train.json, with what it did)."""
 
     target: str
-    reads: List[int]
+    reads: list[int]
     draft_vocab: int
     length: int = 512
     minutes: float = 120.0
@@ -38,9 +38,9 @@ class Plan:
     lr: float = 3e-4
     warmup: int = 50  # steps of linearly growing learning rate, then a cosine down to a tenth by the budget's end
     batch: int = 2  # sequences a step (a step's time grows with it; more steps do more for a head than bigger ones)
-    max_steps: Optional[int] = None  # stop after this many steps, if the minutes have not run out before
+    max_steps: int | None = None  # stop after this many steps, if the minutes have not run out before
     limit_gb: float = 4.0
-    data: List[str] = field(default_factory=list)  # where the text came from
+    data: list[str] = field(default_factory=list)  # where the text came from
     done: dict = field(default_factory=dict)  # tokens, steps, seconds, curve: what the run did so far
 
 
@@ -50,12 +50,23 @@ def initial_head(target, reads: Sequence[int], ids: mx.array) -> eagle3.Eagle3He
     `ids` (target ids, sorted)."""
     args = target.args
     inner = holder(target)
-    layer = {k: getattr(args, k) for k in ("hidden_size", "intermediate_size", "num_attention_heads",
-                                           "num_key_value_heads", "rms_norm_eps", "rope_theta",
-                                           "max_position_embeddings") if getattr(args, k, None) is not None}
+    layer = {
+        k: getattr(args, k)
+        for k in (
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "rms_norm_eps",
+            "rope_theta",
+            "max_position_embeddings",
+        )
+        if getattr(args, k, None) is not None
+    }
     bias = "bias" in inner.layers[-1].self_attn.q_proj  # (Qwen2's q/k/v have biases; the layout has one switch)
-    config = eagle3.Eagle3Config(dict(layer, model_type="llama", attention_bias=bias), args.vocab_size, ids.size,
-                                 args.hidden_size, list(reads))
+    config = eagle3.Eagle3Config(
+        dict(layer, model_type="llama", attention_bias=bias), args.vocab_size, ids.size, args.hidden_size, list(reads)
+    )
     head = eagle3.Eagle3Head(config, embed=inner.embed_tokens)
     d, last, first = args.hidden_size, inner.layers[-1], head.layers[0]
     head.fc.weight = mx.concatenate([mx.zeros((d, 2 * d)), mx.eye(d)], axis=1)
@@ -136,13 +147,13 @@ def ttt(head: eagle3.Eagle3Head, batch: dict, t2d: mx.array, steps: int = STEPS)
         w = mx.where(d >= 0, p, 0.0) * valid[..., None]
         ce = -(w * mx.take_along_axis(logq, mx.maximum(d, 0), axis=-1)).sum(-1) / mx.maximum(w.sum(-1), 1e-6)
         kept = (w.sum(-1) > 0) & valid
-        loss = loss + DECAY ** i * (ce * kept).sum() / mx.maximum(kept.sum(), 1)
+        loss = loss + DECAY**i * (ce * kept).sum() / mx.maximum(kept.sum(), 1)
         right = (head.ids()[mx.argmax(logq, -1)] == lab[..., 0]) & valid
         stats.append((right.sum(), valid.sum() * B))
     return loss, stats
 
 
-def chain_acceptance(head, batch: dict, t2d: mx.array, steps: int = STEPS) -> List[float]:
+def chain_acceptance(head, batch: dict, t2d: mx.array, steps: int = STEPS) -> list[float]:
     """Per draft position, the share of positions whose chain is accepted that far (each step right while every
     earlier one was), on a batch held out."""
     tokens, states, ids = batch["tokens"], batch["states"].astype(mx.float32), batch["ids"]
@@ -161,9 +172,17 @@ def chain_acceptance(head, batch: dict, t2d: mx.array, steps: int = STEPS) -> Li
     return out
 
 
-def train(target, plan: Plan, out: Path, seqs: List[List[int]], *, resume: bool = False,
-          log: Callable[[str], None] = lambda _m: None, checkpoint_minutes: float = 10.0,
-          started: Optional[float] = None) -> Path:
+def train(
+    target,
+    plan: Plan,
+    out: Path,
+    seqs: list[list[int]],
+    *,
+    resume: bool = False,
+    log: Callable[[str], None] = lambda _m: None,
+    checkpoint_minutes: float = 10.0,
+    started: float | None = None,
+) -> Path:
     """Train a head for `target` on `seqs` within `plan.minutes` from `started` (default: now; the features first, up
     to `plan.data_share` of the time) and save it in `out` (the speculators layout; `eagle3:OUT` loads it). Ctrl-C
     keeps the last checkpoint."""
@@ -176,12 +195,20 @@ def train(target, plan: Plan, out: Path, seqs: List[List[int]], *, resume: bool 
     shards = Shards(out / "data")
     bytes_per_token = len(plan.reads) * target.args.hidden_size * 2 + TOP * 6 + 4
     with progress(total=sum(map(len, seqs)), desc="target states", unit="tok", initial=shards.tokens()) as bar:
-        shards.write(target, seqs, plan.reads, bytes_per_token, plan.limit_gb,
-                     until=started + plan.minutes * 60 * plan.data_share, bar=bar)
+        shards.write(
+            target,
+            seqs,
+            plan.reads,
+            bytes_per_token,
+            plan.limit_gb,
+            until=started + plan.minutes * 60 * plan.data_share,
+            bar=bar,
+        )
     files = len(shards.files())  # the first shard is held out: acceptance along the way is measured on it
     if files < 2:
-        raise SourceError(f"{files} shard of {shards.per} sequences: too little text or time for a held-out shard "
-                          "and one to train on")
+        raise SourceError(
+            f"{files} shard of {shards.per} sequences: too little text or time for a held-out shard and one to train on"
+        )
     ids = draft_vocab(shards, plan.draft_vocab, target.args.vocab_size)
     t2d = mx.full((target.args.vocab_size,), -1, dtype=mx.int32).at[ids].add(mx.arange(ids.size, dtype=mx.int32) + 1)
     head = initial_head(target, plan.reads, ids)
@@ -242,8 +269,12 @@ def learning_rate(plan: Plan, steps: int, elapsed: float) -> float:
 
 def _point(head, batch, t2d, steps: int, started: float, plan: Plan) -> dict:
     acc = chain_acceptance(head, batch, t2d)
-    return {"steps": steps, "minutes": round((time.time() - started) / 60 + plan.done.get("minutes", 0.0), 2),
-            "acceptance": [round(a, 4) for a in acc], "tau": round(1 + sum(acc), 3)}
+    return {
+        "steps": steps,
+        "minutes": round((time.time() - started) / 60 + plan.done.get("minutes", 0.0), 2),
+        "acceptance": [round(a, 4) for a in acc],
+        "tau": round(1 + sum(acc), 3),
+    }
 
 
 def _save(head, opt, out: Path, plan: Plan, steps: int, curve: list, shards: Shards) -> None:
@@ -255,11 +286,23 @@ def _save(head, opt, out: Path, plan: Plan, steps: int, curve: list, shards: Sha
     mx.save_safetensors(str(out / ".opt.tmp.safetensors"), dict(tree_flatten(opt.state)))
     (out / ".opt.tmp.safetensors").replace(out / OPTIMIZER)
     config = head.config.to_dict()
-    config["mlx_spec"] = {"source": "train-head", "target": plan.target, "tokens": shards.tokens(), "steps": steps,
-                          "curve": curve}
+    config["mlx_spec"] = {
+        "source": "train-head",
+        "target": plan.target,
+        "tokens": shards.tokens(),
+        "steps": steps,
+        "curve": curve,
+    }
     (out / ".config.tmp.json").write_text(json.dumps(config, indent=2))
-    done = dict(asdict(plan), done={"steps": steps, "curve": curve, "tokens": shards.tokens(),
-                                    "minutes": curve[-1]["minutes"] if curve else 0.0})
+    done = dict(
+        asdict(plan),
+        done={
+            "steps": steps,
+            "curve": curve,
+            "tokens": shards.tokens(),
+            "minutes": curve[-1]["minutes"] if curve else 0.0,
+        },
+    )
     (out / ".train.tmp.json").write_text(json.dumps(done, indent=2))
     tmp.replace(out / eagle3.FILE)
     (out / ".config.tmp.json").replace(out / "config.json")

@@ -3,11 +3,11 @@ held-out prompts left out), the memory and disk it will take said first, then `h
 
 import json
 import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
 
-from ..make.eagle3 import default_reads
 from ..errors import SourceError
+from ..make.eagle3 import default_reads
 from ..make.paths import atomic_file, home
 from . import data as td
 from .head import Plan, check_out, train
@@ -25,7 +25,7 @@ def default_out(target: str) -> Path:
     return heads_dir() / re.sub(r"[^A-Za-z0-9._-]+", "_", Path(target).name if "/" in target else target)
 
 
-def heads_for(target: str) -> List[Path]:
+def heads_for(target: str) -> list[Path]:
     """The trained heads in `heads_dir()` whose training record names `target`."""
     out = []
     for f in sorted(heads_dir().glob("*/train.json")):
@@ -37,8 +37,9 @@ def heads_for(target: str) -> List[Path]:
     return out
 
 
-def _replies(model, tokenizer, path: Path, regenerate: Optional[Path], held: Sequence[str], tokens: int,
-             until: float, log: Log) -> List[List[int]]:
+def _replies(
+    model, tokenizer, path: Path, regenerate: Path | None, held: Sequence[str], tokens: int, until: float, log: Log
+) -> list[list[int]]:
     """The target's replies to the `regenerate` prompts (`default`: `td.default_asks`), generated once and kept in
     `path` (so that a resumed or restarted run trains on the same sequences); none without `regenerate`."""
     if path.is_file():
@@ -59,10 +60,24 @@ def _replies(model, tokenizer, path: Path, regenerate: Optional[Path], held: Seq
     return streams
 
 
-def run(model, tokenizer, target: str, out: Path, *, held: Sequence[str], data: Sequence[str] = (),
-        regenerate: Optional[Path] = None, reply_tokens: int = 256, minutes: float = 120.0, draft_vocab: int = 8192,
-        length: int = 512, batch: int = 2, limit_gb: float = 4.0, resume: bool = False,
-        log: Log = lambda _m: None) -> Path:
+def run(
+    model,
+    tokenizer,
+    target: str,
+    out: Path,
+    *,
+    held: Sequence[str],
+    data: Sequence[str] = (),
+    regenerate: Path | None = None,
+    reply_tokens: int = 256,
+    minutes: float = 120.0,
+    draft_vocab: int = 8192,
+    length: int = 512,
+    batch: int = 2,
+    limit_gb: float = 4.0,
+    resume: bool = False,
+    log: Log = lambda _m: None,
+) -> Path:
     """Train a head for `model` (named `target` in its record) into `out`; `held`: prompts kept out of the text."""
     import time
 
@@ -74,17 +89,31 @@ def run(model, tokenizer, target: str, out: Path, *, held: Sequence[str], data: 
     params = 3 * d * d + 8 * d * d + 3 * d * inter + d * draft_vocab  # fc, attention (q/k/v read 2 d), MLP, head
     weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     step = batch * length * (draft_vocab * 4 * 3 * 3 + 14 * length * 4 * 3)  # logits, attention, 3 steps, kept
-    log(f"training uses about {(weights + params * 16 + step) / 1e9:.1f} GB of memory (the target, the head with "
-        "its optimizer, a batch)")
+    log(
+        f"training uses about {(weights + params * 16 + step) / 1e9:.1f} GB of memory (the target, the head with "
+        "its optimizer, a batch)"
+    )
     log(f"{len(held)} benchmark prompts (HumanEval, prose) are kept out of the training text")
     texts = td.read_texts(data) if data else td.default_texts()
-    streams = _replies(model, tokenizer, out / "data" / REPLIES, regenerate, held, reply_tokens,
-                       started + minutes * 60 / 4, log)
+    streams = _replies(
+        model, tokenizer, out / "data" / REPLIES, regenerate, held, reply_tokens, started + minutes * 60 / 4, log
+    )
     share = 0.5 if streams else 0.4  # replies up to a quarter of the minutes, then the features up to half
     seqs = td.sequences(tokenizer, texts, length, exclude=held, streams=streams)
-    plan = Plan(target, default_reads(len(model.layers)), draft_vocab, length, minutes, data_share=share, lr=3e-4,
-                batch=batch, limit_gb=limit_gb,
-                data=([str(d) for d in data] or ["default"]) + ([f"replies:{regenerate}"] if streams else []))
-    log(f"{len(seqs)} sequences of {length} tokens; the target's features take up to "
-        f"{min(limit_gb, len(plan.reads) * d * 2 * len(seqs) * length / 1e9):.2f} GB of disk")
+    plan = Plan(
+        target,
+        default_reads(len(model.layers)),
+        draft_vocab,
+        length,
+        minutes,
+        data_share=share,
+        lr=3e-4,
+        batch=batch,
+        limit_gb=limit_gb,
+        data=([str(d) for d in data] or ["default"]) + ([f"replies:{regenerate}"] if streams else []),
+    )
+    log(
+        f"{len(seqs)} sequences of {length} tokens; the target's features take up to "
+        f"{min(limit_gb, len(plan.reads) * d * 2 * len(seqs) * length / 1e9):.2f} GB of disk"
+    )
     return train(model, plan, out, seqs, resume=resume, log=log, started=started)

@@ -33,7 +33,7 @@ CHAT_PROMPTS = [
     "Explain in two sentences what a hash map is.",
 ]
 RAW_PROMPTS = [
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "The capital of France is",
     "import numpy as np\n\n# Compute the mean of each row of a matrix\ndef row_means(m):\n",
 ]
@@ -49,12 +49,12 @@ TRICKY = [
     "caf\u00e9 na\u00efve \u00fcber r\u00e9sum\u00e9",
     "e\u0301 combining accent (not NFC)",
     "\u4e2d\u6587\u6d4b\u8bd5\uff0c\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8 \ud55c\uad6d\uc5b4",
-    "emoji \U0001F600\U0001F680 flags \U0001F1EB\U0001F1F7 zwj \U0001F468\u200d\U0001F4BB",
+    "emoji \U0001f600\U0001f680 flags \U0001f1eb\U0001f1f7 zwj \U0001f468\u200d\U0001f4bb",
     "\u03a9\u2248\u00e7\u221a\u222b math \u2200x\u2208\u211d",
     "https://example.com/path?a=1&b=two#frag",
     "<|im_start|>user\nhi<|im_end|>\n<|endoftext|>",
     "<bos><start_of_turn>user\nhi<end_of_turn>\n<eos>",
-    "<tool_call>{\"name\": \"f\"}</tool_call>",
+    '<tool_call>{"name": "f"}</tool_call>',
     "<unk> <pad> <mask> [multimodal]",
     "SELECT * FROM users WHERE id = 42;",
     "\u16d6\u16b1 runes and \u0928\u092e\u0938\u094d\u0924\u0947 devanagari",
@@ -101,10 +101,10 @@ def make(model_dir: Path, stem: str, kind: str) -> dict:
     prompts = []
     if kind == "chat":
         for p in CHAT_PROMPTS:
-            text = tok.apply_chat_template([{"role": "user", "content": p}],
-                                           add_generation_prompt=True, tokenize=False)
-            prompts.append({"kind": "chat", "message": p, "text": text,
-                            "ids": tok.encode(text, add_special_tokens=False)})
+            text = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+            prompts.append(
+                {"kind": "chat", "message": p, "text": text, "ids": tok.encode(text, add_special_tokens=False)}
+            )
     for p in RAW_PROMPTS[: 3 - len(prompts)]:
         prompts.append({"kind": "raw", "text": p, "ids": tok.encode(p)})
     for p in prompts:
@@ -113,13 +113,14 @@ def make(model_dir: Path, stem: str, kind: str) -> dict:
         p["golden_text"] = tok.decode(p["golden_ids"])
         print(f"{stem}: {time.time() - t:.1f}s {p['golden_text']!r}", flush=True)
     return {
-        "note": ("Made by tests/golden/make_golden.py with transformers' GGUF loader "
-                 f"(transformers {transformers.__version__}, torch {torch.__version__}), float32, "
-                 f"plain greedy argmax with KV cache, {NEW_TOKENS} new tokens, no EOS stop. "
-                 "margins = top-1 minus top-2 logit at each step. Tokenizations use "
-                 "AutoTokenizer(gguf_file=...).encode(text) with special tokens"
-                 + (" on NFC-normalized text (Qwen2's own tokenizer normalizes to NFC)." if nfc
-                    else ".")),
+        "note": (
+            "Made by tests/golden/make_golden.py with transformers' GGUF loader "
+            f"(transformers {transformers.__version__}, torch {torch.__version__}), float32, "
+            f"plain greedy argmax with KV cache, {NEW_TOKENS} new tokens, no EOS stop. "
+            "margins = top-1 minus top-2 logit at each step. Tokenizations use "
+            "AutoTokenizer(gguf_file=...).encode(text) with special tokens"
+            + (" on NFC-normalized text (Qwen2's own tokenizer normalizes to NFC)." if nfc else ".")
+        ),
         "gguf_file": name,
         "gguf_size": (model_dir / name).stat().st_size,
         "load_seconds": round(load_s, 1),
@@ -146,8 +147,10 @@ def main():
     from packaging.version import Version
 
     if Version(transformers.__version__) < Version(MIN_TRANSFORMERS):
-        sys.exit(f"make_golden.py: transformers {transformers.__version__} < {MIN_TRANSFORMERS} "
-                 "tokenizes GGUF user-defined tokens wrongly")
+        sys.exit(
+            f"make_golden.py: transformers {transformers.__version__} < {MIN_TRANSFORMERS} "
+            "tokenizes GGUF user-defined tokens wrongly"
+        )
     for stem in args.models:
         folder = args.dir or recipe_folder(stem)
         if folder is None or not (folder / f"{stem}.gguf").is_file():

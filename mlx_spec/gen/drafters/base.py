@@ -1,7 +1,8 @@
 """The one interface every drafter implements (propose, learn, say how far behind), and what it declares."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import NamedTuple
 
 import mlx.core as mx
 
@@ -13,13 +14,13 @@ class Draft:
     """Up to k proposed tokens continuing a context (a list given is made an array)."""
 
     tokens: mx.array  # (n,) token ids, lazy for a model's draft: the engine reads them with the verify pass
-    probs: Optional[mx.array] = None  # (n, V) the row's distributions they were sampled from; None: one-hot
+    probs: mx.array | None = None  # (n, V) the row's distributions they were sampled from; None: one-hot
     source: str = ""
     behind: int = 0  # context tokens the drafter fed before drafting
-    hindsight: Optional[Tuple[mx.array, List[int]]] = None  # a catch-up over output the drafter sat out: its lazy
+    hindsight: tuple[mx.array, list[int]] | None = None  # a catch-up over output the drafter sat out: its lazy
     # (m,) greedy predictions there and the m tokens the target produced
     cold: bool = False  # a pass of a shape this drafter never ran before (on a GPU: a kernel build, not a cost)
-    parents: Optional[Tuple[int, ...]] = None  # a tree (`gen.tree`): each token's parent, -1 for the last token's
+    parents: tuple[int, ...] | None = None  # a tree (`gen.tree`): each token's parent, -1 for the last token's
 
     def __post_init__(self):
         if not isinstance(self.tokens, mx.array):
@@ -33,7 +34,7 @@ class Member(NamedTuple):
     """A row a drafter drafts for: its part, context, sampling rule (None: greedy) and place in the target's cache."""
 
     part: "Drafter"
-    context: List[int]
+    context: list[int]
     sampler: object = None
     place: int = 0
 
@@ -45,8 +46,9 @@ class Drafting:
         """Whether a row drafting with `part` can draft here."""
         return True
 
-    def propose(self, members: Sequence[Member], k: int, target=None, chunk: Optional[int] = None,
-                tree: int = 0) -> List[Draft]:
+    def propose(
+        self, members: Sequence[Member], k: int, target=None, chunk: int | None = None, tree: int = 0
+    ) -> list[Draft]:
         """At most k tokens a member; target: the engine's `joint.Rows`; chunk: the most catch-up a member is fed;
         tree: a drafter that `trees` drafts a tree of that many tokens, k deep, for a member alone (else a chain)."""
         return [m.part.propose(m.context, k, m.sampler) for m in members]
@@ -62,7 +64,7 @@ class Drafter:
     free = False  # proposing is a table lookup: the engine asks every round and judges the draft against the output
     in_target_cache = False  # drafts through the target's own cache, which must then hold the context but its last
     model = None  # the network it runs (a draft model, a view of the target); None for a table lookup
-    reads: Tuple[int, ...] = ()  # the target's blocks whose outputs it reads (a learned drafter): given with `see`
+    reads: tuple[int, ...] = ()  # the target's blocks whose outputs it reads (a learned drafter): given with `see`
     trees = False  # drafts a tree (several continuations) for a row alone when asked
 
     @property
@@ -74,10 +76,10 @@ class Drafter:
         """What drafts for every row of an engine whose drafter has this source (made once per engine)."""
         return Drafting()
 
-    def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
+    def reset(self, prompt: list[int], target_cache: list | None = None) -> None:
         """A generation starts at `prompt`, the target's cache holding `prompt[:-1]`; state agreeing with it is kept."""
 
-    def propose(self, context: List[int], k: int, sampler=None) -> Draft:
+    def propose(self, context: list[int], k: int, sampler=None) -> Draft:
         """At most k tokens continuing `context`, sampled by the row's `sampler` if it samples (None: greedy)."""
         raise NotImplementedError
 
@@ -87,12 +89,12 @@ class Drafter:
     def see(self, at: int, states: mx.array) -> None:
         """The target's states (n, len(reads) * d) at context positions at..at+n-1, from the pass that kept them."""
 
-    def behind(self, context: List[int]) -> int:
+    def behind(self, context: list[int]) -> int:
         """Context tokens this drafter would feed before drafting at `context` (0 for table lookups)."""
         return 0
 
 
-def extends(context: List[int], held: List[int]) -> bool:
+def extends(context: list[int], held: list[int]) -> bool:
     """Whether `context` extends what a drafter `held`, judged in O(1) by its first and last few tokens."""
     n = len(held)
     return context[: min(n, 1)] == held[:1] and context[max(0, n - SYNC_TAIL) : n] == held[-SYNC_TAIL:]

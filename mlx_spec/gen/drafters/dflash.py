@@ -1,7 +1,7 @@
 """A DFlash drafter proposes a whole block in one pass from the target's hidden states: each row's cache holds the
 projected states of its context, and the block [last token, mask, ...] reads them; one pass for all rows."""
 
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
@@ -25,7 +25,7 @@ class DFlashDrafter(Eagle3Drafter):
     name = "dflash"
     origin = 0
 
-    def __init__(self, module, vocab_size: int, real_vocab: Optional[int] = None):
+    def __init__(self, module, vocab_size: int, real_vocab: int | None = None):
         ModelDrafter.__init__(self, module, vocab_size, real_vocab)
         self.head, self.subset = None, False
         self.reads, self.held = tuple(module.config.reads), []
@@ -34,10 +34,10 @@ class DFlashDrafter(Eagle3Drafter):
     def drafting(self) -> Drafting:
         return DFlashDrafting(self)
 
-    def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
+    def reset(self, prompt: list[int], target_cache: list | None = None) -> None:
         ModelDrafter.reset(self, prompt)
 
-    def behind(self, context: List[int]) -> int:
+    def behind(self, context: list[int]) -> int:
         """Context states it feeds before its block beyond the one every round brings (that of the token before the
         last)."""
         return max(0, ModelDrafter.behind(self, context) - 1)
@@ -49,7 +49,7 @@ class DFlashDrafter(Eagle3Drafter):
         return mx.argmax(self.full(h), axis=-1)
 
 
-def block_mask(cache: list, n: int) -> Optional[mx.array]:
+def block_mask(cache: list, n: int) -> mx.array | None:
     """What a block of n positions sees in each row (B, 1, n, columns + n): the row's own cached columns and the
     whole block; None for a row alone, which sees everything its cache holds."""
     c = cache[0]
@@ -63,7 +63,7 @@ class DFlashDrafting(ModelDrafting):
     """The rows drafting with one DFlash module over their caches as one (`joint.Rows`): each row's new context
     states in one pass, every row's block in a second."""
 
-    def _draft(self, members: Sequence[Member], k: int, chunk: Optional[int], tree: int = 0) -> List[Draft]:
+    def _draft(self, members: Sequence[Member], k: int, chunk: int | None, tree: int = 0) -> list[Draft]:
         for m in members:
             self._join(m.part)
         if sum(o is None for o in self.rows.owners) * 2 > len(self.rows.owners):  # rows that left hold half: pack
@@ -85,24 +85,29 @@ class DFlashDrafting(ModelDrafting):
                 continue
             o.fed.extend(m.context[len(o.fed) : len(o.fed) + n])
             o.forget()
-            out[id(o)] = Draft(tokens[i], probs[i], part.name, max(0, n - 1), cold=cold) if r else \
-                Draft([], source=part.name, behind=n)
+            out[id(o)] = (
+                Draft(tokens[i], probs[i], part.name, max(0, n - 1), cold=cold)
+                if r
+                else Draft([], source=part.name, behind=n)
+            )
         mx.async_eval([d.tokens for d in out.values() if len(d)])  # the device drafts while the host goes on
         return [out[id(m.part)] for m in members]
 
-    def _blocks(self, members: List[Optional[Member]], ready: Sequence[bool], n: int):
+    def _blocks(self, members: list[Member | None], ready: Sequence[bool], n: int):
         """One pass over every place's block [its last token, mask, ...] (a place not drafting: token 0), its keys
         dropped after: (tokens (P, n), distributions, whether the shape ran for the first time) of `_drafts`."""
         module = self.part.model
         size = module.config.block_size
-        block = mx.array([[m.context[-1] if r else 0] + [module.config.mask_token_id] * (size - 1)
-                          for m, r in zip(members, ready)], dtype=mx.uint32)  # (P, size)
+        block = mx.array(
+            [[m.context[-1] if r else 0] + [module.config.mask_token_id] * (size - 1) for m, r in zip(members, ready)],
+            dtype=mx.uint32,
+        )  # (P, size)
         h = module.block(block, self.rows.layers, block_mask(self.rows.layers, size))
         self.rows.rewind([size] * len(members))
         logits = self.part.full(h[:, 1 : n + 1])  # (P, n, V): position j + 1 drafts token j
         return (*_drafts(logits, members, ready), shapes.first_time(self.model, ("block", len(members), size)))
 
-    def _context(self, states: List[Optional[mx.array]]) -> bool:
+    def _context(self, states: list[mx.array | None]) -> bool:
         """Feed each place its new context states (n, width) (None: none), right-padded, the padding dropped, in
         chunks of PREFILL_STEP; whether a shape ran for the first time."""
         given = [s for s in states if s is not None]
@@ -112,16 +117,21 @@ class DFlashDrafting(ModelDrafting):
             n = max(p.shape[0] if p is not None else 0 for p in pieces)
             size = shapes.padded(n) if builds_per_shape() and self.rows.paddable() else n
             lengths = [p.shape[0] if p is not None else 0 for p in pieces]
-            x = mx.stack([mx.concatenate([p, mx.zeros((size - p.shape[0], self.part.width), p.dtype)])
-                          if p is not None else mx.zeros((size, self.part.width), given[0].dtype)
-                          for p in pieces])  # (P, size, width)
+            x = mx.stack(
+                [
+                    mx.concatenate([p, mx.zeros((size - p.shape[0], self.part.width), p.dtype)])
+                    if p is not None
+                    else mx.zeros((size, self.part.width), given[0].dtype)
+                    for p in pieces
+                ]
+            )  # (P, size, width)
             self.part.model.context(x, self.rows.layers)
             self.rows.rewind([size - a for a in lengths])
             cold = shapes.first_time(self.model, ("context", len(states), size)) or cold
         return cold
 
 
-def _catch_up(o, m: Optional[Member], chunk: Optional[int]):
+def _catch_up(o, m: Member | None, chunk: int | None):
     """A place's (context states to feed, positions to drop, whether it drafts): the states of its context but the
     last token that its cache lacks, a chunk a round where others wait."""
     if m is None:
@@ -134,7 +144,7 @@ def _catch_up(o, m: Optional[Member], chunk: Optional[int]):
     return todo, drop, True
 
 
-def _drafts(logits: mx.array, members: List[Optional[Member]], ready: Sequence[bool]):
+def _drafts(logits: mx.array, members: list[Member | None], ready: Sequence[bool]):
     """(tokens (P, n), each place's distributions (n, V) or None): each ready place's drafts from its logits (P, n, V)
     by its member's rule (none: greedy), every position drawn on its own."""
     tokens, probs = mx.argmax(logits, axis=-1), [None] * len(members)

@@ -3,7 +3,8 @@ of the position before it, each draft token beside the head's own state before i
 row alone a tree (`tree`)."""
 
 import copy
-from typing import List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -23,19 +24,19 @@ class Eagle3Drafter(ModelDrafter):
     origin = 1
     trees = True
 
-    def __init__(self, head, reads: Sequence[int], vocab_size: int, real_vocab: Optional[int] = None):
+    def __init__(self, head, reads: Sequence[int], vocab_size: int, real_vocab: int | None = None):
         """reads: the target's blocks whose outputs the head takes, in the order it concatenates them."""
         super().__init__(head, vocab_size, real_vocab)
         self.head, self.subset = None, False  # its own draft vocabulary, mapped by `ids`
         self.reads, self.ids = tuple(reads), head.ids()
         self.width = head.config.target_hidden_size * len(self.reads)
-        self.held: List[Tuple[int, mx.array]] = []  # (first position, states (n, width)) not fed yet, in order
+        self.held: list[tuple[int, mx.array]] = []  # (first position, states (n, width)) not fed yet, in order
         self._view = None  # the head as a tree's nodes run it (`_tree_view`)
 
     def drafting(self) -> Drafting:
         return Eagle3Drafting(self)
 
-    def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
+    def reset(self, prompt: list[int], target_cache: list | None = None) -> None:
         super().reset(prompt[1:])
 
     def see(self, at: int, states: mx.array) -> None:
@@ -46,13 +47,13 @@ class Eagle3Drafter(ModelDrafter):
             self.held = [(first, self._at(first, a + s.shape[0] - first))]
             mx.async_eval(self.held[0][1])
 
-    def behind(self, context: List[int]) -> int:
+    def behind(self, context: list[int]) -> int:
         return super().behind(context[1:]) if len(context) > 1 else 0
 
-    def forward(self, x: mx.array, cache: list, states: Optional[mx.array] = None) -> mx.array:
+    def forward(self, x: mx.array, cache: list, states: mx.array | None = None) -> mx.array:
         return self.model(x, states, cache)
 
-    def given(self, owners: Sequence[Optional["Eagle3Drafter"]], starts: List[int], n: int) -> mx.array:
+    def given(self, owners: Sequence[Optional["Eagle3Drafter"]], starts: list[int], n: int) -> mx.array:
         """Each place's states for its n tokens fed from fed index `starts` (fed index j is context position j + 1,
         fed beside the states of position j); zeros where the target's states were never seen."""
         return mx.stack([o._at(a, n) if o is not None else mx.zeros((n, self.width)) for o, a in zip(owners, starts)])
@@ -82,7 +83,7 @@ class Eagle3Drafter(ModelDrafter):
     def greedy(self, h: mx.array) -> mx.array:
         return self.ids[mx.argmax(self.model.logits(h), axis=-1)]
 
-    def tree(self, state: mx.array, k: int, nodes: int, rows) -> Tuple[mx.array, Tuple[int, ...]]:
+    def tree(self, state: mx.array, k: int, nodes: int, rows) -> tuple[mx.array, tuple[int, ...]]:
         """(tokens, parents) of a tree of at most `nodes` tokens, k deep, from the head's state (1, d) after the
         context, in its cache `rows` (one place): EAGLE-2's tree. Each depth feeds its TREE_WIDTH likeliest nodes
         in one pass, each attending to its ancestors, and each drafts its TREE_WIDTH likeliest children; a node's
@@ -92,7 +93,7 @@ class Eagle3Drafter(ModelDrafter):
         start = cache[0].offset
         score, token, parent, depth, fed, out = [], [], [], [], [], {}  # candidates; fed ones, their states
 
-        def expand(h: mx.array, who: List[int]) -> None:  # the children of candidates `who` (-1: the context)
+        def expand(h: mx.array, who: list[int]) -> None:  # the children of candidates `who` (-1: the context)
             logp = nn.log_softmax(self.model.logits(h).astype(mx.float32), axis=-1)
             top = mx.argpartition(-logp, TREE_WIDTH - 1, axis=-1)[:, :TREE_WIDTH]
             lp, ids = mx.take_along_axis(logp, top, axis=-1).tolist(), self.ids[top].tolist()
@@ -125,7 +126,7 @@ class Eagle3Drafter(ModelDrafter):
         return mx.array([token[c] for c in keep], dtype=mx.uint32), tuple(at.get(parent[c], -1) for c in keep)
 
     @staticmethod
-    def _ancestor(a: int, c: int, parent: List[int]) -> bool:
+    def _ancestor(a: int, c: int, parent: list[int]) -> bool:
         while c >= 0 and c != a:
             c = parent[c]
         return c == a
@@ -142,11 +143,20 @@ class Eagle3Drafter(ModelDrafter):
 class Eagle3Drafting(ModelDrafting):
     """The rows drafting with one head: a draft model's drafting over each row's context from its second token."""
 
-    def propose(self, members: Sequence[Member], k: int, target=None, chunk: Optional[int] = None,
-                tree: int = 0) -> List[Draft]:
+    def propose(
+        self, members: Sequence[Member], k: int, target=None, chunk: int | None = None, tree: int = 0
+    ) -> list[Draft]:
         ready = [m for m in members if len(m.context) > 1]
-        out = dict(zip([id(m) for m in ready], super().propose([m._replace(context=m.context[1:]) for m in ready], k,
-                                                              target, chunk, tree))) if ready else {}
+        out = (
+            dict(
+                zip(
+                    [id(m) for m in ready],
+                    super().propose([m._replace(context=m.context[1:]) for m in ready], k, target, chunk, tree),
+                )
+            )
+            if ready
+            else {}
+        )
         for m in ready:
             m.part.forget()
         return [out.get(id(m), Draft([], source=self.part.name)) for m in members]

@@ -1,7 +1,7 @@
 """A draft head over a vocabulary subset: a greedy draft step scores a few thousand rows of the output layer
 (written here: mlx-lm has no partial output head)."""
 
-from typing import Iterable, List, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -16,14 +16,21 @@ def _head(model):
     return model.lm_head
 
 
-def _rows(layer, h: mx.array, ids: Optional[mx.array]) -> mx.array:
+def _rows(layer, h: mx.array, ids: mx.array | None) -> mx.array:
     """h @ W[ids].T for a (quantized) linear or embedding layer; every row when ids is None."""
     pick = (lambda a: a[ids]) if ids is not None else (lambda a: a)
     if isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
         biases = layer.get("biases")
-        out = mx.quantized_matmul(h, pick(layer.weight), pick(layer.scales),
-                                  pick(biases) if biases is not None else None, transpose=True,
-                                  group_size=layer.group_size, bits=layer.bits, mode=getattr(layer, "mode", "affine"))
+        out = mx.quantized_matmul(
+            h,
+            pick(layer.weight),
+            pick(layer.scales),
+            pick(biases) if biases is not None else None,
+            transpose=True,
+            group_size=layer.group_size,
+            bits=layer.bits,
+            mode=getattr(layer, "mode", "affine"),
+        )
     else:
         out = h @ pick(layer.weight).T
     bias = layer.get("bias") if isinstance(layer, nn.Linear) else None
@@ -35,9 +42,9 @@ class SubsetHead:
 
     def __init__(self, model, base_ids: Iterable[int]):
         self.layer = _head(model)
-        self._ids: List[int] = sorted(set(int(i) for i in base_ids))
+        self._ids: list[int] = sorted(set(int(i) for i in base_ids))
         self._seen = set(self._ids)
-        self._array: Optional[mx.array] = None
+        self._array: mx.array | None = None
 
     @staticmethod
     def supports(model) -> bool:

@@ -1,6 +1,6 @@
 """Hybrid drafting: the context's own sources (suffix, n-gram) and a model (or self) source, chosen per round."""
 
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 from .base import Draft, Drafter
 
@@ -10,18 +10,18 @@ class HybridDrafter(Drafter):
 
     name = "hybrid"
 
-    def __init__(self, free: Sequence[Drafter], costly: Optional[Drafter] = None):
+    def __init__(self, free: Sequence[Drafter], costly: Drafter | None = None):
         self._parts = (*free, costly) if costly is not None else tuple(free)
 
     @property
     def parts(self) -> Sequence[Drafter]:
         return self._parts
 
-    def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
+    def reset(self, prompt: list[int], target_cache: list | None = None) -> None:
         for d in self._parts:
             d.reset(prompt, target_cache)
 
-    def propose(self, context: List[int], k: int, sampler=None) -> Draft:
+    def propose(self, context: list[int], k: int, sampler=None) -> Draft:
         """The first part's non-empty draft, in order (for callers outside the engine)."""
         for d in self._parts:
             draft = d.propose(context, k, sampler)

@@ -1,6 +1,7 @@
 """A separate small model drafts with its own KV cache, for every row of an engine in one pass a position."""
 
-from typing import Iterable, List, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Optional
 
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache
@@ -23,22 +24,21 @@ class ModelDrafter(Drafter):
     name = "model"
     origin = 0  # the context position of the first token it is fed
 
-    def __init__(self, model, vocab_size: int, real_vocab: Optional[int] = None,
-                 head_ids: Optional[Iterable[int]] = None):
+    def __init__(self, model, vocab_size: int, real_vocab: int | None = None, head_ids: Iterable[int] | None = None):
         """vocab_size: the target's logits width; ids from real_vocab on are padding; head_ids: `head.SubsetHead`'s."""
         self.model = recurrent.recording(model)
         self.head = SubsetHead(self.model, head_ids or []) if SubsetHead.supports(self.model) else None
         self.subset = head_ids is not None and self.head is not None
         self.vocab_size, self.real_vocab = vocab_size, real_vocab
-        self.cache: Optional[list] = None  # its own cache (None while an engine's drafting holds it)
-        self.fed: List[int] = []
-        self.drafted: Optional[tuple] = None  # the last draft (lazy tokens, how many of them the cache holds)
-        self.output_from: Optional[int] = None  # the context's first output token (the prompt's length)
+        self.cache: list | None = None  # its own cache (None while an engine's drafting holds it)
+        self.fed: list[int] = []
+        self.drafted: tuple | None = None  # the last draft (lazy tokens, how many of them the cache holds)
+        self.output_from: int | None = None  # the context's first output token (the prompt's length)
 
     def drafting(self) -> Drafting:
         return ModelDrafting(self)
 
-    def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
+    def reset(self, prompt: list[int], target_cache: list | None = None) -> None:
         """The cache keeps what it shares with `prompt`; the rest is fed when the planner first drafts."""
         self.output_from = len(prompt)
         if self.subset:
@@ -51,7 +51,7 @@ class ModelDrafter(Drafter):
             self.fed.extend(tokens.tolist()[:n])
             self.drafted = None
 
-    def behind(self, context: List[int]) -> int:
+    def behind(self, context: list[int]) -> int:
         """Context tokens but the last its cache lacks, from the tail (`fed` is a prefix plus rejected drafts)."""
         self.settle()
         i = min(len(self.fed), len(context) - 1)
@@ -59,19 +59,19 @@ class ModelDrafter(Drafter):
             i -= 1
         return len(context) - 1 - i
 
-    def propose(self, context: List[int], k: int, sampler=None) -> Draft:
+    def propose(self, context: list[int], k: int, sampler=None) -> Draft:
         drafting = self.drafting()
         try:
             return drafting.propose([Member(self, context, sampler)], k)[0]
         finally:
             drafting.leave(self)
 
-    def forward(self, x: mx.array, cache: list, states: Optional[mx.array] = None) -> mx.array:
+    def forward(self, x: mx.array, cache: list, states: mx.array | None = None) -> mx.array:
         """States (B, L, d) of feeding x (B, L) with a split head, else logits (B, L, V); states: what a learned
         drafter reads beside the tokens (unused here)."""
         return self.model.model(x, cache=cache) if self.head is not None else self.model(x, cache=cache)
 
-    def given(self, owners: Sequence[Optional["ModelDrafter"]], starts: List[int], n: int) -> Optional[mx.array]:
+    def given(self, owners: Sequence[Optional["ModelDrafter"]], starts: list[int], n: int) -> mx.array | None:
         """What each place's drafter reads beside its n tokens fed from `starts` (None: tokens alone)."""
         return None
 
@@ -116,8 +116,9 @@ class ModelDrafting(Drafting):
                 raise GenerationError(f"{part.name} drafter: its KV cache cannot be trimmed, so drafts cannot rewind")
             self.rows.add(part, cache)
 
-    def propose(self, members: Sequence[Member], k: int, target=None, chunk: Optional[int] = None,
-                tree: int = 0) -> List[Draft]:
+    def propose(
+        self, members: Sequence[Member], k: int, target=None, chunk: int | None = None, tree: int = 0
+    ) -> list[Draft]:
         if k <= 0:
             return [Draft([], source=self.part.name) for _ in members]
         try:
@@ -132,7 +133,7 @@ class ModelDrafting(Drafting):
                     o.cache, o.fed = None, []
             raise
 
-    def _draft(self, members: Sequence[Member], k: int, chunk: Optional[int], tree: int = 0) -> List[Draft]:
+    def _draft(self, members: Sequence[Member], k: int, chunk: int | None, tree: int = 0) -> list[Draft]:
         for m in members:
             self._join(m.part)
         for o in self.rows.owners:
@@ -172,12 +173,15 @@ class ModelDrafting(Drafting):
                 continue
             o.fed.extend(f)
             o.drafted = (tokens[i], k - 1) if r else None  # the draft's own array: read once, with the verify pass
-            out[id(o)] = Draft(o.drafted[0], probs[i], part.name, len(f) - 1, seen.get(i), cold) if r else \
-                Draft([], source=part.name, behind=len(f))
+            out[id(o)] = (
+                Draft(o.drafted[0], probs[i], part.name, len(f) - 1, seen.get(i), cold)
+                if r
+                else Draft([], source=part.name, behind=len(f))
+            )
         mx.async_eval([d.tokens for d in out.values() if len(d)])  # the device drafts while the host goes on
         return [out[id(m.part)] for m in members]
 
-    def _feed(self, feeds: List[List[int]], need: List[int]):
+    def _feed(self, feeds: list[list[int]], need: list[int]):
         """Feed each place its tokens: (per place its last need[i] states, each place's last state, whether new)."""
         width = max(1, max(len(f) for f in feeds))
         tail = width if len(feeds) > 1 else (min(width, PREFILL_STEP) if self.part.head is not None else max(need))
@@ -190,20 +194,23 @@ class ModelDrafting(Drafting):
         state = mx.stack([h[i, a - 1] for i, a in enumerate(at)])
         return [h[i, a - n : a] if n else None for i, (a, n) in enumerate(zip(at, need))], state, cold or first
 
-    def _pass(self, feeds: List[List[int]], skip: int):
+    def _pass(self, feeds: list[list[int]], skip: int):
         """One pass over every place, right-padded, the padding dropped: (its states (P, L, d or V), whether new);
         skip: tokens of each place's catch-up fed before."""
         n = max(1, max(len(f) for f in feeds))
         size = shapes.padded(n) if builds_per_shape() and self.rows.paddable() else n
         x = mx.array([f + [f[-1] if f else 0] * (size - len(f)) for f in feeds], dtype=mx.uint32)  # (P, size)
         owners = self.rows.owners
-        h = self.part.forward(x, self.rows.layers, self.part.given(
-            owners, [len(o.fed) + skip if o is not None else 0 for o in owners], size))
+        h = self.part.forward(
+            x,
+            self.rows.layers,
+            self.part.given(owners, [len(o.fed) + skip if o is not None else 0 for o in owners], size),
+        )
         self.rows.rewind([size - len(f) for f in feeds])
         return h, shapes.first_time(self.model, (len(feeds), size))
 
 
-def _catch_up(o: Optional[ModelDrafter], m: Optional[Member], chunk: Optional[int]):
+def _catch_up(o: ModelDrafter | None, m: Member | None, chunk: int | None):
     """A place's (tokens to feed, positions to drop, whether it drafts, output tokens to judge in hindsight): the rest
     of its context, a chunk a round where others wait; a greedy catch-up over HINDSIGHT_MIN outputs is judged."""
     if m is None:
@@ -218,7 +225,7 @@ def _catch_up(o: Optional[ModelDrafter], m: Optional[Member], chunk: Optional[in
     return todo, drop, True, n if greedy and n >= HINDSIGHT_MIN else 0
 
 
-def draft_steps(part: ModelDrafter, state: mx.array, members: List[Optional[Member]], k: int, cache: list):
+def draft_steps(part: ModelDrafter, state: mx.array, members: list[Member | None], k: int, cache: list):
     """(tokens (P, k), each place's distributions (k, V) or None): k drafts from each place's state (P, d or V) by its
     member's rule (none: greedy), each but the last fed back through `cache`."""
     sampled = any(m is not None and m.sampler is not None and m.sampler.temp for m in members)

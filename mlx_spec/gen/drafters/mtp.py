@@ -1,8 +1,6 @@
 """The target's own MTP layers draft from its last state: each context token is fed beside the target's state of the
 position before it (after the target's final norm), each draft token beside the MTP module's own output before it."""
 
-from typing import Optional
-
 import mlx.core as mx
 
 from .eagle3 import Eagle3Drafter
@@ -15,7 +13,7 @@ class MTPDrafter(Eagle3Drafter):
     name = "mtp"
     trees = False
 
-    def __init__(self, module, blocks: int, vocab_size: int, real_vocab: Optional[int] = None):
+    def __init__(self, module, blocks: int, vocab_size: int, real_vocab: int | None = None):
         super(Eagle3Drafter, self).__init__(module, vocab_size, real_vocab)
         self.head, self.subset = None, False
         self.reads, self.width, self.held = (blocks - 1,), module.fc.weight.shape[0], []

@@ -1,7 +1,5 @@
 """ANPD: the adaptive multi-level N-gram drafter (Ou et al. 2024, arXiv:2404.08698), no model needed."""
 
-from typing import Dict, List, Optional, Tuple
-
 from ...errors import GenerationError
 from ..tunables import NGRAM_MIN_N as DEFAULT_MIN_N
 from ..tunables import NGRAM_MIN_TRUST as DEFAULT_MIN_TRUST
@@ -26,20 +24,20 @@ class NGramDrafter(Drafter):
             raise GenerationError(f"ngram: min_n must be in [2, n={n}], got {min_n}")
         self.n, self.min_n, self.min_trust = n, min_n, min_trust
         self.trust = {m: 1.0 for m in range(min_n, n + 1)}  # level -> acceptance estimate (optimistic start)
-        self._levels: List[int] = []  # match level of each token of the last draft
+        self._levels: list[int] = []  # match level of each token of the last draft
         self._rebuild([])
 
-    def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
+    def reset(self, prompt: list[int], target_cache: list | None = None) -> None:
         self._sync(prompt)
 
-    def _rebuild(self, prompt: List[int]) -> None:
+    def _rebuild(self, prompt: list[int]) -> None:
         """INITIALIZE (paper Sec 3.1): forget the tables and index the prompt tokens."""
-        self._counts: Dict[Tuple[int, ...], int] = {}  # n-gram -> occurrences
-        self._best: Dict[Tuple[int, ...], Tuple[int, int]] = {}  # its first n-1 tokens -> (most frequent next, count)
-        self._tokens: List[int] = []  # our own copy of what is indexed, so caller mutation can't desync us
+        self._counts: dict[tuple[int, ...], int] = {}  # n-gram -> occurrences
+        self._best: dict[tuple[int, ...], tuple[int, int]] = {}  # its first n-1 tokens -> (most frequent next, count)
+        self._tokens: list[int] = []  # our own copy of what is indexed, so caller mutation can't desync us
         self._index(prompt)
 
-    def _index(self, tokens: List[int]) -> None:
+    def _index(self, tokens: list[int]) -> None:
         """UPDATE with each token in turn: pair it with its previous n-1, ..., min_n-1 tokens."""
         seq, counts, best = self._tokens, self._counts, self._best
         for tok in tokens:
@@ -53,19 +51,19 @@ class NGramDrafter(Drafter):
                 if cur is None or c >= cur[1]:  # most frequent wins; ties go to the most recent occurrence
                     best[gram[:-1]] = (tok, c)
 
-    def _sync(self, context: List[int]) -> None:
+    def _sync(self, context: list[int]) -> None:
         """Index the tokens of `context` not indexed yet, or all of them where it does not extend what is indexed."""
         if not extends(context, self._tokens):
             self._rebuild(context)
         elif len(context) > len(self._tokens):
-            self._index(context[len(self._tokens):])
+            self._index(context[len(self._tokens) :])
         else:
             return
         for level, t in self.trust.items():  # new tokens: untrusted levels earn a retry over time
             if t < self.min_trust:
                 self.trust[level] = t + TRUST_RECOVERY
 
-    def _query(self, window: List[int]) -> Tuple[Optional[int], int]:
+    def _query(self, window: list[int]) -> tuple[int | None, int]:
         """Alg 2: (next token, level) from the longest level matching `window`; (None, 0) if none match."""
         for m in range(min(self.n, len(window) + 1), self.min_n - 1, -1):
             hit = self._best.get(tuple(window[len(window) - m + 1 :]))
@@ -73,7 +71,7 @@ class NGramDrafter(Drafter):
                 return hit[0], m
         return None, 0
 
-    def propose(self, context: List[int], k: int, sampler=None) -> Draft:
+    def propose(self, context: list[int], k: int, sampler=None) -> Draft:
         """Alg 1 lines 12-16: up to k lookups chained through the draft, each on the last n-1 tokens of
         context + draft; stops at the first miss or at a level whose trust is below min_trust (deterministic)."""
         self._sync(context)

@@ -1,7 +1,7 @@
 """The target drafts for itself in its own cache: through a subset of its layers, or a quantized copy (QSpec)."""
 
 import weakref
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -30,13 +30,15 @@ class SelfDrafter(ModelDrafter):
     name = "self"
     in_target_cache = True
 
-    def __init__(self, model, layers: Sequence[int], vocab_size: int, real_vocab: Optional[int] = None, head_ids=None):
+    def __init__(self, model, layers: Sequence[int], vocab_size: int, real_vocab: int | None = None, head_ids=None):
         model_type = getattr(getattr(model, "args", None), "model_type", "")
         if not hasattr(model, "model") or not hasattr(model.model, "layers"):
             raise UnsupportedError(f"{self.name} drafting needs an mlx-lm model with model.model.layers")
         if model_type in INDEX_DEPENDENT and list(layers) != list(range(len(model.model.layers))):
-            raise UnsupportedError(f"self drafting with a subset of layers is not supported for {model_type}: "
-                                   "its layers depend on their index")
+            raise UnsupportedError(
+                f"self drafting with a subset of layers is not supported for {model_type}: "
+                "its layers depend on their index"
+            )
         self.layers = list(layers)
         self.target_cache = None
         super().__init__(layer_view(model, self.layers), vocab_size, real_vocab, head_ids)
@@ -45,7 +47,7 @@ class SelfDrafter(ModelDrafter):
     def drafting(self) -> Drafting:
         return SelfDrafting(self)
 
-    def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
+    def reset(self, prompt: list[int], target_cache: list | None = None) -> None:
         """Share the target's per-layer caches; nothing to prefill (the target's prefill is ours)."""
         if target_cache is None:
             raise GenerationError("the self drafter needs the target's cache: reset(prompt, target_cache)")
@@ -54,10 +56,10 @@ class SelfDrafter(ModelDrafter):
             raise GenerationError(f"{self.name} drafter: the target's recurrent cache cannot be rewound")
         super().reset(prompt)
 
-    def behind(self, context: List[int]) -> int:
+    def behind(self, context: list[int]) -> int:
         return 0  # the target's cache is ours: nothing to catch up
 
-    def propose(self, context: List[int], k: int, sampler=None) -> Draft:
+    def propose(self, context: list[int], k: int, sampler=None) -> Draft:
         if self.target_cache is None:
             raise GenerationError("self drafter used before reset(prompt, target_cache)")
         rows = Rows()
@@ -75,8 +77,9 @@ class SelfDrafting(Drafting):
     def takes(self, part) -> bool:
         return getattr(part, "blocks", None) == self.part.blocks
 
-    def propose(self, members: Sequence[Member], k: int, target=None, chunk: Optional[int] = None,
-                tree: int = 0) -> List[Draft]:
+    def propose(
+        self, members: Sequence[Member], k: int, target=None, chunk: int | None = None, tree: int = 0
+    ) -> list[Draft]:
         part = self.part
         cache = [target.layers[i] for i in part.layers]
         if k <= 0 or target.joint and not all(isinstance(c, RaggedKVCache) for c in cache):
@@ -102,11 +105,11 @@ class SelfDrafting(Drafting):
 class ImportanceSelfDrafter(SelfDrafter):
     """Self drafting with the `keep` blocks that change their input most on the prompt's tail, ranked at each reset."""
 
-    def __init__(self, model, keep: int, vocab_size: int, real_vocab: Optional[int] = None, head_ids=None):
+    def __init__(self, model, keep: int, vocab_size: int, real_vocab: int | None = None, head_ids=None):
         self.target, self.keep = model, keep
         super().__init__(model, keep_layer_indices(len(model.model.layers), keep), vocab_size, real_vocab, head_ids)
 
-    def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
+    def reset(self, prompt: list[int], target_cache: list | None = None) -> None:
         tail = list(prompt[-IMPORTANCE_TOKENS:])
         if len(tail) >= 2:
             self.layers = most_important(block_similarity(self.target, [tail]), self.keep)
@@ -115,7 +118,7 @@ class ImportanceSelfDrafter(SelfDrafter):
         super().reset(prompt, target_cache)
 
 
-_COPIES: Dict[Tuple[int, str], Tuple[weakref.ref, object]] = {}  # (id(target), format) -> (target, its copy)
+_COPIES: dict[tuple[int, str], tuple[weakref.ref, object]] = {}  # (id(target), format) -> (target, its copy)
 
 
 def shared_copy(model, fmt: str):
@@ -139,6 +142,6 @@ class QuantSelfDrafter(SelfDrafter):
 
     name = "quant-self"
 
-    def __init__(self, model, fmt: str, vocab_size: int, real_vocab: Optional[int] = None, head_ids=None):
+    def __init__(self, model, fmt: str, vocab_size: int, real_vocab: int | None = None, head_ids=None):
         self.format = fmt
         super().__init__(shared_copy(model, fmt), range(len(model.model.layers)), vocab_size, real_vocab, head_ids)

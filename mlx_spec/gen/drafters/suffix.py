@@ -2,7 +2,6 @@
 here: no maintained Python library builds a suffix automaton online with counts over integer tokens)."""
 
 import threading
-from typing import Dict, List, Optional, Tuple
 
 from ..tunables import SUFFIX_ALPHA as ALPHA
 from ..tunables import SUFFIX_COUNT_WALK as COUNT_WALK
@@ -20,14 +19,14 @@ class SuffixIndex:
     and `count[v]` are state v's longest string, suffix link, transitions and end positions (state 0: the root)."""
 
     def __init__(self):
-        self.tokens: List[int] = []
-        self.length: List[int] = [0]
-        self.link: List[int] = [-1]
-        self.next: List[Dict[int, int]] = [{}]
-        self.count: List[int] = [0]
+        self.tokens: list[int] = []
+        self.length: list[int] = [0]
+        self.link: list[int] = [-1]
+        self.next: list[dict[int, int]] = [{}]
+        self.count: list[int] = [0]
         self.last = 0
 
-    def _state(self, length: int, link: int, nxt: Dict[int, int], count: int) -> int:
+    def _state(self, length: int, link: int, nxt: dict[int, int], count: int) -> int:
         self.length.append(length)
         self.link.append(link)
         self.next.append(nxt)
@@ -58,12 +57,12 @@ class SuffixIndex:
             self.count[v] += 1
             v, steps = self.link[v], steps + 1
 
-    def match(self) -> Tuple[int, int]:
+    def match(self) -> tuple[int, int]:
         """(state, length) of the longest suffix of the text that also occurs earlier; (0, 0) if none."""
         v = self.link[self.last] if self.last else 0
         return (v, self.length[v]) if v > 0 else (0, 0)
 
-    def match_tail(self, tail: List[int]) -> Tuple[int, int]:
+    def match_tail(self, tail: list[int]) -> tuple[int, int]:
         """(state, length) of the longest suffix of `tail` that occurs in the text; (0, 0) if none."""
         v, n = 0, 0
         for t in tail:
@@ -74,7 +73,7 @@ class SuffixIndex:
                 v, n = self.next[v][t], n + 1
         return (v, n) if n else (0, 0)
 
-    def draft(self, state: int, length: int, k: int) -> List[int]:
+    def draft(self, state: int, length: int, k: int) -> list[int]:
         """Up to min(k, ALPHA x length) tokens after a match, by the most frequent transition each step, while the
         product of their empirical probabilities stays at or above MIN_SCORE; none for a match under MIN_MATCH."""
         k = min(k, max(1, int(ALPHA * length))) if length >= MIN_MATCH else 0
@@ -95,20 +94,20 @@ class SuffixMemory:
     def __init__(self, max_tokens: int = MEMORY_TOKENS):
         self.max_tokens, self.index, self._lock = max_tokens, SuffixIndex(), threading.Lock()
 
-    def add(self, output: List[int]) -> None:
+    def add(self, output: list[int]) -> None:
         """Remember an output; past `max_tokens` the older half of the outputs goes."""
         if not output:
             return
         with self._lock:
             text, keep = self.index.tokens, []
             if len(text) + len(output) + 1 > self.max_tokens:  # start over from the newer half (whole outputs)
-                keep = text[len(text) // 2:]
-                keep = keep[keep.index(SEPARATOR) + 1:] if SEPARATOR in keep else []
+                keep = text[len(text) // 2 :]
+                keep = keep[keep.index(SEPARATOR) + 1 :] if SEPARATOR in keep else []
                 self.index = SuffixIndex()
-            for t in keep + list(output[-self.max_tokens // 2:]) + [SEPARATOR]:
+            for t in keep + list(output[-self.max_tokens // 2 :]) + [SEPARATOR]:
                 self.index.extend(t)
 
-    def draft(self, context: List[int], k: int) -> Tuple[int, List[int]]:
+    def draft(self, context: list[int], k: int) -> tuple[int, list[int]]:
         """(match length, draft) from the memory for the context's suffix."""
         with self._lock:
             state, length = self.index.match_tail(context[-MATCH_TAIL:])
@@ -124,25 +123,25 @@ class SuffixDrafter(Drafter):
     name = "suffix"
     free = True  # dictionary walks: microseconds against a forward pass
 
-    def __init__(self, memory: Optional[SuffixMemory] = None):
+    def __init__(self, memory: SuffixMemory | None = None):
         self.memory = memory
         self.index = SuffixIndex()
-        self._prompt_len: Optional[int] = None  # where the current generation's output starts in the index
+        self._prompt_len: int | None = None  # where the current generation's output starts in the index
 
-    def reset(self, prompt: List[int], target_cache: Optional[list] = None) -> None:
+    def reset(self, prompt: list[int], target_cache: list | None = None) -> None:
         if self.memory is not None and self._prompt_len is not None:  # the last generation's output is final
-            self.memory.add(self.index.tokens[self._prompt_len:])
+            self.memory.add(self.index.tokens[self._prompt_len :])
         self._sync(prompt)
         self._prompt_len = len(prompt)
 
-    def _sync(self, context: List[int]) -> None:
+    def _sync(self, context: list[int]) -> None:
         """Index what the context adds; start over when it is not an extension (a session's edited turn)."""
         if not extends(context, self.index.tokens):
             self.index = SuffixIndex()
-        for token in context[len(self.index.tokens):]:
+        for token in context[len(self.index.tokens) :]:
             self.index.extend(token)
 
-    def propose(self, context: List[int], k: int, sampler=None) -> Draft:
+    def propose(self, context: list[int], k: int, sampler=None) -> Draft:
         self._sync(context)
         state, length = self.index.match()
         if self.memory is not None:
