@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Set up mlx-spec in ./.venv: the package, its dependencies and MLX's backend for this machine: Metal on macOS,
 # CUDA on Linux with an NVIDIA GPU, else the CPU with a fast BLAS (OpenBLAS).
-# Usage: bash setup.sh [--dev] [--cpu] [--print]
-#   --dev adds the test dependencies; --cpu installs the CPU backend even where an NVIDIA GPU is;
+# Usage: bash setup.sh [--dev] [--refs] [--cpu] [--print]
+#   --dev adds the test dependencies; --refs adds the PyTorch references of the slow interop tests (PyTorch's CPU
+#   build, speculators, dflash); --cpu installs the CPU backend even where an NVIDIA GPU is;
 #   --print prints the backend and the pip command, and installs nothing.
 set -euo pipefail
 cd "$(dirname "$0")"
-dev=0 cpu=0 print=0
+dev=0 refs=0 cpu=0 print=0
 for arg in "$@"; do
   case "$arg" in
     --dev) dev=1 ;;
+    --refs) refs=1 ;;
     --cpu) cpu=1 ;;
     --print) print=1 ;;
-    *) echo "setup: unknown option $arg (usage: bash setup.sh [--dev] [--cpu] [--print])" >&2; exit 2 ;;
+    *) echo "setup: unknown option $arg (usage: bash setup.sh [--dev] [--refs] [--cpu] [--print])" >&2; exit 2 ;;
   esac
 done
 
@@ -50,11 +52,19 @@ backend=$(mlx_backend "$driver")
 openblas=$([ "$backend" = cpu ] && echo yes || echo no)  # OpenBLAS serves MLX's CPU backend only
 extras="$backend"
 if [ "$dev" = 1 ]; then extras="${extras:+$extras,}dev"; fi
+if [ "$refs" = 1 ]; then extras="${extras:+$extras,}refs"; fi
+TORCH=2.13.0                                      # pyproject's refs extra pins the same
+TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu  # PyTorch's CPU wheels (PyPI's Linux wheel is the CUDA build)
+REFS_NO_DEPS="speculators==0.9.0 dflash==0.1.0"  # their pins would downgrade transformers: installed without them
 target=".${extras:+[$extras]}"
 if [ "$print" = 1 ]; then
   echo "backend: ${backend:-metal}"
   echo "openblas: $openblas"
   echo "pip install -e $target"
+  if [ "$refs" = 1 ]; then
+    if [ "$(uname -s)" = "Linux" ]; then echo "torch: pip install torch==$TORCH --index-url $TORCH_CPU_INDEX"; fi
+    echo "no-deps: pip install --no-deps $REFS_NO_DEPS"
+  fi
   exit 0
 fi
 case "$backend" in
@@ -97,5 +107,12 @@ for other in mlx-cpu mlx-cuda-13 mlx-cuda-12; do
     .venv/bin/python -m pip uninstall -q -y "$other"
   fi
 done
+if [ "$refs" = 1 ] && [ "$(uname -s)" = "Linux" ]; then  # the CPU wheel first: the refs extra's pin then holds
+  .venv/bin/python -m pip install -q "torch==$TORCH" --index-url "$TORCH_CPU_INDEX"
+fi
 .venv/bin/python -m pip install -q -e "$target"
+if [ "$refs" = 1 ]; then
+  # shellcheck disable=SC2086
+  .venv/bin/python -m pip install -q --no-deps $REFS_NO_DEPS
+fi
 echo "setup: done (.venv/bin/mlx-spec)"

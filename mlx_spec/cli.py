@@ -8,6 +8,7 @@ from mlx_spec_apps.server.defaults import (
     DEFAULT_HOST,
     DEFAULT_MAX_CONCURRENCY,
     DEFAULT_PORT,
+    PREFIX_CACHE_BYTES,
 )
 
 from . import blas
@@ -208,7 +209,7 @@ def chat(
     seed: int | None = SEED,
     adaptive: bool = ADAPTIVE,
 ):
-    """Chat in the terminal; after each reply: tokens/s, drafts and acceptance, speed-up estimate. /help lists commands."""
+    """Chat in the terminal; after each reply: tokens/s, drafts and acceptance, a speed-up estimate. /help: commands."""
     from mlx_spec_apps.chat.repl import run
 
     from .gen import registry
@@ -241,7 +242,9 @@ def serve(
         help="Requests generating at once (each holds its own caches); more wait in a FIFO queue",
     ),
     num_draft: int | None = NUM_DRAFT,
-    max_tokens: int = typer.Option(DEFAULT_MAX_TOKENS, help="Max new tokens when a request gives none"),
+    max_tokens: int | None = typer.Option(
+        None, help="Max new tokens when a request gives none (default: up to the end of the context)"
+    ),
     fixed_draft: bool = typer.Option(
         False,
         help="Requests may not switch the drafter (by default a request's "
@@ -251,6 +254,11 @@ def serve(
         True,
         help="Requests that start while others generate are verified together, one "
         "forward pass per round for all (--no-batch: each request takes its own turns)",
+    ),
+    prefix_cache_bytes: int = typer.Option(
+        PREFIX_CACHE_BYTES,
+        help="Bytes of KV cache kept for prompt prefixes that conversations share (a system prompt and tools), "
+        "least recently used out first (0: none)",
     ),
 ):
     """Serve the web chat at / and an OpenAI-compatible API at /v1, speculating for every concurrent request."""
@@ -264,7 +272,9 @@ def serve(
         raise MlxSpecError(f"--port must be 0..65535, got {port}")
     if max_concurrency < 1:
         raise MlxSpecError(f"--max-concurrency must be at least 1, got {max_concurrency}")
-    if max_tokens < 1:
+    if prefix_cache_bytes < 0:
+        raise MlxSpecError(f"--prefix-cache-bytes must be >= 0, got {prefix_cache_bytes}")
+    if max_tokens is not None and max_tokens < 1:
         raise MlxSpecError(f"--max-tokens must be at least 1, got {max_tokens}")
     run(
         model=model,
@@ -277,6 +287,7 @@ def serve(
         max_tokens=max_tokens,
         fixed_draft=fixed_draft,
         batch=batch,
+        prefix_cache_bytes=prefix_cache_bytes,
         log=_log,
     )
 
@@ -300,6 +311,7 @@ def train_head(
     ),
     reply_tokens: int = typer.Option(256, help="Tokens of each regenerated reply"),
     budget_minutes: float = typer.Option(120.0, help="Time for the whole run, the target's features included"),
+    max_steps: int | None = typer.Option(None, help="Stop after this many training steps, if the time lasts"),
     draft_vocab: int = typer.Option(8192, help="Tokens the head can draft (the ones the target says most often)"),
     length: int = typer.Option(512, help="Tokens per training sequence"),
     batch: int = typer.Option(2, help="Sequences per training step"),
@@ -324,6 +336,7 @@ def train_head(
         regenerate=regenerate,
         reply_tokens=reply_tokens,
         minutes=budget_minutes,
+        max_steps=max_steps,
         draft_vocab=draft_vocab,
         length=length,
         batch=batch,
@@ -417,9 +430,11 @@ def format_stats(s, drafting: bool = True) -> str:
         lines += [
             f"drafts:     {s.accepted}/{s.proposed} accepted ({100 * s.acceptance_rate:.1f}%), "
             f"{100 * s.draft_share:.1f}% of tokens from drafts",
-            f"rounds:     {s.rounds} ({s.spec_rounds} speculative), {s.mean_accepted:.2f} accepted per speculative round",
+            f"rounds:     {s.rounds} ({s.spec_rounds} speculative), "
+            f"{s.mean_accepted:.2f} accepted per speculative round",
             f"by position: {pos}",
-            f"host:       {s.syncs} reads of the device, {s.wait_time:.2f} s of {s.generation_time:.2f} s spent waiting",
+            f"host:       {s.syncs} reads of the device, "
+            f"{s.wait_time:.2f} s of {s.generation_time:.2f} s spent waiting",
         ]
     if s.fallback:
         lines.append(f"note:       {s.fallback}")

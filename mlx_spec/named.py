@@ -6,6 +6,7 @@ and convert; the folders are loaded and the drafters built through the generatin
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlx.nn as nn
 from mlx.utils import tree_flatten
@@ -14,6 +15,9 @@ from .gen import registry
 from .gen.load import load_folder
 from .make.quant import format_name
 from .make.resolve import resolve
+
+if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "hybrid:qwen2.5-coder-0.5b"  # the README's main job
@@ -39,7 +43,7 @@ def _quiet(_msg: str) -> None:
     pass
 
 
-def load_model(spec: str, log: Log = _quiet):
+def load_model(spec: str, log: Log = _quiet) -> tuple[nn.Module, "TokenizerWrapper", Path]:
     """(model, tokenizer, folder) for any model spec: folder, .gguf, recipe or HF repo."""
     return load_folder(resolve(spec, log))
 
@@ -71,7 +75,7 @@ def heads_resolved(spec: registry.Spec, log: Log = _quiet) -> registry.DrafterSp
     s = registry.parse(spec)
     if s.kind in registry.LEARNED and s.arg:
         return registry.DrafterSpec(s.kind, str(resolve(s.arg, log)))
-    if s.kind == "hybrid" and s.inner.kind in registry.LEARNED:
+    if s.kind == "hybrid" and s.inner is not None and s.inner.kind in registry.LEARNED:
         inner = heads_resolved(s.inner, log)
         return registry.DrafterSpec("hybrid", str(inner), inner)
     return s
@@ -108,8 +112,14 @@ def load_pair(model: str, draft: registry.Spec, *, log: Log = _quiet):
     return target, tokenizer, drafter
 
 
+def load(model: str, draft: registry.Spec = "none", *, log: Log = _quiet):
+    """(model, tokenizer, drafter) by name, as mlx-lm's `load` gives (model, tokenizer); the drafter is None for
+    "none". Any model spec (recipe, folder, .gguf, HF repo) and drafter spec (`DRAFT_HELP`)."""
+    return load_pair(model, draft, log=log)
+
+
 def table_name(spec: registry.Spec) -> str:
-    """A spec for an M3 Max table (/compare, bench suites): short, and 'N/A' for no drafter (the M3 Max tables' word)."""
+    """A spec for an M3 Max table (/compare, bench suites): short, 'N/A' for no drafter (the M3 Max tables' word)."""
     return "N/A" if registry.parse(spec).kind == "none" else short_name(spec)
 
 
@@ -132,5 +142,5 @@ def quantization(model) -> str:
     )
     if formats:
         return "/".join(formats)
-    weights = tree_flatten(model.parameters())
-    return str(weights[0][1].dtype).rpartition(".")[2] if weights else "N/A"
+    weights = list(dict(tree_flatten(model.parameters())).values())
+    return str(weights[0].dtype).rpartition(".")[2] if weights else "N/A"

@@ -237,6 +237,49 @@ def plain_greedy(model, prompt, max_tokens, eos=()):
     return out
 
 
+def close(a, b, tol: float = 1e-4) -> bool:
+    """Whether `a` equals `b` up to `tol` of `b`'s largest magnitude (at least 1): float32 sums taken in another
+    order (another chunking, another BLAS kernel) differ in proportion to the values summed, not by a fixed amount."""
+    a, b = mx.array(a).astype(mx.float32), mx.array(b).astype(mx.float32)
+    return mx.abs(a - b).max().item() <= tol * max(1.0, mx.abs(b).max().item())
+
+
+class PassClock:
+    """Stands in for the `time` module of the modules it is put in: its clocks read the forward passes of the qwen2
+    models built so far, `tick` seconds each, so what is timed counts passes and ranks alike on any machine, busy or
+    not; the rest (`sleep`, `strftime`) is the real module's."""
+
+    def __init__(self, tick: float = 0.01):
+        self.t, self.tick = 0.0, tick
+
+    def perf_counter(self) -> float:
+        return self.t
+
+    monotonic = time = perf_counter
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+@pytest.fixture
+def pass_clock(monkeypatch):
+    """A `PassClock` for the engine's rounds and the rows' statistics (a test puts it in its own modules too)."""
+    from mlx_lm.models import qwen2
+
+    from mlx_spec.gen import engine, rows
+
+    clock, real = PassClock(), qwen2.Qwen2Model.__call__
+
+    def counted(self, *args, **kwargs):
+        clock.t += clock.tick
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(qwen2.Qwen2Model, "__call__", counted)
+    for module in (engine, rows):
+        monkeypatch.setattr(module, "time", clock)
+    return clock
+
+
 def spec(model, prompt, drafter, **kw):
     """Our engine's tokens for `prompt` with `drafter`, and its statistics (with the per-round trace)."""
     from mlx_spec.gen.generate import Stats, speculative_generate_step
@@ -499,7 +542,7 @@ def served_like_plain(model_folder, draft: str, cli_draft: str) -> None:
             client = openai.OpenAI(base_url=srv.url + "v1", api_key="unused", max_retries=0, timeout=120)
             out = [None] * len(asks)
 
-            def ask(i):
+            def ask(i, out=out, client=client):  # bound now: the threads end within this turn of the loop
                 out[i] = client.chat.completions.create(model="tiny", messages=asks[i])
 
             threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(asks))]
@@ -513,3 +556,63 @@ def served_like_plain(model_folder, draft: str, cli_draft: str) -> None:
     plain, drafted = run_cli(*args), run_cli(*args, "--draft", cli_draft, "--verbose")
     assert drafted.returncode == 0, drafted.stderr
     assert drafted.stdout == plain.stdout and "accepted" in drafted.stderr
+
+
+# ---- A target that calls a tool: the Responses and Messages tests, over mlx-lm's parser for Qwen2.5's format ----
+
+TOOL_TEMPLATE = (  # Qwen2.5's shape, cut down: the tools' schemas, earlier calls as <tool_call> JSON, tool results
+    "{%- if tools %}<|im_start|>system\n# Tools\n<tools>\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}"
+    '</tools>\nCall a function as <tool_call>\n{"name": <name>, "arguments": <args>}\n</tool_call><|im_end|>\n'
+    "{% endif %}{%- for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content %}{{ m.content }}{% endif %}"
+    "{%- for tool_call in m.tool_calls or [] %}{%- if tool_call.function is defined %}"
+    "{%- set tool_call = tool_call.function %}{% endif %}<tool_call>\n"
+    '{"name": "{{ tool_call.name }}", "arguments": {{ tool_call.arguments | tojson }}}\n</tool_call>'
+    "{%- endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TOOL_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+TOOL_REPLY = "Let me check." + TOOL_CALL
+
+
+def tool_model(src: Path, dst: Path) -> Path:
+    """A copy of a tiny model whose chat template shows tools and calls as Qwen2.5's does (mlx-lm reads its calls),
+    with room for a few turns of schemas and calls."""
+    from transformers import AutoTokenizer
+
+    if not dst.exists():
+        long_context(src, dst)
+        tok = AutoTokenizer.from_pretrained(str(dst))
+        tok.chat_template = TOOL_TEMPLATE
+        tok.save_pretrained(str(dst))
+    return dst
+
+
+TOOL_RESULT = "Sunny"  # a tool's result that ToolAgent answers when it sees it
+TOOL_ANSWER = "It is sunny in Paris."
+
+
+class ToolAgent(Scripted):
+    """Scripted to write `reply` until the prompt holds TOOL_RESULT, then TOOL_ANSWER: one turn of a tool loop."""
+
+    def __init__(self, model, tok, reply: str):
+        super().__init__(model, tok.encode(reply), tok.eos_token_id)
+        self._call, self._answer, self._result = list(self._script), tok.encode(TOOL_ANSWER), tok.encode(TOOL_RESULT)
+
+    def _next(self, context):
+        n = len(self._result)
+        seen = any(context[i : i + n] == self._result for i in range(len(context) - n + 1))
+        self._script = self._answer if seen else self._call
+        return super()._next(context)
+
+
+def scripted_tool_pair(tiny_models, reply: str = TOOL_REPLY, draft: str = "none"):
+    """The tool-calling tiny target answering `reply` (a text, then a call, by default) after any prompt, or
+    TOOL_ANSWER after one that holds TOOL_RESULT."""
+    from mlx_spec_apps.server.pair import Pair
+
+    folder = tool_model(tiny_models["qwen2"], tiny_models["qwen2"].parent / "qwen2_tools")
+    base = Pair.load(str(folder), "none")
+    tok = base.tokenizer
+    target = ToolAgent(base.target, tok, reply)
+    pair = Pair(base.model_spec, draft, target, tok, num_draft=4)
+    pair.adaptive = False
+    return pair

@@ -1,4 +1,4 @@
-"""`mlx-spec bench list|run|compare`: declarative suites, a versioned result file written as it goes, resume, compare."""
+"""`mlx-spec bench list|run|compare`: declarative suites, a versioned result file written as it goes, resume."""
 
 import errno
 import json
@@ -146,10 +146,11 @@ def test_mlx_lm_speculative_decoding_is_a_row_with_its_acceptance(target, tiny_m
     # Each draft against that baseline, per prompt set, on the same prompts: tokens/s over tokens/s.
     vs = rows[draft]["vs_reference"]
     assert vs["draft"] == f"mlx-lm-spec:{draft}" and set(vs["by_set"]) == {"humaneval", "prose"}
-    tps = lambda row, name: (
-        sum(r["n_tokens"] for r in data["records"] if r["row"] == row and r["set"] == name)  # noqa: E731
-        / sum(r["total"] for r in data["records"] if r["row"] == row and r["set"] == name)
-    )
+
+    def tps(row, name):
+        of = [r for r in data["records"] if r["row"] == row and r["set"] == name]
+        return sum(r["n_tokens"] for r in of) / sum(r["total"] for r in of)
+
     for name in ("humaneval", "prose"):
         assert vs["by_set"][name]["speedup"] == pytest.approx(tps(rows[draft]["key"], name) / tps(mlx["key"], name))
         assert vs["by_set"][name]["compared"] == {"humaneval": 1, "prose": 2}[name]
@@ -207,7 +208,7 @@ def test_an_interrupted_run_resumes_without_redoing_a_measurement(target, tmp_pa
 
 @pytest.mark.slow
 def test_kill_ends_a_run_of_mlx_spec_bench_with_its_results_kept(target, tmp_path):
-    """SIGTERM (`kill`, a closing terminal) stops `mlx-spec bench run` like Ctrl-C: results so far stay, marked incomplete."""
+    """SIGTERM (`kill`, a closing terminal) stops `mlx-spec bench run` like Ctrl-C: results stay, marked incomplete."""
     import signal
     import time
 
@@ -350,7 +351,7 @@ def test_the_ngram_sweep_measures_each_k_and_n_with_the_anpd_bound(target, tmp_p
     data = json.loads(result.path.read_text())
     rows = {(e["draft"], e["k"]): e for e in data["summary"] if e["draft"] != "none"}
     assert set(rows) == {("ngram:2", 1), ("ngram:2", 3), ("ngram:4", 3)}  # the union of the sweeps, once each
-    for (draft, k), e in rows.items():
+    for (_, k), e in rows.items():
         assert e["identical"] == e["compared"] == 2
         assert set(e["by_set"]) == {"humaneval", "edit"}
         if e["proposed"]:
@@ -481,6 +482,19 @@ def test_a_row_may_fix_k_and_a_bad_k_is_one_line(tmp_path, target):
     bad = suite_file(tmp_path / "bad.toml", target, drafts=("ngram K=0",))
     with pytest.raises(suites.SuiteError, match="K must be an integer >= 1"):
         suites.load(str(bad))
+
+
+def test_a_row_may_run_its_k_fixed_or_on_and_off_beside_the_planner(tmp_path, target):
+    """An ablation's rows: 'K=n fixed' (always n, no planner), 'K=n onoff' (n or nothing), the planner's own."""
+    path = suite_file(tmp_path / "a.toml", target, drafts=("suffix", "suffix K=2 fixed", "suffix K=2 onoff"))
+    s = suites.load(str(path))
+    assert s.rows(s.targets[0]) == [
+        {"draft": "suffix"},
+        {"draft": "suffix", "k": 2, "planner": "fixed"},
+        {"draft": "suffix", "k": 2, "planner": "onoff"},
+    ]
+    with pytest.raises(suites.SuiteError, match="'fixed' or 'onoff'"):
+        suites.load(str(suite_file(tmp_path / "bad.toml", target, drafts=("suffix K=2 always",))))
 
 
 def test_predict_measures_the_pair_and_predicts_each_target(tmp_path):

@@ -123,7 +123,7 @@ def test_chat_in_a_terminal(tiny_models, tmp_path):
 
         term.type("/compare")
         s = term.wait(lambda s: prompts(s) == 5, timeout=90, what="/compare")
-        table = [l for l in after(s, "/compare").splitlines() if l.startswith("|")]
+        table = [line for line in after(s, "/compare").splitlines() if line.startswith("|")]
         assert [c.strip() for c in table[0].strip("|").split("|")] == [
             "Target",
             "Draft",

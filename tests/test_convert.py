@@ -5,7 +5,7 @@ import shutil
 
 import mlx.core as mx
 import pytest
-from conftest import provenance
+from conftest import close, provenance
 from mlx_lm.utils import load
 
 from mlx_spec.errors import ConvertError, SourceError, UnsupportedError
@@ -20,7 +20,7 @@ def logits(folder, tokens=(1, 2, 3, 4)):
 
 def test_float32_round_trip(tiny_models, tmp_path):
     out = conv.convert(tiny_models["qwen2"], tmp_path / "f32", dtype="float32")
-    assert mx.allclose(logits(out), logits(tiny_models["qwen2"]), atol=1e-5).item()
+    assert close(logits(out), logits(tiny_models["qwen2"]), 1e-5)
     prov = provenance(out)
     assert prov["operations"] == [{"op": "dtype", "dtype": "float32"}]
     assert len(prov["source_sha256"]) == 64 and prov["version"]
@@ -88,7 +88,7 @@ def test_keep_layers_and_explicit_layers(tiny_models, tmp_path):
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_other_architectures(tiny_models, tmp_path, arch):
     out = conv.convert(tiny_models[arch], tmp_path / arch, dtype="float32")
-    assert mx.allclose(logits(out), logits(tiny_models[arch]), atol=1e-4).item()
+    assert close(logits(out), logits(tiny_models[arch]))
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from conftest import (
     V,
     check,
     chi_square_pvalue_ok,
+    close,
     exact_joint,
     plain_greedy,
     randomized,
@@ -39,7 +40,7 @@ from mlx_spec.gen.joint import Rows
 from mlx_spec.gen.load import vocab_width
 from mlx_spec.gen.rows import Row
 from mlx_spec.gen.sampling import GREEDY, Sampler
-from mlx_spec.make import dflash
+from mlx_spec.models import dflash
 
 BLOCK = 4  # one known token and three masks: drafts of up to three tokens
 VARIANTS = ("architectures", "layer_types", "final_logit_softcapping")  # config keys of DFlash variants
@@ -134,7 +135,7 @@ def rounds(mine: dflash.DFlash, ref, target) -> bool:
         ours = mine.logits(mine.block(block, ours_cache))
         for c in ours_cache:
             c.trim(BLOCK)
-        same = same and mx.allclose(ours, theirs, atol=1e-4).item()
+        same = same and close(ours, theirs)
     return same
 
 
@@ -267,7 +268,7 @@ def test_the_states_shown_are_the_targets_at_its_target_layer_ids(target, folder
         d, got = drafter(target, folder), []
         assert d.reads == READS
         see = d.see
-        d.see = lambda at, states: (got.append((at, states)), see(at, states))
+        d.see = lambda at, states, got=got, see=see: (got.append((at, states)), see(at, states))
         prompt = [1, 0, 3, 2, 1, 0]
         kw = dict(planner=planner()) if planner else dict(adaptive=False)
         toks, stats = spec(target, prompt, d, max_tokens=20, num_draft=3, **kw)
@@ -277,7 +278,7 @@ def test_the_states_shown_are_the_targets_at_its_target_layer_ids(target, folder
         _, states = taps(target, READS)(mx.array(context)[None], new_cache(target))
         covered = set()
         for at, s in got:
-            assert mx.allclose(s, states[0, at : at + s.shape[0]], atol=1e-4).item(), at
+            assert close(s, states[0, at : at + s.shape[0]]), at
             covered.update(range(at, at + s.shape[0]))
         assert covered == set(range(len(context) - 1))
     assert accepted > 0  # states of accepted drafts were shown too

@@ -1,4 +1,6 @@
-"""`mlx-spec draft-search` on tiny models: it ranks by measurement, keeps its budget, reuses its drafts, saves a recipe."""
+"""`mlx-spec draft-search` on tiny models: it ranks by measurement, keeps its budget, reuses its drafts, saves a recipe.
+Every search here times on a clock that counts forward passes (`PassClock`): its budget and its ranking are the same on
+any machine, busy or not."""
 
 import json
 import shutil
@@ -11,6 +13,11 @@ from conftest import one_line_error
 from mlx_spec.bench import draft_search as ds
 from mlx_spec.make.recipes import write_user_recipe
 from mlx_spec.make.resolve import recipe_path
+
+
+@pytest.fixture(autouse=True)
+def counted(pass_clock, monkeypatch):
+    monkeypatch.setattr(ds, "time", pass_clock)
 
 
 @pytest.fixture
@@ -266,8 +273,9 @@ def test_cli(tiny_models, home, tmp_path):
 
 
 def test_a_head_is_trained_as_a_candidate_when_asked_and_found_by_the_next_search(tiny_models, home):
-    """Without a stored head the search says how to train one; with --train-minutes it trains one into the heads
-    folder and measures it (lossless) and its hybrid; the next search finds that head without training."""
+    """Without a stored head the search says how to train one; asked to, it trains one (for a few steps, as
+    --train-minutes does for minutes) into the heads folder and measures it (lossless) and its hybrid; the next search
+    finds that head without training."""
     from mlx_spec.train.job import heads_for
 
     target = str(tiny_models["qwen2"])
@@ -276,7 +284,7 @@ def test_a_head_is_trained_as_a_candidate_when_asked_and_found_by_the_next_searc
     result = search.search()
     assert not any(c.kind == "learned" for c in result.candidates)
     assert any("train-head --target" in n for n in result.notes)
-    search = ds.Search(target, budget_minutes=10, prompts=1, max_tokens=6, methods=[], train_minutes=0.5)
+    search = ds.Search(target, budget_minutes=10, prompts=1, max_tokens=6, methods=[], train_steps=4)
     search.load()
     rows = {c.name: c for c in search.search().candidates}
     trained = rows[f"eagle3:{ds.TRAIN}"]

@@ -14,6 +14,7 @@ from conftest import (
     V,
     check,
     chi_square_pvalue_ok,
+    close,
     exact_joint,
     plain_greedy,
     sample_pairs,
@@ -34,7 +35,8 @@ from mlx_spec.gen.hidden import pick, taps
 from mlx_spec.gen.planner import PLAIN, Planner
 from mlx_spec.gen.rows import Row
 from mlx_spec.gen.sampling import GREEDY, Sampler
-from mlx_spec.make import eagle3
+from mlx_spec.make import heads
+from mlx_spec.models import eagle3
 
 LAYER = dict(
     model_type="llama",
@@ -68,7 +70,7 @@ def test_the_head_agrees_with_mlx_vlms_eagle3_on_the_same_weights_in_the_specula
     from mlx_vlm.speculative.drafters.eagle3 import Eagle3DraftModel
     from mlx_vlm.speculative.drafters.eagle3 import ModelConfig as Eagle3Config
 
-    eagle3.save(random_head(0, 64, 24, 48, [1, 3, 5], norm_before_residual=False), tmp_path / "head")
+    heads.save(random_head(0, 64, 24, 48, [1, 3, 5], norm_before_residual=False), tmp_path / "head")
     mine = eagle3.load(tmp_path / "head")
     ref = Eagle3DraftModel(Eagle3Config.from_dict(json.loads((tmp_path / "head" / "config.json").read_text())))
     ref.load_weights(list(ref.sanitize(mx.load(str(tmp_path / "head" / eagle3.FILE))).items()), strict=True)
@@ -79,13 +81,13 @@ def test_the_head_agrees_with_mlx_vlms_eagle3_on_the_same_weights_in_the_specula
     theirs = ref._forward_tokens(tokens, states, mx.int32)
     cache = [c for c in new_cache(mine)]
     ours = mine(tokens, states, cache)
-    assert mx.allclose(mine.logits(ours), ref._logits(theirs), atol=1e-4).item()
+    assert close(mine.logits(ours), ref._logits(theirs))
     for _ in range(3):  # drafts: each fed beside the head's own last state
         tok_ref = ref._sample(ref._logits(theirs[:, -1:]), None, mx.int32, greedy=True)
         tok = mine.ids()[mx.argmax(mine.logits(ours[:, -1:]), -1)]
         assert tok.tolist() == tok_ref.tolist()
         theirs, ours = ref._forward_tokens(tok_ref, theirs[:, -1:], mx.int32), mine(tok, ours[:, -1:], cache)
-        assert mx.allclose(mine.logits(ours), ref._logits(theirs), atol=1e-4).item()
+        assert close(mine.logits(ours), ref._logits(theirs))
 
 
 @pytest.mark.parametrize("broken", ["inputs_swapped", "hidden_not_normed", "residual_normed"])
@@ -93,7 +95,7 @@ def test_a_misplaced_input_or_norm_fails_the_same_comparison(tmp_path, monkeypat
     from mlx_vlm.speculative.drafters.eagle3 import Eagle3DraftModel
     from mlx_vlm.speculative.drafters.eagle3 import ModelConfig as Eagle3Config
 
-    eagle3.save(random_head(0, 64, 24, 48, [1, 3, 5]), tmp_path / "head")
+    heads.save(random_head(0, 64, 24, 48, [1, 3, 5]), tmp_path / "head")
     ref = Eagle3DraftModel(Eagle3Config.from_dict(json.loads((tmp_path / "head" / "config.json").read_text())))
     ref.load_weights(list(ref.sanitize(mx.load(str(tmp_path / "head" / eagle3.FILE))).items()), strict=True)
 
@@ -119,7 +121,7 @@ def test_the_safeailab_layout_loads_into_the_same_head(tmp_path):
     """`midlayer.*` weights and a Llama config with `draft_vocab_size` (SafeAILab/EAGLE, SpecForge): the same
     network; the target's embedding is used where the head ships none."""
     head = random_head(3, 64, 24, 48, [1, 3, 5])
-    eagle3.save(head, tmp_path / "spec")
+    heads.save(head, tmp_path / "spec")
     weights = {
         k.replace("layers.0.", "midlayer."): v
         for k, v in mx.load(str(tmp_path / "spec" / eagle3.FILE)).items()
@@ -146,7 +148,7 @@ def test_the_safeailab_layout_loads_into_the_same_head(tmp_path):
     assert safe.config.reads == [1, 3, 5]
     mx.random.seed(1)
     tokens, states = mx.random.randint(0, 64, (1, 5)), mx.random.normal((1, 5, 3 * 48))
-    assert mx.allclose(safe.logits(safe(tokens, states)), head.logits(head(tokens, states)), atol=1e-5).item()
+    assert close(safe.logits(safe(tokens, states)), head.logits(head(tokens, states)), 1e-5)
 
 
 def test_a_folder_that_is_not_a_head_or_a_head_for_another_target_is_one_line_refused(tmp_path, tiny_target):
@@ -157,10 +159,10 @@ def test_a_folder_that_is_not_a_head_or_a_head_for_another_target_is_one_line_re
         registry.build(f"eagle3:{tmp_path / 'empty'}", target, tok)
     assert "\n" not in str(e.value)
     n, d = len(target.layers), target.args.hidden_size
-    eagle3.save(random_head(0, target.args.vocab_size, 64, d + 8, [0, 1, 2]), tmp_path / "wide")
+    heads.save(random_head(0, target.args.vocab_size, 64, d + 8, [0, 1, 2]), tmp_path / "wide")
     with pytest.raises(GenerationError, match="another target"):
         registry.build(f"eagle3:{tmp_path / 'wide'}", target, tok)
-    eagle3.save(random_head(0, target.args.vocab_size, 64, d, [0, 1, n]), tmp_path / "deep")
+    heads.save(random_head(0, target.args.vocab_size, 64, d, [0, 1, n]), tmp_path / "deep")
     with pytest.raises(GenerationError, match="another target"):
         registry.build(f"eagle3:{tmp_path / 'deep'}", target, tok)
     with pytest.raises(GenerationError, match="eagle3:FOLDER"):
@@ -243,7 +245,7 @@ def test_the_states_a_head_is_handed_are_the_targets_at_the_positions_kept(targe
     states = states[0]
     covered = set()
     for at, s in got:
-        assert mx.allclose(s, pick(states[at : at + s.shape[0]], (1,), (1, 1, 1)), atol=1e-4).item(), at
+        assert close(s, pick(states[at : at + s.shape[0]], (1,), (1, 1, 1))), at
         covered.update(range(at, at + s.shape[0]))
     assert covered == set(range(len(context) - 1))  # every position the target's cache holds, once handed
     head = d.model
@@ -360,7 +362,7 @@ def test_convert_takes_a_head_into_mlx_quantized_and_the_drafter_runs_it(tmp_pat
     target, tok = tiny_target
     d, vocab = target.args.hidden_size, target.args.vocab_size
     head = random_head(4, vocab, 64, d, [1, 2, 3], hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
-    eagle3.save(head, tmp_path / "spec")
+    heads.save(head, tmp_path / "spec")
     weights = {
         k.replace("layers.0.", "midlayer."): v
         for k, v in mx.load(str(tmp_path / "spec" / eagle3.FILE)).items()
@@ -406,7 +408,7 @@ def test_served_with_a_head_concurrent_clients_get_the_plain_replies_and_one_cli
     """`serve --draft eagle3:HEAD` (four requests at once share the head) and `generate --draft hybrid:eagle3:HEAD`:
     the replies of plain decoding."""
     target, _ = tiny_target
-    eagle3.save(random_head(2, target.args.vocab_size, 96, target.args.hidden_size, [1, 2, 3]), tmp_path / "head")
+    heads.save(random_head(2, target.args.vocab_size, 96, target.args.hidden_size, [1, 2, 3]), tmp_path / "head")
     served_like_plain(tiny_models["qwen2"], f"eagle3:{tmp_path / 'head'}", f"hybrid:eagle3:{tmp_path / 'head'}")
 
 

@@ -2,9 +2,9 @@
 
 The tokenizer tests against another transformers than the installed one, laid over the venv:
 
-    pip install --no-deps --target /tmp/tf-5.17 transformers==5.17.0 huggingface-hub==1.33.0
-    pip install --no-deps --target /tmp/tf-4.57 transformers==4.57.6 tokenizers==0.22.2 huggingface-hub==0.36.2
-    PYTHONPATH=/tmp/tf-5.17 python -m pytest -q tests/test_gguf.py -k tokenizer  # or /tmp/tf-4.57
+    pip install --no-deps --target tf-5.17 transformers==5.17.0 huggingface-hub==1.33.0
+    pip install --no-deps --target tf-4.57 transformers==4.57.6 tokenizers==0.22.2 huggingface-hub==0.36.2
+    PYTHONPATH=tf-5.17 python -m pytest -q tests/test_gguf.py -k tokenizer  # or tf-4.57
 
 (tests/test_real_golden.py -k alone does the same on the real vocabularies.)
 """
@@ -17,6 +17,7 @@ import re
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import close
 from gguf import GGMLQuantizationType as Q
 
 from mlx_spec.errors import ConvertError, SourceError, UnsupportedError
@@ -421,7 +422,7 @@ def test_config_and_logits_match_original(cases, arch):
     logits, _ = converted_logits(c["folder"], IDS)
     want = ref_logits(c["cfg"], c["ref"], IDS)
     assert logits.shape == want.shape
-    assert mx.allclose(logits, want, atol=1e-4, rtol=1e-4).item(), float(mx.abs(logits - want).max())
+    assert close(logits, want), float(mx.abs(logits - want).max())
 
 
 def test_missing_unpermute_or_norm_shift_would_be_caught(cases, tmp_path, monkeypatch):

@@ -94,9 +94,9 @@ class PlainThenModel(Planner):
         k = min(2, asks[0].cap)
         return PLAIN if self.rounds <= self.wait or not k else Plan(k, ("model",), k + 1)
 
-    def record(self, plan, places, seconds, outcomes, warm=True, promised=0.0):
+    def record(self, plan, places, seconds, outcomes, warm=True, asks=()):
         self.seen += [(o.source, list(o.hindsight[0])) for o in outcomes if o.hindsight is not None]
-        super().record(plan, places, seconds, outcomes, warm, promised)
+        super().record(plan, places, seconds, outcomes, warm, asks)
 
 
 def test_the_engine_hands_the_hindsight_to_the_planner_and_stays_lossless(pair):

@@ -59,7 +59,7 @@ def generate(model, tokenizer, n: int = 6) -> list:
     return plain_greedy(model, tokenizer.encode("def add(a, b):\n    return a + b\nfor i in range(10):\n"), n)
 
 
-@pytest.mark.parametrize("arch,keep,layers", [(a, k, l) for a, cases in DROPS.items() for k, l in cases])
+@pytest.mark.parametrize("arch,keep,layers", [(a, k, kept) for a, cases in DROPS.items() for k, kept in cases])
 def test_layer_dropped_folder_loads_generates_and_keeps_attention_types(sources, tmp_path, arch, keep, layers):
     out = convert(
         str(sources[arch]),

@@ -12,6 +12,7 @@ from conftest import (
     REPEATING,
     V,
     check,
+    close,
     make_model,
     plain_greedy,
     randomized,
@@ -28,7 +29,7 @@ from mlx_spec.gen.cache import new_cache
 from mlx_spec.gen.drafters.mtp import MTPDrafter
 from mlx_spec.gen.hidden import taps
 from mlx_spec.gen.load import vocab_width
-from mlx_spec.make import mtp
+from mlx_spec.models import mtp
 from mlx_spec.named import load_model, make_drafter
 
 
@@ -158,7 +159,7 @@ def reference(folder, target):
     return ref
 
 
-def compare(mine: mtp.MTP, ref, target, atol=1e-4) -> bool:
+def compare(mine: mtp.MTP, ref, target, tol=1e-4) -> bool:
     """Both fed the same tokens beside the target's last states (a prefill), then three drafts each fed its own
     output: whether the logits agree at every step. Ours reads the last block's output through `target_norm`, as the
     drafter is shown it; mlx-vlm's reads the target's normed output, as its verifier hands it over."""
@@ -168,11 +169,11 @@ def compare(mine: mtp.MTP, ref, target, atol=1e-4) -> bool:
     x, theirs_h, ours_h = tokens[:, 1:], target.model(tokens)[:, :-1], mine.target_norm(last)[:, :-1]
     theirs, cache = ref._forward_tokens(x, theirs_h, mx.int32), new_cache(mine)
     ours = mine(x, ours_h, cache)
-    same = mx.allclose(mine.logits(ours), ref._lm_head_fn(theirs), atol=atol).item()
+    same = close(mine.logits(ours), ref._lm_head_fn(theirs), tol)
     for _ in range(3):
         tok = mx.argmax(ref._lm_head_fn(theirs[:, -1:]), -1)
         theirs, ours = ref._forward_tokens(tok, theirs[:, -1:], mx.int32), mine(tok, ours[:, -1:], cache)
-        same = same and mx.allclose(mine.logits(ours), ref._lm_head_fn(theirs), atol=atol).item()
+        same = same and close(mine.logits(ours), ref._lm_head_fn(theirs), tol)
     return same
 
 
@@ -286,11 +287,11 @@ def test_the_states_an_mtp_drafter_is_shown_are_the_targets_last_normed_states(t
     assert d.reads == (len(target.layers) - 1,)
     covered = set()
     for at, s in got:
-        assert mx.allclose(s, want[at : at + s.shape[0]], atol=1e-4).item(), at
+        assert close(s, want[at : at + s.shape[0]]), at
         covered.update(range(at, at + s.shape[0]))
     assert covered == set(range(len(context) - 1))
     _, last = taps(target, d.reads)(mx.array(context)[None], new_cache(target))
-    assert mx.allclose(target.model.norm(last[0]), want, atol=1e-4).item()
+    assert close(target.model.norm(last[0]), want)
 
 
 def test_mtp_drafts_equal_plain_greedy_alone_in_a_hybrid_and_beside_other_rows(target):

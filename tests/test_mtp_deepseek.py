@@ -16,7 +16,7 @@ from mlx_lm.models.base import create_attention_mask
 from test_mtp import compare
 
 from mlx_spec.errors import MlxSpecError
-from mlx_spec.make import mtp
+from mlx_spec.models import mtp
 from mlx_spec.named import load_model, make_drafter
 
 MLA = dict(q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)

@@ -47,13 +47,8 @@ class Machine:
             seconds = (
                 self.verify(plan.size) + plan.k * self.draft.get(source, 0.0) + lag * self.catch_up.get(source, 0.0)
             )
-            promised = planner.promised(plan, [ask]) if plan.k else 0.0
             planner.record(
-                plan,
-                1,
-                seconds,
-                [Outcome(self.accept, source, plan.k, a, lag, source == ask.costly)],
-                promised=promised,
+                plan, 1, seconds, [Outcome(self.accept, source, plan.k, a, lag, source == ask.costly)], asks=[ask]
             )
             self.time, self.tokens = self.time + seconds, self.tokens + a + 1
         return plans
@@ -255,7 +250,7 @@ class Queued(Machine):
                 seconds,
                 [Outcome(self.accept, plan.source(0), plan.k, a)],
                 timed,
-                planner.promised(plan, [ask]) if plan.k else 0.0,
+                [ask],
             )
             queued = not plan.k
             self.time, self.tokens = self.time + seconds, self.tokens + a + 1
@@ -304,7 +299,7 @@ def never_accepted(planner, rounds: int, part: float):
             seconds,
             [Outcome(m.accept, plan.source(0), plan.k, 0, lag, bool(plan.k))],
             bool(plan.k) or queued,
-            planner.promised(plan, [ask]) if plan.k else 0.0,
+            [ask],
         )
         queued, since = not plan.k, 0 if plan.k else since + 1
         m.time, m.tokens = m.time + seconds, m.tokens + 1
@@ -317,3 +312,11 @@ def test_a_source_never_accepted_costs_its_probe_budget_beside_queued_steps(roun
     restart of the queue), so over a request or a session they cost about their budget (paying what the planner
     estimated instead fails)."""
     assert never_accepted(Planner(), rounds, part=0.7) >= 1 - 1.25 * PROBE_BUDGET
+
+
+def test_an_on_off_rule_drafts_its_one_length_or_nothing():
+    """`only_k` (an ablation's on/off rule): drafts of that length where they pay, plain rounds where they do not."""
+    plans = Machine(verify=steep, accept={"suffix": 0.9}).run(Planner(only_k=3), {"suffix": 24}, 100, free=("suffix",))
+    assert {x.k for x in plans} <= {0, 3} and sum(x.k == 3 for x in plans[-50:]) > 40
+    plans = Machine(verify=steep, accept={"suffix": 0.1}).run(Planner(only_k=3), {"suffix": 24}, 100, free=("suffix",))
+    assert {x.k for x in plans} <= {0, 3} and not any(x.k for x in plans[-50:])

@@ -8,7 +8,7 @@ $MLX_SPEC_HOME); a model whose file is absent is skipped, naming the file.
 `-k alone` checks the rebuilt tokenizer without converting the weights (seconds), so it also runs
 under another transformers laid over the venv, as tests/test_gguf.py's docstring shows:
 
-    PYTHONPATH=/tmp/tf-5.17 python -m pytest -q tests/test_real_golden.py -k alone
+    PYTHONPATH=tf-5.17 python -m pytest -q tests/test_real_golden.py -k alone
 """
 
 import json

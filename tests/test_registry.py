@@ -25,7 +25,7 @@ SPECS = [
     "org/draft",
     "hybrid:org/draft",
 ]
-# The most drafted per round by default, as the README's `--num-draft` promises it: 15 for model and self drafters,
+# The most drafted per round by default, as docs/drafters.md promises it: 15 for model and self drafters,
 # 7 for ngram, 24 for suffix and hybrid.
 DOCUMENTED_K = {
     "org/draft": ("model", 15),
@@ -198,7 +198,7 @@ def test_bad_sampling_options(tiny_target, kw, match):
 
 
 def test_self_drafter_never_changes_the_shared_target(tiny_target):
-    """While the self drafter runs its layers, the target (which another request may be running) keeps all of its own."""
+    """While the self drafter runs its layers, the target (another request may be running it) keeps all of its own."""
     model, tok = tiny_target
     full = list(model.model.layers)
     seen = []

@@ -38,7 +38,7 @@ class ConstantDrafter(Drafter):
     name, free = "constant", True
 
     def propose(self, context, k, probs_fn=None):
-        return Draft([0] * k, source=self.name)
+        return Draft.of([0] * k, source=self.name)
 
 
 SETTINGS = [dict(temp=1.0), dict(temp=0.7, top_k=3), dict(temp=1.3, top_p=0.9)]

@@ -150,7 +150,7 @@ def test_closing_inside_an_accepted_round_trims_undelivered_tokens(models):
     gen = speculative_generate_step(
         ids, target, drafter, prompt_cache=cache, num_draft=6, adaptive=False, max_tokens=20, stats=stats
     )
-    first = next(gen)
+    next(gen)
     assert stats.accepted >= 3  # the first round accepted several drafts, and only one was delivered
     gen.close()
     assert cache_tokens(cache) == len(ids)  # prompt + the delivered token - 1

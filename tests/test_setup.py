@@ -73,6 +73,17 @@ def test_no_gpu_gets_the_cpu_backend_with_openblas_as_ci_does(tmp_path):
     assert setup(tmp_path, smi_fails=True)[0]["backend"] == "cpu"  # nvidia-smi without a working driver
 
 
+def test_refs_installs_pytorchs_cpu_wheel_first_and_the_references_without_their_pins(tmp_path):
+    import tomllib
+
+    plan, _ = setup(tmp_path, "--dev", "--refs", driver="580.159.04")
+    assert plan["pip"] == "pip install -e .[cuda13,dev,refs]"
+    assert plan["torch"] == "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    assert plan["no-deps"] == "pip install --no-deps speculators==0.9.0 dflash==0.1.0"
+    extras = tomllib.loads((SETUP.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "torch==2.13.0" in extras["refs"]  # the extra pins the wheel setup.sh puts first
+
+
 def test_cpu_forces_the_cpu_backend_where_a_gpu_is(tmp_path):
     plan, _ = setup(tmp_path, "--cpu", "--dev", driver="580.159.04")
     assert plan == {"backend": "cpu", "openblas": "yes", "pip": "pip install -e .[cpu,dev]"}

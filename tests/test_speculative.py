@@ -1,10 +1,8 @@
 """The invariants of speculation on tiny random models: lossless greedy output, full self-acceptance, EOS/limits."""
 
-import time
-
 import mlx.core as mx
 import pytest
-from conftest import PROMPTS, plain_greedy, spec
+from conftest import PROMPTS, close, plain_greedy, spec
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
@@ -41,7 +39,7 @@ class ScriptedDrafter(Drafter):
         toks = self.script[pos : pos + k]
         if self.wrong:
             toks = [(t + 1) % self.vocab for t in toks]
-        return Draft(toks, source=self.name)
+        return Draft.of(toks, source=self.name)
 
 
 @pytest.fixture(scope="module")
@@ -307,20 +305,25 @@ def test_no_dummy_position_goes_past_the_model_context(target):
 
 
 class Slow(ScriptedDrafter):
-    """A costly source whose drafting takes far more than a verify pass here: it never pays."""
+    """A costly source: on the pass clock each token it drafts takes three target passes."""
 
     name, free = "slow", False
 
+    def __init__(self, clock, script, **kw):
+        super().__init__(script, **kw)
+        self.clock = clock
+
     def propose(self, context, k, probs_fn=None):
-        time.sleep(0.01 * k)
+        self.clock.t += 3 * self.clock.tick * k
         return super().propose(context, k, probs_fn)
 
 
-def test_adaptive_switches_speculation_off_for_a_useless_drafter(target):
+def test_adaptive_switches_speculation_off_for_a_useless_drafter(target, pass_clock):
     model, tok = target
     prompt = tok.encode(PROMPTS[1])
     ref = plain_greedy(model, prompt, 120)
-    out, stats = spec(model, prompt, Slow(ref, wrong=True, vocab=model.args.vocab_size), max_tokens=120, num_draft=4)
+    slow = Slow(pass_clock, ref, wrong=True, vocab=model.args.vocab_size)
+    out, stats = spec(model, prompt, slow, max_tokens=120, num_draft=4)
     assert out == ref
     assert 1 <= stats.spec_rounds < 0.1 * stats.rounds, (stats.spec_rounds, stats.rounds)
 
@@ -412,13 +415,13 @@ class Learning(ScriptedDrafter):
         self.learned = getattr(self, "learned", []) + [(proposed, accepted)]
 
 
-def test_a_free_source_is_judged_in_rounds_it_was_not_chosen_for(target):
+def test_a_free_source_is_judged_in_rounds_it_was_not_chosen_for(target, pass_clock):
     """Even while plain decoding or another source is chosen, the free source's draft is judged against the
     round's output: its acceptance stays current and it is chosen once it pays, with no probe rounds."""
     model, tok = target
     prompt = tok.encode(PROMPTS[1])
     ref = plain_greedy(model, prompt, 40)
-    free, costly = Learning(ref), Slow(ref)
+    free, costly = Learning(ref), Slow(pass_clock, ref)
     out, stats = spec(model, prompt, HybridDrafter([free], costly), max_tokens=40, num_draft=4)
     assert out == ref
     chosen = [r["source"] for r in stats.trace]
@@ -429,18 +432,18 @@ def test_a_free_source_is_judged_in_rounds_it_was_not_chosen_for(target):
 
 class SlowModel:
     """The real tiny draft model, made slower than a target step (a quantized draft on a CPU without fast kernels):
-    every pass through it, or through its backbone, waits `delay` first."""
+    on the pass clock every pass through it, or through its backbone, takes `passes` target passes more."""
 
-    def __init__(self, model, delay):
-        self._model, self.delay = model, delay
+    def __init__(self, model, clock, passes):
+        self._model, self.clock, self.passes = model, clock, passes
 
     def __call__(self, inputs, cache=None, **kw):
-        time.sleep(self.delay)
+        self.clock.t += self.passes * self.clock.tick
         return self._model(inputs, cache=cache, **kw)
 
     def __getattr__(self, name):
         if name == "model":
-            return SlowModel(self._model.model, self.delay)
+            return SlowModel(self._model.model, self.clock, self.passes)
         return getattr(self._model, name)
 
 
@@ -456,13 +459,13 @@ def test_a_draft_model_is_fed_its_prompt_only_when_first_drafted(target):
     assert drafter.behind(prompt + out) <= 2  # fed when it drafted
 
 
-def test_a_draft_model_too_slow_to_pay_is_tried_once_then_left_alone(target, draft_model):
+def test_a_draft_model_too_slow_to_pay_is_tried_once_then_left_alone(target, draft_model, pass_clock):
     """Its own step costs more than a target step: even with every draft accepted it cannot pay, so after the
     probe that measures it the planner neither drafts with it nor probes it again."""
     model, tok = target
     prompt = tok.encode(PROMPTS[2])
     ref = plain_greedy(model, prompt, 120)
-    drafter = ModelDrafter(SlowModel(draft_model[0], 0.05), model.args.vocab_size)
+    drafter = ModelDrafter(SlowModel(draft_model[0], pass_clock, 5), model.args.vocab_size)
     out, stats = spec(model, prompt, drafter, max_tokens=120)
     assert out == ref
     assert 1 <= stats.spec_rounds <= 2 and all(r["proposed"] <= 1 for r in stats.trace)
@@ -574,7 +577,7 @@ def test_closing_mid_generation_leaves_the_cache_exact(target, draft_model, name
     fresh = make_prompt_cache(model)
     model(mx.array((prompt + out)[:-1])[None], cache=fresh)
     for a, b in zip(cache, fresh):
-        assert mx.allclose(a.state[0][..., :held, :], b.state[0][..., :held, :], atol=1e-4).item()
+        assert close(a.state[0][..., :held, :], b.state[0][..., :held, :])
     assert out == plain_greedy(model, prompt, stop_after)
 
 

@@ -6,24 +6,25 @@ import json
 
 import mlx.core as mx
 import pytest
-from conftest import CORPUS, one_line_error, plain_greedy, run_cli, spec
+from conftest import CORPUS, close, one_line_error, plain_greedy, run_cli, spec
 
+from mlx_spec.errors import SourceError
 from mlx_spec.gen import registry
-from mlx_spec.make import eagle3
+from mlx_spec.models import eagle3
 from mlx_spec.train import data as td
 from mlx_spec.train.data import Shards
-from mlx_spec.train.head import Plan, chain_acceptance, draft_vocab, initial_head, train
+from mlx_spec.train.head import HELD, Plan, chain_acceptance, draft_vocab, initial_head, train
 
 READS = [1, 2, 3]
 
 
 @pytest.fixture(scope="module")
 def trained(tiny_target, tmp_path_factory):
-    """A head trained for 120 steps on the tiny target, with its data, and the head it started from."""
+    """A head trained for 120 steps (no clock) on the tiny target, with its data, and the head it started from."""
     target, tok = tiny_target
     out = tmp_path_factory.mktemp("head") / "h"
-    seqs = td.sequences(tok, CORPUS * 10, 48)  # five shards: one held out, four seen a dozen times each
-    plan = Plan("tiny", READS, 96, 48, minutes=5, lr=3e-3, warmup=1, max_steps=120)
+    seqs = td.sequences(tok, CORPUS * 10, 48)  # 31 shards: the first held out, each other seen about once
+    plan = Plan("tiny", READS, 96, 48, minutes=None, lr=3e-3, warmup=1, max_steps=120)
     train(target, plan, out, seqs)
     shards = Shards(out / "data")
     ids = draft_vocab(shards, 96, target.args.vocab_size)
@@ -40,7 +41,8 @@ def test_the_trained_head_drafts_what_the_target_says_far_more_often_than_where_
     assert record["done"]["steps"] > 10 and record["done"]["tokens"] > 0
     t2d = mx.full((target.args.vocab_size,), -1, dtype=mx.int32).at[ids].add(mx.arange(ids.size, dtype=mx.int32) + 1)
     shards = Shards(out / "data")
-    seen, held = next(shards.batches([1])), next(shards.batches([0]))
+    seen, held = next(shards.batches([1])), shards.held_out(record["held"])
+    assert record["held"] == HELD  # a shard's worth of sequences, of 248
     head = registry.build(f"eagle3:{out}", *tiny_target).model
     before, after = chain_acceptance(start, seen, t2d), chain_acceptance(head, seen, t2d)
     assert after[0] > 3 * before[0] + 0.05, (before, after)
@@ -62,9 +64,7 @@ def test_the_saved_head_is_the_published_layout_that_mlx_vlm_loads(trained, tiny
     tokens = mx.random.randint(0, target.args.vocab_size, (1, 7))
     states = mx.random.normal((1, 7, 3 * target.args.hidden_size))
     ref.reset(None)
-    assert mx.allclose(
-        mine.logits(mine(tokens, states)), ref._logits(ref._forward_tokens(tokens, states, mx.int32)), atol=1e-4
-    ).item()
+    assert close(mine.logits(mine(tokens, states)), ref._logits(ref._forward_tokens(tokens, states, mx.int32)))
 
 
 def test_drafting_with_the_trained_head_keeps_plain_decodings_output(trained, tiny_target):
@@ -82,15 +82,45 @@ def test_resume_goes_on_from_the_checkpoint(trained, tiny_target, tmp_path):
     target, tok = tiny_target
     out = tmp_path / "h"
     shutil.copytree(trained[0], out)
-    before = json.loads((out / "train.json").read_text())["done"]["steps"]
+    record = json.loads((out / "train.json").read_text())
+    before = record["done"]["steps"]
     train(
         target,
-        Plan("tiny", READS, 96, 48, minutes=1, max_steps=before + 5),
+        Plan("tiny", READS, 96, 48, minutes=None, max_steps=before + 5),
         out,
         td.sequences(tok, CORPUS * 10, 48),
         resume=True,
     )
-    assert json.loads((out / "train.json").read_text())["done"]["steps"] > before
+    again = json.loads((out / "train.json").read_text())
+    assert again["done"]["steps"] == before + 5 and again["held"] == record["held"]  # the same sequences held out
+
+
+@pytest.mark.parametrize("n,held", [(2, 1), (1, 0)])
+def test_a_text_of_a_sequence_or_two_trains_a_head_holding_out_what_it_can_spare(tiny_target, tmp_path, n, held):
+    """Little text is trained on: of two sequences one is held out, of one none (its curve is then measured on it)."""
+    target, tok = tiny_target
+    seqs, said = td.sequences(tok, CORPUS * 10, 48)[:n], []
+    train(target, Plan("tiny", READS, 96, 48, minutes=None, max_steps=3), tmp_path / "h", seqs, log=said.append)
+    record = json.loads((tmp_path / "h" / "train.json").read_text())
+    assert record["held"] == held and record["done"]["steps"] == 3 and (tmp_path / "h" / eagle3.FILE).is_file()
+    assert any("none is held out" in line for line in said) == (held == 0)
+
+
+def test_a_run_out_of_time_before_its_features_still_trains_on_the_first_shard(tiny_target, tmp_path):
+    """A budget spent before the target's features start (a slow load, a busy machine) still computes one shard and
+    trains one step on it: the run yields a head, whatever the machine's speed."""
+    target, tok = tiny_target
+    seqs = td.sequences(tok, CORPUS * 10, 48)
+    train(target, Plan("tiny", READS, 96, 48, minutes=1e-9), tmp_path / "h", seqs)
+    record = json.loads((tmp_path / "h" / "train.json").read_text())
+    assert Shards(tmp_path / "h" / "data").count() == 8 and record["done"]["steps"] == 1  # one shard, one step
+
+
+def test_a_text_too_short_for_one_sequence_is_refused_saying_how_many_more_tokens_it_needs(tiny_target):
+    _, tok = tiny_target
+    have = len(tok.encode(CORPUS[0])) + 1  # and the EOS after it
+    with pytest.raises(SourceError, match=rf"holds {have} tokens: {48 - have} more make one sequence of 48"):
+        td.sequences(tok, CORPUS[:1], 48)
 
 
 @pytest.mark.slow

@@ -5,8 +5,8 @@ text, a table), so the engine, the suffix drafter, the scheduler and the SSE str
 has something to render. The user's message holds the code the reply repeats, so the suffix drafter's drafts are
 accepted and both kinds of token appear.
 
-MLX_SPEC_SCREENSHOTS=DIR writes the page's screenshots (light, dark, narrow, overlay on and off) to DIR; the README's
-come from `MLX_SPEC_SCREENSHOTS=docs/screenshots .venv/bin/python -m pytest tests/test_web.py`.
+MLX_SPEC_SCREENSHOTS=DIR writes the page's screenshots (light, dark, narrow, overlay on and off) to DIR; those of
+docs/server.md come from `MLX_SPEC_SCREENSHOTS=docs/screenshots .venv/bin/python -m pytest tests/test_web.py`.
 """
 
 import os
@@ -71,7 +71,7 @@ def page(context, server):
 
 
 def shoot(page, name, tmp_path):
-    """A screenshot, into MLX_SPEC_SCREENSHOTS when set (the README's), else the test's temporary folder."""
+    """A screenshot, into MLX_SPEC_SCREENSHOTS when set (docs/server.md's), else the test's temporary folder."""
     folder = Path(os.environ.get("MLX_SPEC_SCREENSHOTS") or tmp_path)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"web-{name}.png"

@@ -2,7 +2,7 @@
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -89,7 +89,7 @@ class Chat:
         self.seen = Seen()
         self.session.reset()
 
-    def _events(self, ids: list[int], max_tokens: int):
+    def _events(self, ids: list[int], max_tokens: int) -> Generator[Event, None, None]:
         s = self.settings
         return self.session.generate(ids, max_tokens=max_tokens, temp=s.temp, top_p=s.top_p, top_k=s.top_k)
 
@@ -97,7 +97,7 @@ class Chat:
         """Seconds per plain target step as the session's planner measured it (None before any)."""
         return self.session.planner.plain_step()
 
-    def ask(self, text: str) -> Iterator[Event]:
+    def ask(self, text: str) -> Generator[Event, None, None]:
         """Events of the reply to `text`; when the generator ends or is closed, the reply is recorded."""
         tok = self.session.tokenizer
         self.messages.append({"role": "user", "content": text})
@@ -169,9 +169,11 @@ class Chat:
 
     # ------------------------------------------------------------------ /compare
 
-    def compare(self) -> Iterator[Event]:
+    def compare(self) -> Generator[Event, None, None]:
         """Events of the last reply regenerated with plain decoding, as many tokens as it had; the drafter stays."""
         last = self.last
+        if last is None:
+            raise ValueError("no reply to compare yet")
         keep = self.session.drafter, self.session.num_draft
         self.session.set_drafter(None)
         events = self._events(last.prompt_ids, len(last.tokens))
@@ -185,6 +187,8 @@ class Chat:
         """(plain row, speculative row) of the /compare table for the last reply."""
         name = f"{named.table_name(self.model_name)} {named.quantization(self.session.model)}"
         last = self.last
+        if last is None:
+            raise ValueError("no reply to compare yet")
         return (
             Row(name, "N/A", "N/A", plain_tps),
             Row(name, named.table_name(last.draft), last.draft_quantization, last.stats.generation_tps),

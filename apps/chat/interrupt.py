@@ -1,19 +1,21 @@
 """Ctrl-C stops a reply, not the program: SIGINT becomes a flag the event loop checks after each token."""
 
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 
 from mlx_spec.gen.stream import Event
 
 
-def drain(events: Iterator[Event], show: Callable[[Event], None] | None = None) -> tuple[list[Event], bool]:
+def drain(
+    events: Generator[Event, None, None], show: Callable[[Event], None] | None = None
+) -> tuple[list[Event], bool]:
     """Run `events` to the end or to Ctrl-C; return (the events seen, whether Ctrl-C stopped them).
 
     The first Ctrl-C only sets a flag, so the generator is closed between tokens, never inside a
     cache update. A second Ctrl-C raises at once, for a long prompt that yields no token to stop at;
     the engine rewinds its caches on any exception, so that is safe too, only less tidy.
     """
-    hit = []
+    hit: list[bool] = []
 
     def on_sigint(_sig, _frame):
         if hit:

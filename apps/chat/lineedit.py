@@ -13,8 +13,9 @@ def line_reader() -> Callable[[str], str]:
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         return input  # piped input: no line editor to draw
     from prompt_toolkit import PromptSession
-    from prompt_toolkit.history import FileHistory, InMemoryHistory
+    from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 
+    history: History
     try:
         home().mkdir(parents=True, exist_ok=True)
         history = FileHistory(str(home() / HISTORY_FILE))

@@ -30,7 +30,7 @@ def on_disk(spec: str) -> bool:
 def pair_that_works(model: str) -> str:
     """Flags of a pair that loads here without the network, for an error message."""
     target, draft = LOCAL_PAIR
-    if on_disk(target) and on_disk(draft):
+    if draft is not None and on_disk(target) and on_disk(draft):
         return f"a local pair that works: --model {target} --draft {draft}"
     if on_disk(model):  # the n-gram drafter needs no model at all
         return f"a local pair that works: --model {model} --draft ngram"
@@ -53,7 +53,7 @@ class DraftLoader:
 
     def __init__(self, target, tokenizer, *, log: Log):
         self.target, self.tokenizer, self.log = target, tokenizer, log
-        self.loaded = {}  # {draft model spec: (model, tokenizer)}, at most one entry: draft models are big
+        self.loaded: dict[str, tuple] = {}  # {draft model spec: (model, tokenizer)}; one at most: drafts are big
 
     def build(self, spec):
         """The drafter for `spec` (None for 'none'); raises MlxSpecError with a one-line message."""

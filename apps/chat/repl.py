@@ -45,6 +45,7 @@ def turn(chat: Chat, text: str) -> None:
     stopped = seen[-1].finish_reason is None
     _echo("\n[stopped: the partial reply stays in the conversation]" if stopped else "")
     reply = chat.last
+    assert reply is not None  # `ask` recorded the reply it streamed
     _echo(report.stats_line(reply.stats, reply.plain_step_s, reply.draft != "none"))
 
 

@@ -1,12 +1,21 @@
-"""The Starlette app: the OpenAI-compatible routes, the key check, /health, and the page with its static files."""
+"""The Starlette app: one core that checks a prompt, submits its job and hands back its items, the OpenAI-compatible
+routes as wire formats over it, the key check, /health, the page, JSON 404s and one log line per request."""
 
+import asyncio
 import contextlib
 import hmac
 import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+from sse_starlette.event import ServerSentEvent
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -15,22 +24,112 @@ from starlette.staticfiles import StaticFiles
 from mlx_spec.device import describe
 from mlx_spec.gen.load import vocab_width
 
-from . import errors
+from . import errors, messages, responses
 from . import params as P
-from .bridge import Disconnected, Ticket
+from .bridge import DISCONNECT_POLL, Disconnected, Ticket
+from .defaults import KEEPALIVE_S, PREFIX_CACHE_BYTES
 from .errors import ApiError, bad_request
 from .pair import Pair
 from .scheduler import Delta, Done, Failed, Scheduler
+from .tools import Syntax, ToolCall, Tools, ToolText, parse_tools
 from .wire import Reply
 
 STATIC = Path(__file__).parent / "static"
+RUN = "mlx_spec.run"  # the request scope's key for its Run, which the log line reads
+
+log = logging.getLogger("mlx_spec.server.requests")
+
+
+class Run:
+    """One submitted job as its route sees it: wait for the first item (queue and prefill), then read the items in
+    order (Delta..., Done). A failure before the first item is an ApiError from `ready`; one after it, from `items`."""
+
+    def __init__(self, ticket: Ticket, request: Request, route: str):
+        self.ticket, self.request, self.route = ticket, request, route
+        self.id = ticket.job.id
+        self.done: Done | None = None  # set once the reply is complete
+        self.error: ApiError | None = None
+        self.finish: str | None = None  # the wire's finish reason where it differs from Done's (tool_calls)
+        self._first = None
+        self._getter: asyncio.Future | None = None
+
+    async def _next(self, watch: bool, timeout: float | None = None):
+        """The next item, None after `timeout`; with `watch`, Disconnected (the job cancelled) if the client left."""
+        loop = asyncio.get_running_loop()
+        end = None if timeout is None else loop.time() + timeout
+        if self._getter is None:  # kept across timeouts, so no item is lost to a cancelled get
+            self._getter = asyncio.ensure_future(self.ticket.queue.get())
+        while True:
+            step = DISCONNECT_POLL if watch else None
+            if end is not None:
+                step = max(0.0, end - loop.time()) if step is None else min(step, max(0.0, end - loop.time()))
+            done, _ = await asyncio.wait({self._getter}, timeout=step)
+            if done:
+                item, self._getter = self._getter.result(), None
+                if isinstance(item, Failed):
+                    self.error = item.error
+                    raise item.error
+                if isinstance(item, Done):
+                    self.done = item
+                return item
+            if watch and await self.request.is_disconnected():
+                self.cancel()
+                raise Disconnected()
+            if end is not None and loop.time() >= end:
+                return None
+
+    async def ready(self, timeout: float | None = None, watch: bool = True) -> bool:
+        """Wait up to `timeout` s (None: as long as it takes) for the first item; True once it is here."""
+        if self._first is None:
+            self._first = await self._next(watch, timeout)
+        return self._first is not None
+
+    async def items(self, watch: bool = False) -> AsyncIterator[Delta | Done]:
+        """The items in order, the first included. watch: notice a client that leaves (a stream notices by itself)."""
+        item = self._first if self._first is not None else await self._next(watch)
+        self._first = None
+        while True:
+            yield item
+            if isinstance(item, Done):
+                return
+            item = await self._next(watch)
+
+    def cancel(self) -> None:
+        """Stop the job (a no-op once it has finished)."""
+        if self._getter is not None and not self._getter.done():
+            self._getter.cancel()
+        self.ticket.cancel()
+
+
+@dataclass
+class ChatPrompt:
+    """A chat request made ready for the core: its token ids, its parameters, and its tools' parser (None: no
+    tools, or tool_choice "none": the reply is all content)."""
+
+    ids: list[int]
+    params: P.Params
+    tools: Tools | None
+    syntax: Syntax | None
+
+    def tool_text(self) -> ToolText | None:
+        """A fresh splitter of the reply into content and calls, or None where the reply is all content."""
+        if self.syntax is None or self.tools is None:
+            return None
+        return ToolText(self.syntax, self.tools.shown, inside=self.tools.forced)
+
+
+def whole_text(parts: list[str | ToolCall]) -> tuple[str, list[ToolCall]]:
+    return "".join(p for p in parts if isinstance(p, str)), [p for p in parts if isinstance(p, ToolCall)]
 
 
 class Api:
     """The routes' shared state: the pair, the scheduler, the key, the default reply length and the device."""
 
-    def __init__(self, pair: Pair, scheduler: Scheduler, api_key: str | None, max_tokens: int):
+    def __init__(
+        self, pair: Pair, scheduler: Scheduler, api_key: str | None, max_tokens: int | None, keepalive_s: float
+    ):
         self.pair, self.scheduler, self.api_key, self.max_tokens = pair, scheduler, api_key, max_tokens
+        self.keepalive_s = keepalive_s
         self.device = describe()  # asked once: /health is polled, and the model thread owns MLX meanwhile
 
     def authorize(self, request: Request) -> None:
@@ -41,8 +140,26 @@ class Api:
         if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key.encode()):
             raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
 
-    def check_length(self, ids, param: str) -> None:
-        """400 for a prompt the model cannot take, before it waits in the queue."""
+    async def body(self, request: Request) -> dict:
+        """The request's JSON body, read within the bound the model's context sets."""
+        return P.parse_json(await P.read_body(request, self.pair.context))
+
+    # --- the core: every API's routes go through these ---
+
+    def chat_prompt(self, body: dict) -> ChatPrompt:
+        """A chat-completions body (or another API's request turned into one) checked and rendered: messages and
+        tools through the model's chat template."""
+        p = P.params(body, self.max_tokens)
+        tools = parse_tools(body)
+        messages = P.messages(body)
+        shown = tools.shown if tools else None
+        ids = self.pair.chat_ids(messages, shown, open_call=bool(tools and tools.forced))
+        syntax = self.pair.tool_syntax if shown else None
+        return ChatPrompt(ids, p, tools, syntax)
+
+    async def start(self, request: Request, ids: list[int], p: P.Params, prefix: str, param: str = "messages") -> Run:
+        """Check a prompt's length and drafter, fill in the reply's length, and submit its job: a 400 (or a 429 when
+        the queue is full) before anything runs."""
         limit = self.pair.context
         if limit is not None and len(ids) >= limit:
             raise bad_request(
@@ -50,80 +167,126 @@ class Api:
                 param=param,
                 code="context_length_exceeded",
             )
+        p.draft = self.pair.check_draft(p.draft)
+        if p.max_tokens is None:  # no length asked: up to the end of the context, as mlx-lm's server does
+            p.max_tokens = max(1, (limit or P.UNSTATED_CONTEXT) - len(ids))
+        run = Run(Ticket(self.scheduler, ids, p, prefix), request, request.url.path)
+        request.scope[RUN] = run
+        return run
+
+    async def answer(
+        self,
+        run: Run,
+        whole: Callable[[], Awaitable[dict]],
+        stream: Callable[[], AsyncIterator[str | dict]] | None,
+        error: Callable[[ApiError], str | dict] = lambda e: json.dumps(e.body()),
+    ) -> Response:
+        """The response over a submitted run: `whole()`'s JSON (it reads `run.items(watch=True)`), or an SSE stream of
+        `stream()`'s events (`run.items()`). Errors before the first item are HTTP errors; a stream whose prompt is
+        still prefilling after `keepalive_s` starts anyway, with keep-alive comments, and a later error travels as
+        `error(e)`. A client that leaves, or any failure, cancels the job."""
+        try:
+            if stream is None:
+                await run.ready()
+                return JSONResponse(await whole())
+            await run.ready(timeout=self.keepalive_s)
+
+            async def events():
+                try:
+                    async for event in stream():
+                        yield event
+                except ApiError as e:  # the status is sent already, so the error travels as an event
+                    yield error(e)
+                finally:
+                    run.cancel()
+
+            keepalive = lambda: ServerSentEvent(comment="keep-alive")  # noqa: E731
+            return EventSourceResponse(events(), sep="\n", ping=self.keepalive_s, ping_message_factory=keepalive)
+        except Disconnected:
+            return Response(status_code=499)  # nobody reads it; the job was cancelled
+        except BaseException:
+            run.cancel()  # e.g. the server is shutting down
+            raise
+
+    # --- /v1/chat/completions and /v1/completions ---
 
     async def chat(self, request: Request) -> Response:
         self.authorize(request)
-        body = P.parse_json(await P.read_body(request, self.pair.context))
-        p = P.params(body, self.max_tokens)
-        messages = P.messages(body)
-        try:
-            ids = self.pair.chat_ids(messages)
-        except Exception as e:  # the model's chat template rejects the conversation (e.g. roles out of order)
-            raise bad_request(f"the chat template rejects these messages: {e}", param="messages") from None
-        return await self._run(request, ids, p, chat=True)
+        prompt = self.chat_prompt(await self.body(request))
+        run = await self.start(request, prompt.ids, prompt.params, "chatcmpl")
+        reply = Reply(run.id, self.pair.name, chat=True)
+
+        async def whole() -> dict:
+            pieces = [d async for d in run.items(watch=True) if isinstance(d, Delta)]
+            text = "".join(t for d in pieces for t, _ in d.pieces)
+            split = prompt.tool_text()
+            text, calls = whole_text(split.feed(text) + split.end()) if split else (text, [])
+            assert run.done is not None  # `items` ends with it
+            run.finish = reply.finish(run.done, calls)
+            return reply.response(text, run.done, calls)
+
+        async def stream():
+            split = prompt.tool_text()
+            calls = []
+            yield json.dumps(reply.first())
+            async for item in run.items():
+                if isinstance(item, Delta):
+                    parts = split.feed("".join(t for t, _ in item.pieces)) if split else None
+                    if parts is None:
+                        yield json.dumps(reply.chunk(item))
+                        continue
+                    calls += [p for p in parts if isinstance(p, ToolCall)]
+                    for chunk in reply.parts(parts, item):
+                        yield json.dumps(chunk)
+                    continue
+                if split:
+                    parts = split.end()
+                    calls += [p for p in parts if isinstance(p, ToolCall)]
+                    for chunk in reply.parts(parts, None):
+                        yield json.dumps(chunk)
+                run.finish = reply.finish(item, calls)
+                yield json.dumps(reply.last(item, run.finish))
+                if prompt.params.include_usage:
+                    yield json.dumps(reply.usage_chunk(item))
+            yield "[DONE]"
+
+        return await self.answer(run, whole, stream if prompt.params.stream else None)
 
     async def completions(self, request: Request) -> Response:
         self.authorize(request)
-        body = P.parse_json(await P.read_body(request, self.pair.context))
+        body = await self.body(request)
         p = P.params(body, self.max_tokens)
         prompt = P.prompt(body)
         if isinstance(prompt, list) and max(prompt) >= vocab_width(self.pair.target):
             raise bad_request(f"token id {max(prompt)} is outside the vocabulary", param="prompt")
         ids = self.pair.text_ids(prompt) if isinstance(prompt, str) else prompt
-        return await self._run(request, ids, p, chat=False)
+        run = await self.start(request, ids, p, "cmpl", param="prompt")
+        reply = Reply(run.id, self.pair.name, chat=False)
 
-    async def _run(self, request: Request, ids, p: P.Params, chat: bool) -> Response:
-        self.check_length(ids, "messages" if chat else "prompt")
-        p.draft = self.pair.check_draft(p.draft)
-        ticket = Ticket(self.scheduler, ids, p, "chatcmpl" if chat else "cmpl")
-        reply = Reply(ticket.job.id, self.pair.name, chat)
-        try:
-            item = await ticket.get(request)  # queue wait and prefill: errors up to here are plain HTTP errors
-            if isinstance(item, Failed):
-                raise item.error
-            if p.stream:
-                return EventSourceResponse(self._stream(ticket, reply, item, p, chat), sep="\n")
-            text = []
-            while not isinstance(item, (Done, Failed)):
-                text.append("".join(t for t, _ in item.pieces))
-                item = await ticket.get(request)
-            if isinstance(item, Failed):
-                raise item.error
-            return JSONResponse(reply.response("".join(text), item))
-        except Disconnected:
-            return Response(status_code=499)  # nobody reads it; the job was cancelled
-        except BaseException:
-            ticket.cancel()  # e.g. the server is shutting down
-            raise
+        async def whole() -> dict:
+            pieces = [d async for d in run.items(watch=True) if isinstance(d, Delta)]
+            assert run.done is not None  # `items` ends with it
+            return reply.response("".join(t for d in pieces for t, _ in d.pieces), run.done)
 
-    async def _stream(self, ticket: Ticket, reply: Reply, item, p: P.Params, chat: bool):
-        """SSE data: chunks, the last with the stats, maybe usage, then [DONE]. Closing it (the client left) cancels the job."""
-        try:
-            if chat:
-                yield json.dumps(reply.first())
-            while True:
-                if isinstance(item, Delta):
-                    yield json.dumps(reply.chunk(item))
-                elif isinstance(item, Done):
-                    yield json.dumps(reply.last(item))
-                    if p.include_usage:
-                        yield json.dumps(reply.usage_chunk(item))
-                    break
-                else:  # failed mid-stream: the status is sent already, so the error travels as an event
-                    yield json.dumps(item.error.body())
-                    break
-                item = await ticket.get()
+        async def stream():
+            async for item in run.items():
+                yield json.dumps(reply.chunk(item) if isinstance(item, Delta) else reply.last(item))
+                if isinstance(item, Done) and p.include_usage:
+                    yield json.dumps(reply.usage_chunk(item))
             yield "[DONE]"
-        finally:
-            ticket.cancel()
+
+        return await self.answer(run, whole, stream if p.stream else None)
 
     async def models(self, request: Request) -> Response:
         self.authorize(request)
+        context = self.pair.context
         model = {
             "id": self.pair.name,
             "object": "model",
             "created": 0,
             "owned_by": "mlx-spec",
+            "context_length": context,  # OpenRouter's and LM Studio's name
+            "max_model_len": context,  # vLLM's name
             "mlx_spec": self.pair.info(),
         }
         return JSONResponse({"object": "list", "data": [model]})
@@ -135,19 +298,75 @@ class Api:
         return FileResponse(STATIC / "index.html")
 
 
+async def http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own errors (an unknown route, a wrong method) in OpenAI's error shape."""
+    what = "Invalid URL" if exc.status_code == 404 else exc.detail
+    message = f"{what} ({request.method} {request.url.path})"
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return ApiError(exc.status_code, message, code=code, headers=exc.headers).response()
+
+
+def log_line(method: str, path: str, status: int, run: Run | None, seconds: float) -> str:
+    """The request's one line: route, status, and for a generation its prompt, cache, output and drafts."""
+    line = f"{method} {path} {status}"
+    if run is not None and run.done is not None and run.done.stats:
+        stats, done = run.done.stats, run.done
+        out = stats.get("generation_tokens", 0)
+        share = stats.get("accepted", 0) / out if out else 0.0
+        line += (
+            f" prompt={stats.get('prompt_tokens', 0)} cached={stats.get('prompt_cached', 0)} out={out}"
+            f" drafted={share:.0%} finish={run.finish or done.finish_reason}"
+        )
+    elif run and run.error:
+        line += f" error={run.error.status} {run.error.message}"
+    elif run:
+        line += " cancelled"
+    return f"{line} {seconds:.2f}s"
+
+
+class RequestLog:
+    """ASGI middleware: one log line per API request once its response ends (the page's files and /health are
+    left out: the page polls them)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, status = time.monotonic(), [500]
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            path = scope.get("path", "")
+            if path.startswith("/v1") or status[0] >= 400:
+                log.info(log_line(scope.get("method", ""), path, status[0], scope.get(RUN), time.monotonic() - start))
+
+
 def build_app(
     pair: Pair,
     *,
     api_key: str | None = None,
     max_concurrency: int,
-    max_tokens: int,
+    max_tokens: int | None = None,
     max_queue: int | None = None,
     batch: bool = True,
+    keepalive_s: float = KEEPALIVE_S,
+    prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
 ) -> Starlette:
-    """The app; its lifespan starts and stops the scheduler thread. `app.state.scheduler` is it. batch: requests
-    that start while others generate share batched rounds (else every request takes its own turns)."""
-    scheduler = Scheduler(pair, max_concurrency, max_queue, batch)
-    api = Api(pair, scheduler, api_key, max_tokens)
+    """The app; its lifespan starts and stops the scheduler thread. `app.state.scheduler` is it, `app.state.api` the
+    routes' core. max_tokens: a reply's length when a request gives none (None: up to the end of the context).
+    batch: requests that start while others generate share batched rounds (else every request takes its own turns).
+    keepalive_s: how long a stream waits for its first token before it starts with keep-alive comments.
+    prefix_cache_bytes: the KV caches kept of prompt prefixes that conversations share (0: none)."""
+    scheduler = Scheduler(pair, max_concurrency, max_queue, batch, prefix_cache_bytes)
+    api = Api(pair, scheduler, api_key, max_tokens, keepalive_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -163,8 +382,16 @@ def build_app(
         Route("/v1/models", api.models),
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
+        *responses.routes(api),
+        *messages.routes(api),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={ApiError: errors.handle})
-    app.state.scheduler = scheduler
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        middleware=[Middleware(RequestLog)],
+        # Starlette types a handler as taking any exception; each of these gets the class it is registered for
+        exception_handlers={ApiError: errors.handle, HTTPException: http_error},  # type: ignore[dict-item]
+    )
+    app.state.scheduler, app.state.api = scheduler, api
     return app

@@ -9,8 +9,9 @@ stays in its engine from its first token to its last. Its prompt goes in a chunk
 it leaves with its caches back in its session, so the conversation's next turn reuses them.
 """
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from mlx_spec.gen.engine import Engine
 from mlx_spec.gen.joint import batchable
@@ -20,6 +21,9 @@ from mlx_spec.gen.sampling import Sampler
 from mlx_spec.gen.stream import Event
 from mlx_spec.gen.tunables import PREFILL_STEP
 
+if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import StreamingDetokenizer
+
 
 @dataclass
 class Member:
@@ -27,7 +31,7 @@ class Member:
 
     row: Row
     engine: Engine
-    detok: object
+    detok: "StreamingDetokenizer"
 
 
 @dataclass
@@ -35,11 +39,14 @@ class Joining:
     """A request on its way into an engine: its row, and its prefill under way, a chunk per round."""
 
     row: Row
-    prefill: Iterator[tuple[bool, int]]
+    prefill: Generator[tuple[bool, int], None, None]
     engine: Engine
 
 
-class Batcher:
+J = TypeVar("J")  # the caller's job: what a row is known by
+
+
+class Batcher(Generic[J]):
     """The engines and which request each of their rows serves."""
 
     def __init__(self, pair, batch: bool = True, chunk: int = PREFILL_STEP):
@@ -49,8 +56,8 @@ class Batcher:
         # rounds measure are not a pass's cost. They learn in a planner of their own, apart from the costs that
         # decide whether a request joins the shared engine (`Planner.pays`).
         self.solo = Planner(adaptive=pair.adaptive)
-        self.members: dict[object, Member] = {}  # job -> member
-        self.joining: dict[object, Joining] = {}  # job -> its prefill under way, in arrival order
+        self.members: dict[J, Member] = {}  # job -> member
+        self.joining: dict[J, Joining] = {}  # job -> its prefill under way, in arrival order
 
     def __len__(self) -> int:
         return len(self.members) + len(self.joining)
@@ -88,17 +95,17 @@ class Batcher:
         rows = len(self.shared.rows) + sum(j.engine is self.shared for j in self.joining.values()) + 1
         together = self.batch and batchable(job.session.cache) and self.shared.planner.pays(rows)
         engine = self.shared if together else Engine(self.pair.target, self.solo)
-        engine.hold = True  # no step queued ahead: the row joins between two rounds
+        engine.expect(True)  # no step queued ahead: the row joins between two rounds
         self.joining[job] = Joining(row, job.session.prefill(job.ids, self.chunk), engine)
         return together
 
-    def step_joins(self) -> list[tuple[object, Exception]]:
+    def step_joins(self) -> list[tuple[J, Exception]]:
         """One prefill chunk of the first request waiting to join; a request whose prompt is in becomes a row
         (once its engine queued nothing ahead). Returns the requests whose prefill failed, with the error (they
         are gone; the others go on)."""
         failed = []
         for job, j in list(self.joining.items()):
-            if j.engine.pending is not None:
+            if not j.engine.can_join():
                 continue
             try:
                 done, cached = next(j.prefill)
@@ -111,8 +118,8 @@ class Batcher:
                 continue
             if not done:
                 break
-        for e in self.engines:
-            e.hold = any(j.engine is e for j in self.joining.values())
+        for engine in self.engines:
+            engine.expect(any(j.engine is engine for j in self.joining.values()))
         return failed
 
     def _add(self, job, j: Joining, cached: int) -> None:
@@ -132,7 +139,7 @@ class Batcher:
         cache = member.engine.remove(member.row)
         job.session.restore(cache, member.row.context[:-1])
 
-    def round(self, engine: Engine) -> list[tuple[object, Event]]:
+    def round(self, engine: Engine) -> list[tuple[J, Event]]:
         """One round of an engine: every member's new tokens, as events."""
         jobs = {id(m.row): job for job, m in self.members.items()}
         out = []
@@ -154,7 +161,7 @@ class Batcher:
                     )
         return out
 
-    def clear(self, engine: Engine) -> list[object]:
+    def clear(self, engine: Engine) -> list[J]:
         """Forget an engine after a failed round: the jobs that were in it or joining it."""
         jobs = [job for job, x in list(self.members.items()) + list(self.joining.items()) if x.engine is engine]
         for job in jobs:

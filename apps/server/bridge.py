@@ -1,4 +1,4 @@
-"""The request's side of a job: items from the scheduler thread onto an asyncio.Queue, and noticing a client that left."""
+"""The request's side of a job: items from the scheduler thread onto an asyncio.Queue; noticing a client that left."""
 
 import asyncio
 import uuid
@@ -38,7 +38,7 @@ class Ticket:
                 429, str(e), type="rate_limit_exceeded", code="queue_full", headers={"Retry-After": "1"}
             ) from None
 
-    async def get(self, request: Request = None):
+    async def get(self, request: Request | None = None):
         """The next item; with `request`, raise Disconnected (and cancel the job) if the client leaves meanwhile."""
         if request is None:
             return await self.queue.get()

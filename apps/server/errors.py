@@ -1,5 +1,7 @@
 """OpenAI-style API errors: one exception type, rendered as `{"error": {message, type, param, code}}`."""
 
+from collections.abc import Mapping
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -15,7 +17,7 @@ class ApiError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
-        headers: dict | None = None,
+        headers: Mapping[str, str] | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
@@ -33,6 +35,6 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(400, message, param=param, code=code)
 
 
-async def handle(_request: Request, exc: Exception) -> JSONResponse:
+async def handle(_request: Request, exc: ApiError) -> JSONResponse:
     """Starlette exception handler for ApiError."""
     return exc.response()

@@ -1,16 +1,18 @@
 """`mlx-spec serve`: load the pair, build the app, run it under uvicorn and print the URL once it listens."""
 
+import logging
+import sys
 import threading
 from collections.abc import Callable
 
 import uvicorn
 
 from mlx_spec.device import describe
-from mlx_spec.gen.tunables import DEFAULT_MAX_TOKENS
 from mlx_spec.named import Log
 
 from .app import build_app
-from .defaults import DEFAULT_HOST, DEFAULT_MAX_CONCURRENCY, DEFAULT_PORT
+from .app import log as request_log
+from .defaults import DEFAULT_HOST, DEFAULT_MAX_CONCURRENCY, DEFAULT_PORT, PREFIX_CACHE_BYTES
 from .pair import Pair
 
 SHUTDOWN_GRACE_S = 5  # open streams get this long to end when the server stops
@@ -53,14 +55,28 @@ def serve(
     api_key: str | None = None,
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
     num_draft: int | None = None,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
+    max_tokens: int | None = None,
     fixed_draft: bool = False,
     batch: bool = True,
+    prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
     log: Log = _quiet,
 ) -> None:
-    """Serve the pair until Ctrl-C; the URL (port 0: the port picked) goes to stdout once it listens."""
+    """Serve the pair until Ctrl-C; the URL (port 0: the port picked) goes to stdout once it listens, a line per
+    request to stderr. max_tokens: a reply's length when a request gives none (None: up to the end of the context)."""
+    if not request_log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        request_log.addHandler(handler)
+        request_log.setLevel(logging.INFO)
     pair = Pair.load(model, draft, num_draft=num_draft, fixed=fixed_draft, log=log)
-    app = build_app(pair, api_key=api_key, max_concurrency=max_concurrency, max_tokens=max_tokens, batch=batch)
+    app = build_app(
+        pair,
+        api_key=api_key,
+        max_concurrency=max_concurrency,
+        max_tokens=max_tokens,
+        batch=batch,
+        prefix_cache_bytes=prefix_cache_bytes,
+    )
     config = _config(app, host, port)
     sock = config.bind_socket()
     url, device = _url(host, sock), describe()

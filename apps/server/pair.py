@@ -7,6 +7,7 @@ the server was started with --fixed-draft. Nothing loads per request: a load wou
 
 import weakref
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from mlx_spec.errors import MlxSpecError
 from mlx_spec.gen import registry
@@ -15,6 +16,11 @@ from mlx_spec.gen.session import Session
 from mlx_spec.named import Log, load_model, make_drafter, short_name
 
 from .errors import bad_request
+from .tools import Syntax, syntax
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 FREE = ("none", "suffix", "ngram", "hybrid", "self", "quant-self")  # drafters that load no weights of their own
 
@@ -29,8 +35,8 @@ class Pair:
 
     model_spec: str
     draft_spec: registry.Spec
-    target: object
-    tokenizer: object
+    target: "nn.Module"
+    tokenizer: "TokenizerWrapper"
     loaded: dict[str, tuple] = field(default_factory=dict)  # {draft model spec: (model, tokenizer)}
     num_draft: int | None = None
     adaptive: bool = True
@@ -131,13 +137,32 @@ class Pair:
             "drafters": drafters,
         }
 
-    def chat_ids(self, messages: list[dict]) -> list[int]:
-        """The conversation through the tokenizer's chat template (plain role-tagged lines without one)."""
+    def chat_ids(self, messages: list[dict], tools: list[dict] | None = None, open_call: bool = False) -> list[int]:
+        """The conversation through the tokenizer's chat template, with the tools' schemas where given (plain
+        role-tagged lines without a template). open_call: the reply starts inside a tool call (its start marker ends
+        the prompt). A 400 when the template rejects the messages, or has no tool support and tools are given."""
         tok = self.tokenizer
-        if getattr(tok, "chat_template", None):
-            return list(tok.apply_chat_template(messages, add_generation_prompt=True))
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
-        return list(tok.encode(text))
+        if tools and self.tool_syntax is None:
+            raise bad_request(
+                f"{self.name}'s chat template has no tool support mlx-lm can parse, so it cannot be sent 'tools'",
+                param="tools",
+                code="tools_unsupported",
+            )
+        if not getattr(tok, "chat_template", None):
+            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+            return list(tok.encode(text))
+        try:
+            ids = list(tok.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True))
+        except Exception as e:  # the template's own checks (e.g. roles out of order) raise jinja errors
+            raise bad_request(f"the chat template rejects these messages: {e}", param="messages") from None
+        if open_call and self.tool_syntax is not None:
+            ids += tok.encode(self.tool_syntax.start, add_special_tokens=False)
+        return ids
+
+    @property
+    def tool_syntax(self) -> Syntax | None:
+        """The target's tool-call markers and parser (mlx-lm's), or None where its template has none."""
+        return syntax(self.tokenizer)
 
     def text_ids(self, prompt: str) -> list[int]:
         """A raw prompt, tokenized as is."""

@@ -25,7 +25,7 @@ UNSTATED_CONTEXT = 32_768  # tokens assumed where the model's config states no c
 class Params:
     """What one request asks the engine for."""
 
-    max_tokens: int
+    max_tokens: int | None  # None: up to the end of the context (the core fills it in before submitting)
     temp: float = 0.0
     top_p: float = 0.0  # 0 or 1: off
     top_k: int = 0
@@ -92,13 +92,14 @@ def _number(body: dict, key: str, lo: float, hi: float, default: float) -> float
     return float(v)
 
 
-def params(body: dict, default_max_tokens: int) -> Params:
-    """Sampling, length, stop and streaming options, checked (shared by both endpoints)."""
+def params(body: dict, default_max_tokens: int | None) -> Params:
+    """Sampling, length, stop and streaming options, checked (shared by every endpoint). default_max_tokens: the
+    server's length for a request that gives none (None: up to the end of the context)."""
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = body.get(key, default_max_tokens)
+    max_tokens = body.get(key)
     if max_tokens is None:
         max_tokens = default_max_tokens
-    if not _is_int(max_tokens) or max_tokens <= 0:
+    elif not _is_int(max_tokens) or max_tokens <= 0:
         raise bad_request(f"'{key}' must be a positive integer, got {json.dumps(max_tokens)}", param=key)
     top_k = body.get("top_k", 0) or 0
     if not _is_int(top_k) or top_k < 0:
@@ -142,12 +143,32 @@ def _content(content, where: str) -> str:
     raise bad_request(f"{where} must be a string or a list of text parts", param=where)
 
 
+def _arguments(call, where: str) -> dict:
+    """An earlier call's `function` with its JSON-text arguments as the object chat templates print."""
+    f = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
+        raise bad_request(
+            f"{where} must be {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}", param=where
+        )
+    args = f.get("arguments") or "{}"
+    try:
+        args = json.loads(args) if isinstance(args, str) else args
+    except ValueError:
+        raise bad_request(
+            f"{where}.function.arguments is not valid JSON", param=f"{where}.function.arguments"
+        ) from None
+    if not isinstance(args, dict):
+        raise bad_request(f"{where}.function.arguments must be a JSON object", param=f"{where}.function.arguments")
+    return {"name": f["name"], "arguments": args}
+
+
 def messages(body: dict) -> list[dict]:
-    """`messages` as [{role, content: str}], checked."""
+    """`messages` as the chat template takes them, checked: {role, content: str}, an assistant's `tool_calls` with
+    their arguments as objects, a tool result's `tool_call_id` (an earlier call's) and `name`."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise bad_request("'messages' must be a non-empty list of {role, content} objects", param="messages")
-    out = []
+    out, calls = [], {}  # calls: {id: function name} of the assistant turns so far
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
             raise bad_request(f"messages[{i}] must be an object with 'role' and 'content'", param=f"messages[{i}]")
@@ -157,7 +178,28 @@ def messages(body: dict) -> list[dict]:
                 f"messages[{i}].role: unknown role {json.dumps(role)} (one of {', '.join(ROLES)})",
                 param=f"messages[{i}].role",
             )
-        out.append({"role": role, "content": _content(m.get("content"), f"messages[{i}].content")})
+        msg = {"role": role, "content": _content(m.get("content"), f"messages[{i}].content")}
+        if role == "assistant" and m.get("tool_calls"):
+            where = f"messages[{i}].tool_calls"
+            if not isinstance(m["tool_calls"], list):
+                raise bad_request(f"{where} must be a list of calls", param=where)
+            msg["tool_calls"] = []
+            for j, c in enumerate(m["tool_calls"]):
+                f = _arguments(c, f"{where}[{j}]")
+                cid = c.get("id")
+                if not isinstance(cid, str) or not cid:
+                    raise bad_request(f"{where}[{j}].id must be a non-empty string", param=f"{where}[{j}].id")
+                calls[cid] = f["name"]
+                msg["tool_calls"].append({"id": cid, "type": "function", "function": f})
+        if role == "tool":
+            cid = m.get("tool_call_id")
+            if cid not in calls:
+                raise bad_request(
+                    f"messages[{i}].tool_call_id {json.dumps(cid)} answers no earlier assistant tool call",
+                    param=f"messages[{i}].tool_call_id",
+                )
+            msg.update(tool_call_id=cid, name=m.get("name") or calls[cid])
+        out.append(msg)
     return out
 
 

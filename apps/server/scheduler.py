@@ -16,12 +16,16 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from mlx_spec.errors import MlxSpecError
+from mlx_spec.gen.session import Session
+from mlx_spec.gen.stats import Stats
 
 from .batching import Batcher
+from .defaults import PREFIX_CACHE_BYTES
 from .errors import ApiError
 from .pair import Pair
 from .params import Params
 from .pool import IDLE_EXTRA, SessionPool
+from .prefixes import PrefixCache
 from .stops import Mark, Piece, StopText
 
 QUEUE_PER_SLOT = 4  # waiting requests allowed per concurrent slot before new ones get a 429
@@ -75,10 +79,10 @@ class Job:
     prompt_cached: int = 0
     flags: list[bool] = field(default_factory=list)
     pos: int = 0  # the last token's position in its round's draft (0: the target's own)
-    session: object = None
+    session: Session | None = None
     produced: list[int] = field(default_factory=list)  # its tokens so far
-    stats: object = None  # the engine's counters of its reply so far
-    stops: StopText | None = None
+    stats: Stats | None = None  # the engine's counters of its reply so far
+    stops: StopText = field(default_factory=StopText)  # the request's own, set when it starts
 
     __hash__ = object.__hash__  # a job is itself: the batcher keys its rows by job
 
@@ -102,13 +106,20 @@ class Job:
 class Scheduler:
     """Runs up to `max_concurrency` jobs in turn on its own thread; up to `max_queue` more wait FIFO."""
 
-    def __init__(self, pair: Pair, max_concurrency: int, max_queue: int | None = None, batch: bool = True):
+    def __init__(
+        self,
+        pair: Pair,
+        max_concurrency: int,
+        max_queue: int | None = None,
+        batch: bool = True,
+        prefix_bytes: int = PREFIX_CACHE_BYTES,
+    ):
         if max_concurrency < 1:
             raise MlxSpecError(f"--max-concurrency must be >= 1, got {max_concurrency}")
         self.pair, self.max_concurrency = pair, max_concurrency
-        self.batcher = Batcher(pair, batch)
+        self.batcher: Batcher[Job] = Batcher(pair, batch)
         self.max_queue = QUEUE_PER_SLOT * max_concurrency if max_queue is None else max_queue
-        self.pool = SessionPool(pair.new_session, max_concurrency + IDLE_EXTRA)
+        self.pool = SessionPool(pair.new_session, max_concurrency + IDLE_EXTRA, PrefixCache(prefix_bytes))
         self.counts = dict(completed=0, cancelled=0, failed=0, rejected=0, rounds=0, tokens=0)
         self._cv = threading.Condition()
         self._waiting: deque[Job] = deque()
@@ -157,6 +168,7 @@ class Scheduler:
                 "batched": self.batcher.shared_rows(),
                 **self.counts,
                 "sessions": {"total": self.pool.total, "idle": len(self.pool.idle)},
+                "prefix_cache": self.pool.prefixes.stats() if self.pool.prefixes is not None else None,
                 "requests": [j.summary() for j in jobs],
             }
 
@@ -275,7 +287,11 @@ class Scheduler:
             )
         if reason:
             stats = dict(
-                s.as_dict(), finish_reason=reason, draft_flags=list(job.flags), queued_s=job.started - job.submitted
+                s.as_dict(),
+                finish_reason=reason,
+                stop_sequence=job.stops.matched,
+                draft_flags=list(job.flags),
+                queued_s=job.started - job.submitted,
             )
             self._finish(job, "completed", Done("length" if reason in ("length", "context") else "stop", stats))
 

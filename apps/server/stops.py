@@ -29,6 +29,7 @@ class StopText:
         self.sent = 0  # characters of `text` already released
         self.pending: list[tuple[int, Mark]] = []  # (end offset in `text`, mark) of tokens not yet released
         self.hit = False
+        self.matched: str | None = None  # the stop string that ended the reply
 
     def add(self, text: str, mark: Mark) -> list[Piece]:
         """One token's text in, the pieces now safe to release out."""
@@ -39,10 +40,11 @@ class StopText:
             return self._release(len(self.text))
         longest = max(len(s) for s in self.stops)
         start = max(0, before - longest + 1)  # a stop string must end in the new text
-        found = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+        found = [(i, s) for s in self.stops if (i := self.text.find(s, start)) >= 0]
         if found:
             self.hit = True
-            return self._release(min(found), cut=True)
+            at, self.matched = min(found)
+            return self._release(at, cut=True)
         hold = max((k for s in self.stops for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
         return self._release(len(self.text) - hold)
 

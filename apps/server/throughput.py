@@ -21,6 +21,8 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from mlx_spec.bench import prompts as bench_prompts
 from mlx_spec.bench.common import RunFile, machine_info, machine_line, md_table
@@ -100,6 +102,7 @@ def run_mlx_lm(pair: Pair, cell: Cell, max_tokens: int) -> Cell:
     )
     cell.wall_s = time.perf_counter() - t0
     cell.texts = list(r.texts)
+    assert r.token_ids is not None  # asked for with return_token_ids
     cell.tokens = sum(len(t) for t in r.token_ids)
     cell.latencies_s = [cell.wall_s] * len(prompts)  # one call: every reply arrives at its end
     return cell
@@ -111,7 +114,7 @@ def run_cell(url: str, cell: Cell, max_tokens: int) -> Cell:
     import openai
 
     n = len(cell.prompts)
-    replies: list[object] = [None] * n
+    replies: list[Any] = [None] * n  # each client's ChatCompletion, or the exception it raised
     latencies = [0.0] * n
     start = threading.Barrier(cell.clients + 1)
 
@@ -303,7 +306,7 @@ def run_throughput(s: ThroughputSettings, out: str, log: Log = lambda _m: None) 
     on = Pair.load(s.model, s.draft, num_draft=s.num_draft, log=log)
     off = dataclasses.replace(on, draft_spec=None, loaded={})
     plan = plan_prompts(on.tokenizer, s.clients, s.repeats, s.requests)
-    run = RunFile("serve", out, {"machine": machine_info(), "settings": dataclasses.asdict(s), "cells": []})
+    run = RunFile("serve", Path(out), {"machine": machine_info(), "settings": dataclasses.asdict(s), "cells": []})
     concurrency = max(s.clients)
     cells: list[Cell] = []
     with (

@@ -181,7 +181,9 @@ def compare(
 
 @app.command()
 def report(
-    result: str = typer.Argument(..., help="A result JSON of `bench run` (finished, interrupted or running)"),
+    result: str = typer.Argument(
+        ..., help="A result JSON of `bench run` (finished, interrupted or running; .json.gz too), or a folder of them"
+    ),
     rounds: bool = typer.Option(
         False,
         help="Instead: the time each drafting source saved or lost against plain "
@@ -194,14 +196,30 @@ def report(
     prompt_set: str | None = typer.Option(
         None, "--set", help="With --rounds: only the prompts of this set (humaneval, edit, prose)"
     ),
+    out: str | None = typer.Option(None, help="For a folder: write the page here (its links relative to it)"),
 ):
     """A result file's markdown tables as this mlx-spec makes them, from its records: for a run still going,
-    or one written by an older version. Prints them; the files are left as they are."""
+    or one written by an older version. Prints them; the files are left as they are. For a folder: the page of
+    current results, the newest record of each suite in it (docs/results.md is this page of notebooks/runs)."""
+    from pathlib import Path
+
     from ..errors import MlxSpecError
     from .results import read_current
 
     if not rounds and (rows or prompt_set):
         raise MlxSpecError("--rows and --set choose what --rounds prices: add --rounds")
+    if Path(result).is_dir():
+        from .report import results_page
+
+        page = results_page(result, out)
+        if out is None:
+            typer.echo(page)
+        else:
+            Path(out).write_text(page)
+            _log(f"wrote {out}")
+        return
+    if out is not None:
+        raise MlxSpecError("--out writes the page of a folder of records: name a folder")
     data = read_current(result)
     if rounds:
         from .rounds import report as priced

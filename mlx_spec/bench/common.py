@@ -47,10 +47,10 @@ def git_revision() -> str | None:
 
 def machine_info() -> dict:
     """Facts that change the numbers: cores, BLAS under MLX, the GPU and its driver, library versions, code revision."""
+    from importlib.metadata import version
+
     import mlx.core as mx
     import mlx_lm
-
-    from .. import __version__
 
     rev, dev = git_revision(), device.info()
     return {
@@ -63,9 +63,9 @@ def machine_info() -> dict:
         "blas_status": blas.status,
         "blas_path": blas.path,
         "blas_env": os.environ.get(blas.ENV_VAR),
-        "mlx": mx.__version__,
+        "mlx": mx.__version__,  # type: ignore[attr-defined]  # mlx's stubs leave it out
         "mlx_lm": mlx_lm.__version__,
-        "mlx_spec": __version__,
+        "mlx_spec": version("mlx-spec"),
         "mlx_device": str(mx.default_device()),
         "mlx_backend": dev.backend,  # metal, cuda or cpu
         "gpu": dev.name if dev.kind == "gpu" else None,
@@ -168,7 +168,7 @@ class Timing:
         return d
 
 
-def time_stream(make: Callable[[], Iterable[tuple[int, bool]]], max_tokens: int, eos: Sequence[int] = ()) -> Timing:
+def time_stream(make: Callable[[], Iterable[tuple]], max_tokens: int, eos: Sequence[int] = ()) -> Timing:
     """Run a (token, from_draft) generator to `max_tokens` or an EOS token (kept), timing it."""
     import mlx.core as mx
 
@@ -176,7 +176,7 @@ def time_stream(make: Callable[[], Iterable[tuple[int, bool]]], max_tokens: int,
     mx.clear_cache()
     mx.reset_peak_memory()
     before = mx.get_active_memory() / 1e9
-    eos = set(eos)
+    stops = set(eos)
     tokens, flags, ttft, finish = [], [], 0.0, "length"
     start = time.perf_counter()
     gen = make()
@@ -186,7 +186,7 @@ def time_stream(make: Callable[[], Iterable[tuple[int, bool]]], max_tokens: int,
         flags.append(bool(step[1]))
         if len(tokens) == 1:
             ttft = time.perf_counter() - start
-        if tok in eos:
+        if tok in stops:
             finish = "stop"
             break
         if len(tokens) >= max_tokens:
@@ -218,14 +218,14 @@ def warm(model, sizes: Iterable[int] | None = None) -> None:
         first_time(model, size)  # the engine does not take this shape's next pass for a build
 
 
-def ours_stream(prompt: list[int], model, drafter=None, stats=None, **kwargs) -> Iterator[tuple[int, bool]]:
+def ours_stream(prompt: list[int], model, drafter=None, stats=None, **kwargs) -> Iterator[tuple]:
     """Our engine's (token, from_draft) stream."""
     from ..gen.generate import speculative_generate_step
 
     return speculative_generate_step(prompt, model, drafter, stats=stats, **kwargs)
 
 
-def mlx_lm_stream(prompt: list[int], model, max_tokens: int) -> Iterator[tuple[int, bool]]:
+def mlx_lm_stream(prompt: list[int], model, max_tokens: int) -> Iterator[tuple]:
     """mlx-lm's plain `generate_step`, greedy. It never stops at EOS itself (its `stream_generate` does)."""
     import mlx.core as mx
     from mlx_lm.generate import generate_step
@@ -234,7 +234,7 @@ def mlx_lm_stream(prompt: list[int], model, max_tokens: int) -> Iterator[tuple[i
         yield tok, False
 
 
-def mlx_lm_spec_stream(prompt: list[int], model, draft, max_tokens: int, k: int) -> Iterator[tuple[int, bool]]:
+def mlx_lm_spec_stream(prompt: list[int], model, draft, max_tokens: int, k: int) -> Iterator[tuple]:
     """mlx-lm's `speculative_generate_step` with a draft model, greedy, k draft tokens per round."""
     import mlx.core as mx
     from mlx_lm.generate import speculative_generate_step
@@ -295,7 +295,7 @@ def params_bytes(module) -> int:
     """Bytes of a module's parameters (a model's weights in memory)."""
     from mlx.utils import tree_flatten
 
-    return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
+    return sum(v.nbytes for v in dict(tree_flatten(module.parameters())).values())
 
 
 def params_gb(model) -> float:
@@ -387,5 +387,5 @@ def _gpu(m: dict) -> str:
     if not m.get("gpu"):
         return ""
     driver = f", driver {m['gpu_driver']}" if m.get("gpu_driver") else ""
-    backend = device.BACKENDS.get(m.get("mlx_backend"), m.get("mlx_backend"))
+    backend = device.BACKENDS.get(m.get("mlx_backend", ""), m.get("mlx_backend"))
     return f", {backend + ' ' if backend else ''}{m['gpu']}{driver}"

@@ -34,7 +34,7 @@ def compare(a_path, b_path) -> str:
     lines: list[list[str]] = []
     for k in keys:
         ea, eb = rows_a.get(k), rows_b.get(k)
-        e = ea or eb
+        e = ea or rows_b[k]
         draft = "N/A" if e["draft"] == "none" else e["draft"]
         ta = ea.get("tokens_per_second") if ea else None
         tb = eb.get("tokens_per_second") if eb else None

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..named import DEFAULT_PROMPT
 from .common import (
@@ -82,9 +83,8 @@ def measure_model(name: str, folder: Path, s: DecodeSettings, log: Log) -> dict:
 
     from ..named import load_model
 
-    row = {"name": name, "folder": str(folder), "weights_gb": weights_gb(folder)}
-    model, _tok = mlx_load(str(folder))  # untimed: brings the files into the page cache for both loaders
-    model = _tok = None
+    row: dict[str, Any] = {"name": name, "folder": str(folder), "weights_gb": weights_gb(folder)}
+    mlx_load(str(folder))  # untimed: brings the files into the page cache for both loaders
     free()
     loads: dict[str, list[float]] = {"ours": [], "mlx_lm": []}
     ours = mine = tok = None
@@ -95,7 +95,7 @@ def measure_model(name: str, folder: Path, s: DecodeSettings, log: Log) -> dict:
             if who == "ours":
                 ours, tok, _ = load_model(str(folder))
             else:
-                mine, _ = mlx_load(str(folder))
+                mine = mlx_load(str(folder))[0]
             loads[who].append(time.perf_counter() - t0)
             if not last:
                 ours = mine = None
@@ -198,7 +198,7 @@ def _convert_source(src: str):
     recipe = find(src)
     if recipe is not None and recipe.pypi:
         path = recipe_source_path(recipe)
-        if not path.is_file():
+        if path is None or not path.is_file():
             raise FileNotFoundError(f"{path} missing: run `mlx-spec fetch {src}` first")
         return str(path), True
     return src, src.endswith(".gguf")
@@ -219,7 +219,7 @@ def convert_report(src: str, log: Log) -> dict:
         log(f"convert report: {' '.join(cmd)}")
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        stderr = proc.stderr.read()
+        stderr = proc.stderr.read() if proc.stderr else ""
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -263,7 +263,7 @@ def run_decode(
     log: Log = lambda _m: None,
 ) -> RunFile:
     """Measure every model x variant, then optionally the reference-BLAS child and the conversion report."""
-    run = RunFile("decode", out, {"machine": machine_info(), "settings": asdict(s), "models": []})
+    run = RunFile("decode", Path(out), {"machine": machine_info(), "settings": asdict(s), "models": []})
     run.data["json_path"] = str(run.json_path)
     try:
         if decode:

@@ -168,13 +168,15 @@ class Search:
         max_tokens: int = DEFAULT_MAX_TOKENS,
         methods: Sequence[str] = DEFAULT_LADDER,
         train_minutes: float = 0.0,
+        train_steps: int | None = None,
         log: Log = lambda _m: None,
     ):
         """prompt_sets: measure on the benchmark's prompts of these sets (interleaved, chat-templated) instead of
         the calibration text: the context drafters (suffix, n-gram) accept almost nothing on prose passages and
         are the best single drafters on code, so a coder model's drafter is best chosen on code requests.
         train_minutes: where no EAGLE-3 head for the target is stored, train one for this long as a candidate
-        (at most half the budget; 0: the search only says how)."""
+        (at most half the budget; 0: the search only says how). train_steps: train that head for this many steps
+        instead, whatever they take (a budget that does not hang on the machine's speed)."""
         from ..make.convert import draft_methods
         from ..make.importance import calibration_texts
 
@@ -194,7 +196,8 @@ class Search:
             raise DraftSearchError(
                 f"--train-minutes must be between 0 and half the budget ({budget_minutes / 2:g}), got {train_minutes:g}"
             )
-        self.train_minutes, self.notes = train_minutes, []
+        self.train_minutes, self.train_steps = train_minutes, train_steps
+        self.notes: list[str] = []
         self.prompt_sets = list(dict.fromkeys(prompt_sets))
         self.texts = [] if self.prompt_sets else calibration_texts(calibration)  # clear errors: missing, empty, binary
         self.target_spec, self.methods, self.log = target, list(methods), log
@@ -298,13 +301,13 @@ class Search:
 
     def _learned(self) -> list[Candidate]:
         """The target's own MTP layers, the heads trained for it, or one to train (`train_minutes`)."""
-        from ..make import mtp
+        from ..models import mtp
         from ..train.job import heads_for
 
         out = [Candidate("mtp", "learned", "mtp")] if mtp.has_mtp(self.folder) else []
         heads = heads_for(str(self.target_spec))
         out += [Candidate(f"eagle3:{h.name}", "learned", f"eagle3:{h}") for h in heads]
-        if not heads and self.train_minutes:
+        if not heads and (self.train_minutes or self.train_steps):
             out.append(Candidate(f"eagle3:{TRAIN}", "learned", method=TRAIN))
         elif not heads:
             self.notes.append(
@@ -330,11 +333,11 @@ class Search:
 
         if c.method == TRAIN and not c.spec:
             c.spec = f"eagle3:{self.train()}"
-        if c.kind == "variant" and not c.spec:
+        if c.kind == "variant" and not c.spec and c.method is not None:
             if cached_variant(str(self.folder), c.method) is None:
                 # Converting needs the target's weights again plus the format's temporaries (the 1.5B float32 to
                 # mxfp4 peaks at 17 GB): the loaded target goes while it runs, so the two never add up.
-                self.model = None
+                del self.model
                 free()
                 try:
                     c.spec = str(variant_folder(str(self.folder), c.method, self.log))
@@ -345,15 +348,25 @@ class Search:
         return make_drafter(c.spec, self.model, self.tokenizer, log=self.log)
 
     def train(self) -> Path:
-        """Train a head for the target for `train_minutes` (the benchmark's prompts kept out of its text)."""
+        """Train a head for the target for `train_minutes` or `train_steps` (the benchmark's prompts kept out of its
+        text)."""
         from ..train.job import default_out, run
         from .prompts import PROSE_QUESTIONS, build
 
         held = [p.text for p in build(self.tokenizer, 164, 0, n_prose=len(PROSE_QUESTIONS))]
         out = default_out(str(self.target_spec))
-        self.log(f"training an EAGLE-3 head for {self.train_minutes:g} minutes into {out}")
+        budget = f"{self.train_steps} steps" if self.train_steps else f"{self.train_minutes:g} minutes"
+        self.log(f"training an EAGLE-3 head for {budget} into {out}")
+        minutes = None if self.train_steps else self.train_minutes
         return run(
-            self.model, self.tokenizer, str(self.target_spec), out, held=held, minutes=self.train_minutes, log=self.log
+            self.model,
+            self.tokenizer,
+            str(self.target_spec),
+            out,
+            held=held,
+            minutes=minutes,
+            max_steps=self.train_steps,
+            log=self.log,
         )
 
     # ------------------------------------------------------------------ measuring
@@ -406,7 +419,12 @@ class Search:
         from .variants import cached_variant
 
         seconds = 0.0
-        if c.kind == "variant" and not c.spec and cached_variant(str(self.folder), c.method) is None:
+        if (
+            c.kind == "variant"
+            and not c.spec
+            and c.method is not None
+            and cached_variant(str(self.folder), c.method) is None
+        ):
             seconds += BUILD_S_PER_GB * params_gb(self.model)
         if c.method == TRAIN and not c.spec:
             seconds += self.train_minutes * 60
@@ -417,7 +435,7 @@ class Search:
     # ------------------------------------------------------------------ the search
     def search(self, progress=None) -> SearchResult:
         self._plain_s, self._plain_tokens = 0.0, 0
-        self.notes: list[str] = []
+        self.notes = []
         cands = self.cands = self.candidates()
         notes = self.notes
         # Estimating stops while several full measurements still fit: uncached drafts cost minutes each to build,
@@ -435,7 +453,7 @@ class Search:
             free()  # the candidate's draft weights go before the next one loads
             if progress:
                 progress(c)
-        ranked = sorted((c for c in cands if c.estimate is not None), key=lambda c: -c.estimate)
+        ranked = sorted((c for c in cands if c.estimate is not None), key=lambda c: -(c.estimate or 0.0))
         for c in ranked:
             if self.left() < self.cost_of(c, full=True) and c is not ranked[0]:
                 break
@@ -450,7 +468,7 @@ class Search:
                 self._hybrid(c, progress)
         models = [c for c in cands if c.kind in MODEL_KINDS and _pays(c)]
         if models:  # and that of the best-paying draft model, if it is another one
-            self._hybrid(max(models, key=lambda c: c.speedup), progress)
+            self._hybrid(max(models, key=lambda c: c.speedup or 0.0), progress)
         best = self._best(cands)
         result = self.result(best)
         if best is None:
@@ -489,7 +507,7 @@ class Search:
     @staticmethod
     def _best(cands: list[Candidate]) -> Candidate | None:
         ok = [c for c in cands if _pays(c)]
-        return max(ok, key=lambda c: c.speedup) if ok else None
+        return max(ok, key=lambda c: c.speedup or 0.0) if ok else None
 
 
 def _pays(c: Candidate) -> bool:

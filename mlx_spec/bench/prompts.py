@@ -145,7 +145,8 @@ def build(
     n_ptq: int = 0,
 ) -> list[Prompt]:
     """The first `n_humaneval` tasks as completion requests, `n_edit` edits of the first tasks' solutions,
-    `n_prose` open prose questions, `n_prefix` sentence prefixes and `n_ptq` PTQ prompts, interleaved (one of each kind in turn) so noise falls on all sets.
+    `n_prose` open prose questions, `n_prefix` sentence prefixes and `n_ptq` PTQ prompts, interleaved (one of each
+    kind in turn) so noise falls on all sets.
 
     Edit i uses task i's prompt + canonical solution and cycles through EDIT_TEMPLATES.
     """

@@ -1,6 +1,8 @@
 """Turn benchmark records into summaries and markdown: every speed is a ratio against a named baseline."""
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 from .common import WITHIN, machine_line, md_table
 
@@ -63,7 +65,7 @@ def summarize(records: list[dict], configs: Sequence[str], baseline: str) -> dic
         for c in configs:
             mine = [r for r in rows if r["config"] == c]
             ok = [r for r in mine if r["ok"] and r["prompt"] in base]
-            entry = {"prompts": len(mine), "errors": sum(not r["ok"] for r in mine), "compared": len(ok)}
+            entry: dict = {"prompts": len(mine), "errors": sum(not r["ok"] for r in mine), "compared": len(ok)}
             if ok:
                 pairs = [(r, base[r["prompt"]]) for r in ok]
                 tok = sum(r["n_tokens"] for r in ok)
@@ -320,4 +322,130 @@ def decode_markdown(data: dict) -> str:
             ),
             "",
         ]
+    return "\n".join(lines)
+
+
+# The page of current results: the newest record of each suite in a folder of records, as docs/results.md shows it.
+
+RECORDS = ("*.json", "*.json.gz")  # a run writes .json; the repository keeps its records gzip-compressed
+PAGE_SETS = ("humaneval", "edit", "prose")
+
+
+def suite_records(folder) -> list[tuple[Path, dict]]:
+    """Every `bench run` record of the schema this mlx-spec reads in `folder`, oldest first; other files are skipped."""
+    from .results import SCHEMA, ResultError, read
+
+    found = []
+    for path in sorted(p for pattern in RECORDS for p in Path(folder).glob(pattern)):
+        try:
+            data = read(path)
+        except ResultError:
+            continue
+        if data["schema"] == SCHEMA:
+            found.append((path, data))
+    return sorted(found, key=lambda pd: (pd[1]["started"], pd[0].name))
+
+
+def newest(records: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
+    """The newest record of each suite name, newest first."""
+    latest = {data["suite"]["name"]: (path, data) for path, data in records}  # records are oldest first
+    return sorted(latest.values(), key=lambda pd: pd[1]["started"], reverse=True)
+
+
+def _machine(m: dict) -> str:
+    """'AMD EPYC, 2 CPUs, BLAS openblas, MLX 0.32.4 on the CPU' or '..., MLX 0.32.4 on NVIDIA H100 80GB HBM3'."""
+    where = f"on {m['gpu'].split(',')[0]}" if m.get("gpu") else "on the CPU"
+    return f"{m.get('cpu') or m['machine']}, {m['cpu_count']} CPUs, BLAS {m['blas_status']}, MLX {m['mlx']} {where}"
+
+
+def _sampling(suite: dict) -> str:
+    return "greedy" if not suite.get("temp") else f"temperature {suite['temp']}"
+
+
+def _x(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def _table_rows(data: dict) -> tuple[list[str], list[list[str]]]:
+    """Per drafter row: its speed-up over the target alone, overall and per prompt set, acceptance, identical."""
+    sets = [s for s in PAGE_SETS if data["suite"].get("prompts", {}).get(s)]
+    header = ["target", "drafter", "speed-up", *sets, "from draft", "identical"]
+    rows = []
+    for s in data["summary"]:
+        if s["draft"] == "none":
+            continue
+        drafter = s["draft"] + (f" K={s['k']}" if s.get("k") else "")
+        target = Path(s["target"]).name if "/" in s["target"] else s["target"]
+        if s.get("status") != "ok" or not s.get("compared"):
+            rows.append([target, drafter, "-", *("-" for _ in sets), "-", s.get("reason") or "not measured"])
+            continue
+        mine = [r for r in data["records"] if r["row"] == s["key"] and r.get("n_tokens")]
+        tokens = sum(r["n_tokens"] for r in mine)
+        by_set = s.get("by_set") or {}
+        rows.append(
+            [
+                target,
+                drafter,
+                _x(s.get("speedup")),
+                *(_x(by_set.get(name, {}).get("speedup")) for name in sets),
+                _pct(sum(r.get("n_from_draft", 0) for r in mine) / tokens if tokens else None),
+                f"{s['identical']}/{s['compared']}",
+            ]
+        )
+    return header, rows
+
+
+def _roofline_rows(data: dict) -> tuple[list[str], list[list[str]]]:
+    """Per model: plain decoding's tokens/s against the roofline's (bandwidth / bytes read per token)."""
+    header = ["model", "decode tok/s", "roofline tok/s", "share"]
+    rows = [
+        [s["target"], f"{s['decode_tps']:.2f}", f"{s['roofline_tps']:.2f}", _pct(s.get("roofline_share"))]
+        for s in data["summary"]
+        if s.get("decode_tps") is not None and s.get("roofline_tps")
+    ]
+    return header, rows
+
+
+def results_page(folder, page=None) -> str:
+    """Markdown of the newest record of each suite in `folder`; links are relative to `page`'s folder if given."""
+    base = Path(page).parent if page is not None else Path(".")
+    lines = [
+        "# Current results",
+        "",
+        f"Written by `mlx-spec bench report {Path(folder).as_posix()}"
+        + (f" --out {Path(page).as_posix()}`" if page is not None else "`")
+        + " from the newest record of each benchmark suite there; do not edit it by hand (a test regenerates it). "
+        "A speed-up is tokens per second end to end (prefill included) over the target alone's, measured in the same "
+        "run on the same prompts; a prompt set's column is the same ratio on its prompts. `from draft` is the share "
+        "of the output's tokens that came from accepted drafts; `identical` counts outputs equal to the target "
+        "alone's token for token (greedy). How each was measured and what it showed: [the lab notebook](notebook.md).",
+        "",
+    ]
+    others = []
+    for path, data in newest(suite_records(folder)):
+        kind = data["suite"]["kind"]
+        link = Path(os.path.relpath(path, base)).as_posix()
+        if kind == "table":
+            header, rows = _table_rows(data)
+        elif kind == "roofline":
+            header, rows = _roofline_rows(data)
+        else:
+            others.append(f"[`{path.name}`]({link}) ({kind})")
+            continue
+        done = "complete" if data.get("complete") else f"incomplete: {len(data['records'])} measurements"
+        lines += [
+            f"## {data['suite']['name']}",
+            "",
+            data["suite"].get("description", "").rstrip(".") + ".",
+            "",
+            f"- record [`{path.name}`]({link}), started {data['started'][:16].replace('T', ' ')} at "
+            f"{data['machine']['git_rev']} ({done}), {_sampling(data['suite'])}, "
+            f"at most {data['suite'].get('max_tokens')} tokens",
+            f"- machine: {_machine(data['machine'])}",
+            "",
+            md_table(header, rows),
+            "",
+        ]
+    if others:
+        lines += ["## Other records", "", "; ".join(others) + ".", ""]
     return "\n".join(lines)

@@ -6,10 +6,10 @@ rename), so an interrupted run, a crash or a full disk leave the last complete v
 """
 
 import errno
+import gzip
 import json
 import os
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import MlxSpecError
@@ -28,10 +28,11 @@ def key(*parts) -> str:
 
 
 def read(path) -> dict:
-    """A result file, checked to be one: one line if it is missing, not JSON, or not ours."""
+    """A result file (or its gzip, `.json.gz`), checked to be one: one line if it is missing, not JSON, or not ours."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text())
+        raw = p.read_bytes()
+        data = json.loads(gzip.decompress(raw) if p.suffix == ".gz" else raw)  # the repository's records are .json.gz
     except FileNotFoundError:
         raise ResultError(f"no result file {p}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -113,7 +114,7 @@ class ResultFile:
         else:
             rows[at] = row
 
-    def records(self, row_key: str | None = None) -> Iterable[dict]:
+    def records(self, row_key: str | None = None) -> list[dict]:
         return [r for r in self.data["records"] if row_key is None or r["row"] == row_key]
 
     def flush(self) -> None:

@@ -13,6 +13,8 @@ it (several tokens per read).
 """
 
 import time
+from functools import partial
+from typing import Any
 
 from .common import md_table, median, params_bytes
 
@@ -35,12 +37,17 @@ def _time(fn, passes: int) -> list[float]:
     return times
 
 
+def _linears(x, ws: list) -> list:
+    return [x @ w.T for w in ws]
+
+
 def measure_bandwidth(size_gb: float = BANDWIDTH_GB, passes: int = PASSES) -> dict:
     """GB/s read by x @ W.T over matrices of each of SHAPES, by a gemv and by a sum (each the median of
     `passes`, after a warm-up); `gbs` is the best of them."""
     import mlx.core as mx
 
-    out = {"shapes": {}}
+    shapes: dict[str, float] = {}
+    out: dict[str, Any] = {"shapes": shapes}
     for i, (rows, cols) in enumerate(SHAPES):
         rows = min(rows, max(1, int(size_gb * 1e9 / 4 / cols)))  # one matrix never reads more than size_gb
         n = max(1, round(size_gb * 1e9 / 4 / (rows * cols)))
@@ -48,16 +55,16 @@ def measure_bandwidth(size_gb: float = BANDWIDTH_GB, passes: int = PASSES) -> di
         x = mx.random.normal((1, cols))
         mx.eval(ws, x)
         nbytes = sum(w.nbytes for w in ws)
-        times = _time(lambda: [x @ w.T for w in ws], passes)
-        out["shapes"][f"{rows}x{cols}"] = nbytes / median(times) / 1e9
+        times = _time(partial(_linears, x, ws), passes)
+        shapes[f"{rows}x{cols}"] = nbytes / median(times) / 1e9
         if i == len(SHAPES) - 1:  # the same big matrix: a gemv and a sum, for reference
             out["bytes"] = nbytes
-            for name, fn in (("gemv", lambda: ws[0] @ x[0]), ("sum", lambda: mx.sum(ws[0]))):
+            for name, fn in (("gemv", partial(mx.matmul, ws[0], x[0])), ("sum", partial(mx.sum, ws[0]))):
                 t = _time(fn, passes)
                 out[f"{name}_gbs"] = ws[0].nbytes / median(t) / 1e9
                 out[f"{name}_times_s"] = t
         del ws
-    out["linear_gbs"] = max(out["shapes"].values())
+    out["linear_gbs"] = max(shapes.values())
     out["gbs"] = max(out["linear_gbs"], out["gemv_gbs"], out["sum_gbs"])
     return out
 

@@ -31,7 +31,7 @@ class Round:
 def trace_rounds(record: dict) -> list[Round]:
     """A record's rounds from its compact trace (SCHEMA.md): the one place that reads the trace's layout, both the
     current one ([source, proposed, accepted, seconds, size, behind]) and the one before it ([source, proposed,
-    accepted, verify_s, draft_s, catch_up_s, behind], 7 or 9 fields: the records BENCHMARKS.md §1-23 quote)."""
+    accepted, verify_s, draft_s, catch_up_s, behind], 7 or 9 fields: the records docs/notebook.md §1-23 quote)."""
     trace = (record.get("stats") or {}).get("trace") or []  # mlx-lm's own rows have none
     return [Round(t[0], t[2], t[3] + t[4]) if len(t) in (7, 9) else Round(t[0], t[2], t[3]) for t in trace]
 
@@ -73,7 +73,8 @@ def report(data: dict, rows: Sequence[str] | None = None, prompt_set: str | None
     plain: dict[tuple, list[float]] = defaultdict(list)  # (plain row, prompt) -> its plain steps, repeats pooled
     for r in data["records"]:
         plain[(r["row"], r["prompt"])] += [x.seconds for x in trace_rounds(r) if not x.source]
-    lines, totals = [], defaultdict(lambda: defaultdict(Tally))
+    lines: list[list[str]] = []
+    totals: defaultdict[str, defaultdict[str, Tally]] = defaultdict(lambda: defaultdict(Tally))  # row, source
     for r in data["records"]:
         row = by_key[r["row"]]
         label = r["row"][len(row["target"]) + 1 :]

@@ -4,6 +4,9 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .common import (
     RunFile,
@@ -19,6 +22,11 @@ from .common import (
 )
 from .prompts import WARMUP_PROMPT, Prompt, build, chat_ids
 from .report import spec_markdown, summarize
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+
+    from ..gen.drafters.base import Drafter
 
 BASELINE = "plain"  # our engine with no drafter: every speed ratio divides by it
 CONFIGS = (
@@ -70,13 +78,14 @@ class Config:
 
     def __init__(self, name: str, bench: "SpecBench"):
         self.name, self.bench = name, bench
-        self.drafter = None
-        self.draft_model = None
-        self.k = None
+        self.drafter: Drafter | None = None
+        self.draft_model: nn.Module | None = None
+        self.k: int | None = None  # draft tokens per round; None: no drafter
         self.setup: dict = {}
 
     def prepare(self) -> None:
         """Load what this config needs (drafter, draft model); raises if it cannot run."""
+        from ..gen.drafters.self_draft import SelfDrafter
         from ..gen.load import check_tokenizers
         from ..gen.registry import default_num_draft
         from ..gen.registry import parse as parse_spec
@@ -124,11 +133,11 @@ class Config:
             k=self.k,
             adaptive=s.adaptive if self.drafter is not None else None,
             setup_s=time.perf_counter() - t0,
-            model_spec=spec.removeprefix("hybrid:") if own is not None else None,
+            model_spec=spec.removeprefix("hybrid:") if own is not None and spec is not None else None,
             # draft weights this config adds to the target's in memory
             draft_weights_gb=params_gb(own) if own is not None and "shares_weights_with" not in self.setup else 0.0,
         )
-        if self.name == "self":
+        if isinstance(self.drafter, SelfDrafter):
             self.setup["layers"] = list(self.drafter.layers)
 
     def stream(self, ids: list[int], max_tokens: int, stats):
@@ -137,7 +146,7 @@ class Config:
         if self.name == "mlx-lm":
             return mlx_lm_stream(ids, b.target, max_tokens)
         if self.name == "mlx-lm-spec":
-            return mlx_lm_spec_stream(ids, b.target, self.draft_model, max_tokens, self.k)
+            return mlx_lm_spec_stream(ids, b.target, self.draft_model, max_tokens, s.mlx_k)
         kwargs = dict(max_tokens=max_tokens, eos_token_ids=b.eos, adaptive=s.adaptive)
         if self.k:
             kwargs["num_draft"] = self.k
@@ -157,10 +166,11 @@ class SpecBench:
         self.settings, self.log = settings, log
         if BASELINE not in settings.configs:
             settings.configs = [BASELINE] + list(settings.configs)  # the ratios need it
-        self.run = RunFile("spec", out, {"machine": machine_info(), "settings": asdict(settings)})
+        self.run = RunFile("spec", Path(out), {"machine": machine_info(), "settings": asdict(settings)})
         self.configs: dict[str, Config] = {}
         self.records: list[dict] = []
-        self.target = self.tokenizer = None
+        self.target: Any = None  # the model and its tokenizer, set by `load`
+        self.tokenizer: Any = None
         self.loaded: dict[str, tuple] = {}  # draft spec -> (model, tokenizer), shared across configs
 
     def load(self) -> None:
@@ -214,14 +224,19 @@ class SpecBench:
         rows: dict[str, dict] = {}
         for name in order:
             cfg, stats = self.configs[name], Stats()
-            row = {"set": p.set, "prompt": p.id, "config": name, "prompt_tokens": len(p.ids), "ok": False}
+            row: dict[str, Any] = {
+                "set": p.set,
+                "prompt": p.id,
+                "config": name,
+                "prompt_tokens": len(p.ids),
+                "ok": False,
+            }
             try:
-                t = time_stream(
-                    lambda: cfg.stream(p.ids, self.settings.max_tokens, stats), self.settings.max_tokens, self.eos
-                )
+                stream = partial(cfg.stream, p.ids, self.settings.max_tokens, stats)
+                t = time_stream(stream, self.settings.max_tokens, self.eos)
                 row.update(ok=True, **t.as_dict())
                 if name == "mlx-lm-spec":
-                    row["stats"] = rounds_from_flags(t.from_draft, cfg.k, self.settings.max_tokens)
+                    row["stats"] = rounds_from_flags(t.from_draft, self.settings.mlx_k, self.settings.max_tokens)
                 elif name != "mlx-lm":
                     row["stats"] = stats.as_dict()
             except Exception as e:

@@ -135,12 +135,18 @@ class Suite:
         return [split_k(d) for d in target.drafts]
 
 
+# how a row's K is used beside the planner's default (at most K): an ablation's rows (`suites/ablation.toml`)
+PLANNERS = ("", "fixed", "onoff")
+
+
 def split_k(draft: str) -> dict:
     """A table row from a drafts entry: 'DRAFT' or 'DRAFT K=n' (the row drafts n tokens a round: mlx-lm's
-    speculative decoding always, our engine at most)."""
+    speculative decoding always, our engine at most); 'DRAFT K=n fixed': our engine always n, no planner;
+    'DRAFT K=n onoff': our engine n or none, as its planner finds pays."""
     head, sep, k = draft.rpartition(" K=")
-    if sep and k.isdigit() and int(k) >= 1:
-        return {"draft": head.strip(), "k": int(k)}
+    k, _, planner = k.partition(" ")
+    if sep and k.isdigit() and int(k) >= 1 and planner in PLANNERS:
+        return {"draft": head.strip(), "k": int(k), **({"planner": planner} if planner else {})}
     return {"draft": draft}
 
 
@@ -255,7 +261,9 @@ def load(name_or_path: str) -> Suite:
             )
         for d in drafts:
             if " K=" in d and "k" not in split_k(d):
-                raise SuiteError(f"{tw}: '{d}': K must be an integer >= 1, as in \"mlx-lm-spec:MODEL K=3\"")
+                raise SuiteError(
+                    f"{tw}: '{d}': K must be an integer >= 1, then nothing, 'fixed' or 'onoff', as in \"MODEL K=3\""
+                )
             d = split_k(d)["draft"]
             if (d.startswith("mlx-lm-spec:") or d == "mlx-lm") and (s.temp or kind != "table"):
                 raise SuiteError(f"{tw}: '{d}' (mlx-lm's own decoding) runs greedy table suites only")

@@ -14,6 +14,7 @@ import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ..errors import MlxSpecError
 from ..make.progress import progress
@@ -109,11 +110,12 @@ class TableRun:
         k: int | None = None,
         temp: float | None = None,
         top_k: int | None = None,
+        planner: str = "",
         **labels,
     ) -> dict:
         label = draft or "none"
         if k is not None:
-            label += f" K={k}"
+            label += f" K={k}" + (f" {planner}" if planner else "")
         if temp is not None:
             label += f" temp={temp} top_k={top_k}"
         row = {
@@ -123,6 +125,7 @@ class TableRun:
             "k": k,
             "temp": temp,
             "top_k": top_k,
+            **({"planner": planner} if planner else {}),
             **labels,
         }
         self.result.set_row(row)
@@ -172,7 +175,8 @@ class TableRun:
             n_ptq=s.prompts["ptq"],
         )
         eos = tuple(tok.eos_token_ids)
-        drafters: dict[str, tuple] = {}  # row key -> (drafter, K)
+        # row key -> (drafter, K, (its planner, its acceptance) or None for mlx-lm's own)
+        drafters: dict[str, tuple[Any, int | None, tuple | None]] = {}
         loaded: dict[str, tuple] = {}  # draft folder -> (model, tokenizer): one copy serves every row using it
         for row in rows:
             if row["draft"] == "none":
@@ -203,7 +207,9 @@ class TableRun:
                 drafter = make_drafter(spec, model, tok, loaded=loaded, log=self.log)
                 row["draft_quant"] = quantization(draft_model(drafter, model))
                 # One planner and acceptance a row, kept across its prompts as a session keeps them across turns.
-                drafters[row["key"]] = (drafter, k, (Planner(s.adaptive), {}))
+                mode = row.get("planner", "")
+                planner = Planner(s.adaptive and mode != "fixed", only_k=(k or 0) if mode == "onoff" else 0)
+                drafters[row["key"]] = (drafter, k, (planner, {}))
             except (MlxSpecError, OSError, ValueError) as e:
                 self._unavailable(row, e)
         for row in rows:
@@ -387,7 +393,8 @@ def summarize(data: dict) -> list[dict]:
     for row in data["rows"]:
         mine = {(r["prompt"], r["repeat"]): r for r in records if r["row"] == row["key"]}
         entry = {
-            k: row.get(k) for k in ("key", "target", "draft", "k", "status", "reason", "target_quant", "draft_quant")
+            k: row.get(k)
+            for k in ("key", "target", "draft", "k", "planner", "status", "reason", "target_quant", "draft_quant")
         }
         entry["measurements"] = len(mine)
         base = {(r["prompt"], r["repeat"]): r for r in records if r["row"] == key(row["target"], "none")}
@@ -422,6 +429,11 @@ def summarize(data: dict) -> list[dict]:
     return out
 
 
+def _k(e: dict) -> str:
+    """A summary row's K as shown beside its drafter, with its planner mode (`suite.PLANNERS`) if any."""
+    return (f" K={e['k']}" + (f" {e['planner']}" if e.get("planner") else "")) if e.get("k") else ""
+
+
 def _speedups(cmp: dict) -> dict:
     """The tokens/s ratios of a `_compare` (aggregate, per-prompt min and max, prompts compared)."""
     return {k: v for k, v in cmp.items() if k in ("speedup", "speedup_min", "speedup_max", "compared")}
@@ -437,16 +449,17 @@ def _by_set_table(data: dict) -> str:
     has_ref = any(e.get("vs_reference") for e in rows)
     if len(sets) < 2 and not has_ref:
         return ""
-    cell = lambda c: (
-        f"{c['speedup']:.2f}× ({c['speedup_min']:.2f}–{c['speedup_max']:.2f}), n={c['compared']}" if c else "-"
-    )  # noqa: E731
+
+    def cell(c: dict | None) -> str:
+        return f"{c['speedup']:.2f}× ({c['speedup_min']:.2f}–{c['speedup_max']:.2f}), n={c['compared']}" if c else "-"
+
     head = ["Target", "Draft", *(f"{name}: over the target alone" for name in sets)]
     head += [f"{name}: over mlx-lm-spec" for name in sets] if has_ref else []
     body = []
     for e in rows:
         line = [
             f"{short_name(e['target'])} {e.get('target_quant') or ''}".strip(),
-            table_name(e["draft"]) + (f" K={e['k']}" if e.get("k") else ""),
+            table_name(e["draft"]) + _k(e),
         ]
         line += [cell(e["by_set"].get(name)) for name in sets]
         if has_ref:
@@ -538,7 +551,7 @@ def markdown(data: dict) -> str:
     table, detail = [], []
     for e in data["summary"]:
         target = f"{short_name(e['target'])} {e.get('target_quant') or ''}".strip()
-        draft = table_name(e["draft"]) + (f" K={e['k']}" if e.get("k") else "")
+        draft = table_name(e["draft"]) + _k(e)
         if e["status"] != "ok":
             table.append([target, draft, e.get("draft_quant") or "?", f"unavailable: {e['reason']}", ""])
             continue
@@ -593,7 +606,7 @@ def markdown(data: dict) -> str:
         if s["kind"] == "table" and (per_set := _by_set_table(data)):
             out += "\n" + per_set
     if data.get("training"):
-        from . import head
+        from .head import markdown as training
 
-        out += "\n" + head.markdown(data)
+        out += "\n" + training(data)
     return out

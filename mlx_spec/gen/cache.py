@@ -1,4 +1,4 @@
-"""Helpers over mlx-lm's per-layer caches: prefill, tokens held, rewinding all layers, the context limit."""
+"""Helpers over mlx-lm's per-layer caches: prefill, tokens held, rewinding and copying all layers, the context limit."""
 
 from collections.abc import Sequence
 
@@ -27,9 +27,27 @@ def rewind(cache: list, n_tokens: int) -> bool:
     return ok
 
 
+def copy_prefix(cache: list, n: int, own: bool = True) -> list | None:
+    """Attention caches holding the first `n` tokens of `cache` (own: in memory of their own, else views that copy
+    on their first write); None where a layer is not a plain KV cache or holds fewer tokens."""
+    if any(type(c) is not KVCache or c.offset < n for c in cache):
+        return None
+    out = [KVCache() for _ in cache]
+    for c, o in zip(cache, out):
+        if n:
+            k, v = c.keys[..., :n, :], c.values[..., :n, :]  # (B, n_kv_heads, n, head_dim)
+            o.keys, o.values = (mx.contiguous(k), mx.contiguous(v)) if own else (k, v)
+            o.offset = n
+    if own and n:
+        mx.eval([c.keys for c in out] + [c.values for c in out])
+    return out
+
+
 def new_cache(model) -> list:
     """mlx-lm's cache for `model` (one object per layer), its recurrent layers rewindable."""
-    return recurrent.rewindable(make_prompt_cache(model))
+    cache = recurrent.rewindable(make_prompt_cache(model))
+    assert cache is not None  # an empty cache's length is known, so every layer rewinds
+    return cache
 
 
 def context_limit(model) -> int | None:

@@ -5,6 +5,7 @@ least squares, a copy of the rows' cache. No cost is a constant of a machine.
 
 import statistics
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .tunables import CATCH_UP_RATIO, EMA, MARGIN, SIZES, TIMINGS
@@ -43,7 +44,7 @@ def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
     return my - c1 * mx_, c1
 
 
-def _rising(points: list[tuple[float, float, int]]) -> list[tuple[float, float]]:
+def _rising(points: Sequence[tuple[float, float, int]]) -> list[tuple[float, float]]:
     """The non-decreasing least-squares fit of (x, y, weight) points (pool adjacent violators), as sorted (x, y)."""
     blocks: list[list] = []  # [mean y, weight, xs]
     for x, y, w in sorted(points):

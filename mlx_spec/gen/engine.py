@@ -1,14 +1,15 @@
 """The speculative engine: rows generating together, each round planned, proposed, verified in one target pass,
 accepted, rewound, recorded and delivered row by row. A request alone is an engine of one row."""
 
+import dataclasses
 import time
 from collections import Counter
-from typing import NamedTuple
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, can_trim_prompt_cache
 
 from . import hidden, recurrent, shapes, tree, verify
+from .ahead import Ahead
 from .cache import context_limit
 from .drafters.base import Draft, Drafting, Member
 from .joint import Rows
@@ -17,15 +18,6 @@ from .registry import default_num_draft
 from .rows import FINISH_REASONS, Row, Step  # noqa: F401  (Step, FINISH_REASONS: the engine's output)
 from .tunables import PREFILL_STEP
 from .verify import shadow_judgement
-
-
-class _Pending(NamedTuple):
-    """A plain step queued on every place's last token: its lazy tokens (places,), logits (places, V) and the
-    target's states that drafters read (places, 1, n * d), if any reads them."""
-
-    tokens: mx.array
-    logits: mx.array
-    states: mx.array | None = None
 
 
 class Engine:
@@ -38,23 +30,30 @@ class Engine:
         self.limit, self.chunk = context_limit(model), chunk
         self.taps: hidden.Taps | None = None  # the view that keeps the states some row's drafter reads
         self.planner = planner if planner is not None else Planner()
-        self.cache = Rows()
+        self.cache: Rows[Row] = Rows()
         self.drafting: dict[str, Drafting] = {}
-        self.pending: _Pending | None = None
-        self.hold = False  # a row waits to join: no step is queued ahead (a joining row has none)
-        self.last_read, self.away, self.out = time.perf_counter(), 0.0, None
+        self.ahead = Ahead()
+        self.last_read, self.away = time.perf_counter(), 0.0
+        self.out: float | None = None  # when the last round returned (None: no round yet)
 
     @property
     def rows(self) -> list[Row]:
         """The rows, in the order of their places in the cache."""
         return [r for r in self.cache.owners if r is not None]
 
+    def expect(self, joining: bool) -> None:
+        """Whether a row is on its way in: while one is, no plain step is queued ahead, so it joins with none to
+        undo (`can_join`)."""
+        self.ahead.joining = joining
+
+    def can_join(self) -> bool:
+        """Whether a row joins now without undoing a step queued ahead for the others."""
+        return not self.ahead.queued
+
     def add(self, row: Row, cache: list) -> None:
         """A row joins whose `cache` holds its context minus the last token (a lone row's cache is used as it is). A
-        step queued ahead for the others is dropped (`hold` spares it: set it a round before)."""
-        if self.pending is not None:
-            self.cache.rewind([1] * len(self.cache.owners))
-            self.pending = None
+        step queued ahead for the others is undone (`expect` spares it: call it a round before)."""
+        self.ahead.drop(self.cache)
         self.cache.add(row, cache)
         self.planner.joined()
         read = hidden.reads([p for r in self.rows for p in r.parts])
@@ -73,13 +72,12 @@ class Engine:
         for part in row.parts:
             if part.name in self.drafting:
                 self.drafting[part.name].leave(part)
-        if self.pending is not None and self.cache.joint and not self.cache.paddable():
-            self.cache.rewind([1] * len(self.cache.owners))  # a joint recurrent state cannot drop its row's queued
-            self.pending = None  # step alone: the step is undone for every place
+        if self.cache.joint and not self.cache.paddable():  # a joint recurrent state cannot drop its row's queued
+            self.ahead.drop(self.cache)  # step alone: the step is undone for every place
         out = self.cache.remove(row, len(row.context) - 1)
         self.planner.left(len(self.rows))
         if not self.cache.owners:
-            self.pending = None
+            self.ahead.step = None
         return out
 
     # --- one round: plan, propose, verify, accept, rewind, record, deliver ---
@@ -93,21 +91,19 @@ class Engine:
         offers = [self._lookup(r) for r in rows]
         asks = [self._ask(r, o) for r, o in zip(rows, offers)]
         plan, drain = self._plan(rows, asks)
-        queued_before = self.pending is not None
         drafts = self._propose(plan, rows, offers)
         lengths = [self._length(plan, i, r, d) for i, (r, d) in enumerate(zip(rows, drafts))]
         plan = plan if any(lengths) else PLAIN
         built, fed, cold, states = self._verify(plan, rows, drafts, lengths)
-        queue = not plan.k and not drain and not self.hold and all(r.room > 0 for r in rows)
-        queued = self._launch(built, rows) if queue else None
+        queued = self._launch(built, rows) if self.ahead.wanted(not plan.k and not drain, rows) else None
         seconds = self._read(rows, built, drafts, lengths)
         kept = [verify.accept(r.sampler, b, d, n) for r, b, d, n in zip(rows, built, drafts, lengths)]
         self._rewind(rows, kept, fed)
         self._show(rows, kept, states)
-        self.pending = queued
         # a plain round is timed where it read a step queued ahead and queued the next: one that queues nothing read a
         # step already under way, and its seconds do not hold a pass
-        warm = not cold and not drain and (plan.k > 0 or queued_before and queued is not None)
+        warm = not cold and not drain and (plan.k > 0 or self.ahead.queued and queued is not None)
+        self.ahead.step = queued
         self._record(plan, rows, asks, offers, drafts, lengths, kept, seconds, warm)
         out = {i: r.deliver(d[:a] + [t], a) for i, (r, (d, a, t, _)) in enumerate(zip(rows, kept))}
         self.out = time.perf_counter()
@@ -165,16 +161,15 @@ class Engine:
             for r in rows:
                 r.stats.fallback = r.stats.fallback or "target cache not trimmable: plain decoding from here"
             return PLAIN, False
-        plan = self.planner.plan(asks, len(self.cache.owners), self.cache.paddable(), self.pending is not None)
+        plan = self.planner.plan(asks, len(self.cache.owners), self.cache.paddable(), self.ahead.queued)
         if plan.k and self.limit is not None:  # no position, dummies included, past the model's context
             fit = min(self.limit - len(r.context) for r in rows) + 1  # positions a row's pass may span
-            plan = (
-                Plan(min(plan.k, fit - 1), plan.sources, min(plan.size, fit), plan.probe, min(plan.tree, fit - 1))
-                if fit > 1
-                else PLAIN
+            short = dataclasses.replace(
+                plan, k=min(plan.k, fit - 1), size=min(plan.size, fit), tree=min(plan.tree, fit - 1)
             )
+            plan = short if fit > 1 else PLAIN
         in_target = plan.k and any(p.in_target_cache and p.name in plan.sources for r in rows for p in r.parts)
-        if in_target and self.pending is not None:
+        if in_target and self.ahead.queued:
             return PLAIN, True
         return plan, False
 
@@ -182,7 +177,7 @@ class Engine:
         """Each row's draft: its lookup's, or from the costly source the plan names, all its rows in one drafting."""
         drafts = list(offers)
         wanted: dict[str, list[int]] = {}
-        for i, (r, d) in enumerate(zip(rows, offers)):
+        for i, d in enumerate(offers):
             s = plan.source(i)
             if s and (d is None or d.source != s):
                 wanted.setdefault(s, []).append(i)
@@ -206,7 +201,7 @@ class Engine:
         step: the draft alone, that step's logits its first row; a plain round: the queued step itself). Returns
         (per row what acceptance needs, lazy; positions fed; whether a shape ran for the first time)."""
         at = {id(r): i for i, r in enumerate(rows)}
-        places, pending = self.cache.owners, self.pending
+        places, pending = self.cache.owners, self.ahead.step
         if not plan.k and pending is not None:  # read as queued: a new op on it would wait for the next queued step
             return [verify.Given(pending.tokens, self.cache.index(r)) for r in rows], 0, False, pending.states
         width = plan.size - (pending is not None) if plan.k else 1
@@ -225,7 +220,8 @@ class Engine:
         logits, states = self._run(mx.stack(inputs), shape)  # (places, width, V), (places, width, n * d) or None
         if pending is not None:
             logits = mx.concatenate([pending.logits[:, None], logits], axis=1)
-            states = mx.concatenate([pending.states, states], axis=1) if states is not None else None
+            held = pending.states
+            states = mx.concatenate([held, states], axis=1) if states is not None and held is not None else None
         cold = shapes.first_time(self.model, (len(places), width)) or any(d is not None and d.cold for d in drafts)
         built = [
             verify.targets(r.sampler, len(r.context), logits[self.cache.index(r), : n + 1], drafts[i], n)
@@ -243,30 +239,17 @@ class Engine:
             return view.run(lambda m: taps(x, layers) if taps is not None else (m(x, cache=layers), None), *shape)
         return self.taps(x, layers) if self.taps is not None else (self.model(x, cache=layers), None)
 
-    def _launch(self, built: list, rows: list[Row]) -> _Pending:
+    def _launch(self, built: list, rows: list[Row]):
         """Queue the next plain step of every place on the round's lazy tokens, before the host reads them."""
-        if self.pending is not None:  # the round was the queued step: its tokens feed the next
-            tokens = self.pending.tokens
+        if self.ahead.step is not None:  # the round was the queued step: its tokens feed the next
+            tokens = self.ahead.step.tokens
         else:
             mine = {id(r): b if r.sampler.exact else b[1] for r, b in zip(rows, built)}
             tokens = mx.concatenate(
                 [mine[id(r)][:1] if r is not None else mx.zeros((1,), dtype=mx.uint32) for r in self.cache.owners]
             ).astype(mx.uint32)
             mx.async_eval(tokens)  # its own event: the round's read then waits for this step, not the queued one
-        logits, states = self._run(tokens[:, None])
-        logits = logits[:, -1]  # (places, V)
-        if all(r is None or r.sampler.temp == 0 for r in self.cache.owners):
-            nxt = mx.argmax(logits, axis=-1)
-        else:
-            nxt = mx.concatenate(
-                [
-                    r.sampler.draw(x[None], len(r.context) + 1) if r is not None else mx.zeros((1,), dtype=mx.uint32)
-                    for r, x in zip(self.cache.owners, logits)
-                ]
-            )
-        pending = _Pending(nxt.astype(mx.uint32), logits, states)
-        mx.async_eval(pending.tokens)
-        return pending
+        return self.ahead.queue(self._run, tokens, self.cache.owners)
 
     def _read(self, rows: list[Row], built, drafts, lengths) -> float:
         """The round's one host synchronisation; returns the round's seconds: since the last read, less the time
@@ -284,7 +267,7 @@ class Engine:
 
     def _rewind(self, rows: list[Row], kept: list[tuple], fed: int) -> None:
         """Each place drops what it was fed beyond its kept tokens (a queued step is its first position)."""
-        own = 0 if self.pending is not None else 1
+        own = 0 if self.ahead.queued else 1
         path = next((p for *_, p in kept if p is not None), None)
         if path is not None:  # a lone row's tree: the path's positions kept, in order
             self.cache.keep(list(range(own)) + [j + own for j in path], fed)
@@ -296,7 +279,7 @@ class Engine:
 
     def _show(self, rows: list[Row], kept: list[tuple], states: mx.array | None) -> None:
         """The drafters that read the target's states get those of the positions each row kept."""
-        if states is not None:
+        if states is not None and self.taps is not None:
             for r, (_, a, _, path) in zip(rows, kept):
                 mine = states[self.cache.index(r)]
                 mine = mine[mx.array([0] + [j + 1 for j in path])] if path is not None else mine[: a + 1]
@@ -305,9 +288,7 @@ class Engine:
     def _record(self, plan: Plan, rows, asks, offers, drafts, lengths, kept, seconds: float, warm: bool) -> None:
         """One observation of the round, which the planner, each row's stats and trace, and the drafters learn."""
         outcomes, together = [], Counter(plan.source(i) for i, n in enumerate(lengths) if n)
-        for i, (r, ask, offer, d, n, (drafted, a, nxt, path)) in enumerate(
-            zip(rows, asks, offers, drafts, lengths, kept)
-        ):
+        for i, (r, offer, d, n, (drafted, a, nxt, path)) in enumerate(zip(rows, offers, drafts, lengths, kept)):
             source = plan.source(i) if n else ""
             part = next((p for p in r.parts if p.name == source), None)
             nodes = n if path is not None else 0
@@ -348,13 +329,12 @@ class Engine:
                     entry["hindsight"] = [sum(o.hindsight[0]), len(o.hindsight[0])]
                 r.stats.trace.append(entry)
             outcomes.append(o)
-        promised = self.planner.promised(plan, asks) if plan.k else 0.0
-        self.planner.record(plan, len(self.cache.owners), seconds, outcomes, warm, promised)
+        self.planner.record(plan, len(self.cache.owners), seconds, outcomes, warm, asks)
 
     def _pack(self) -> None:
         """Drop the places of rows that left, where the planner finds the copy cheaper than running them along
         (always before a view of the target drafts: it drafts over every place)."""
-        rows, places, pending = self.rows, len(self.cache.owners), self.pending
+        rows, places = self.rows, len(self.cache.owners)
         if places == len(rows):
             return
         rounds = max((r.room + 1) / r.pace for r in rows)
@@ -363,7 +343,6 @@ class Engine:
         if not views and not self.planner.packs(places, len(rows), positions, rounds):
             return
         start, live = time.perf_counter(), mx.array([i for i, r in enumerate(self.cache.owners) if r is not None])
-        self.cache.pack([len(r.context) - (pending is None) for r in rows])  # a queued step holds the last token
-        if pending is not None:
-            self.pending = _Pending(*(a[live] if a is not None else None for a in pending))
+        self.cache.pack([len(r.context) - (not self.ahead.queued) for r in rows])  # a queued step holds the last one
+        self.ahead.keep(live)
         self.planner.record_copy(positions, time.perf_counter() - start)

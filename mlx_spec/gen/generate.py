@@ -1,6 +1,6 @@
 """A generation of one request: the prompt prefilled into the caller's cache, then an engine of one row."""
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
@@ -35,7 +35,7 @@ def speculative_generate_step(
     eos_token_ids: Sequence[int] = (),
     stats: Stats | None = None,
     accept: dict | None = None,
-) -> Iterator[Step]:
+) -> Generator[Step, None, None]:
     """Yield `Step(token, from_draft, finish_reason)` as the target alone would (greedy: the same tokens; sampling: the
     same law). prompt_cache: the caller's, with a prefix of `prompt`; finished or closed, all tokens but the last."""
     if num_draft is not None and num_draft <= 0:
@@ -55,7 +55,7 @@ def speculative_generate_step(
     context = row.context
     cache = recurrent.rewindable(prompt_cache) if prompt_cache is not None else new_cache(model)
     cached = None if cache is None else cache_tokens(cache) if prompt_cache is not None else 0
-    if cached is None or cached > len(context) - 1:
+    if cache is None or cached is None or cached > len(context) - 1:
         raise GenerationError(
             f"the prompt cache holds {cached} tokens; it must hold a prefix of the prompt "
             f"({len(context)} tokens) and no more than all but its last token"

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 import mlx.core as mx
 
 from ..errors import UnsupportedError
-from ..make.layers import Watched, holder, holder_of, per_model, with_blocks
+from ..make.layers import Watched, per_model, with_blocks
+from ..models.base import holder, holder_of
 from . import recurrent
 
 
@@ -24,7 +25,8 @@ class Taps:
         blocks = holder(base).layers
         if max(reads) >= len(blocks):
             raise UnsupportedError(f"the drafter reads block {max(reads)} of a target with {len(blocks)}")
-        self.reads, self.out = tuple(reads), []
+        self.reads = tuple(reads)
+        self.out: list[mx.array] = []
         self.model = with_blocks(
             base, [Watched(b, self._keep) if i in reads else b for i, b in enumerate(blocks)], path
         )
@@ -32,7 +34,7 @@ class Taps:
     def _keep(self, x, y) -> None:
         self.out.append(y)
 
-    def __call__(self, x: mx.array, cache: list) -> tuple[mx.array, mx.array]:
+    def __call__(self, x: mx.array, cache: list | None) -> tuple[mx.array, mx.array]:
         self.out = []
         logits = self.model(x, cache=cache)
         states, self.out = mx.concatenate(self.out, axis=-1), []

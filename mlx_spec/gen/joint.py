@@ -1,6 +1,7 @@
 """The rows' cache: a lone row's own, or one joint `BatchKVCache` with gaps, so each row rewinds by its own count."""
 
 from collections.abc import Sequence
+from typing import Generic, TypeVar
 
 import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
@@ -45,8 +46,8 @@ class RaggedKVCache(BatchKVCache):
 
     def _columns(self, i: int) -> list[int]:
         """Row i's columns that hold its positions, in order."""
-        start = self.left_padding[i].item()
-        gap = self._gaps(self._idx)[i].tolist()
+        start = int(self.left_padding[i])
+        gap: list[bool] = self._gaps(self._idx)[i].tolist()  # type: ignore[assignment]  # mlx: a scalar or a list
         return [j for j in range(start, self._idx) if not gap[j]]
 
     def extract(self, idx):
@@ -76,8 +77,9 @@ class RaggedKVCache(BatchKVCache):
     def put(self, i: int, cache: KVCache) -> None:
         """Row i becomes `cache`'s positions (at most `_idx` of them), right-aligned; what row i held is gone."""
         n = cache.offset
-        self.keys[i : i + 1, :, self._idx - n : self._idx, :] = cache.keys[..., :n, :]
-        self.values[i : i + 1, :, self._idx - n : self._idx, :] = cache.values[..., :n, :]
+        # mlx-lm leaves `keys` and `values` unannotated (None until the first update): a row holds them here
+        self.keys[i : i + 1, :, self._idx - n : self._idx, :] = cache.keys[..., :n, :]  # type: ignore[index]
+        self.values[i : i + 1, :, self._idx - n : self._idx, :] = cache.values[..., :n, :]  # type: ignore[index]
         rows = mx.arange(self.offset.shape[0]) == i
         self.left_padding = mx.where(rows, self._idx - n, self.left_padding)
         self.offset = mx.where(rows, n, self.offset)
@@ -117,18 +119,22 @@ def _extract(joint: list, i: int, tokens: int) -> list:
     return out
 
 
-class Rows:
-    """The cache the rows run over (`layers`) and the row in each of its places (`owners`; None: a row left)."""
+Owner = TypeVar("Owner")
+
+
+class Rows(Generic[Owner]):
+    """The cache the rows run over (`layers`, [] without rows) and the row in each of its places (`owners`; None: a
+    row left)."""
 
     def __init__(self):
-        self.layers: list | None = None
-        self.owners: list[object | None] = []
+        self.layers: list = []
+        self.owners: list[Owner | None] = []
 
     @property
     def joint(self) -> bool:
         return len(self.owners) > 1
 
-    def index(self, owner) -> int:
+    def index(self, owner: Owner) -> int:
         return next(i for i, o in enumerate(self.owners) if o is owner)
 
     def paddable(self) -> bool:
@@ -139,7 +145,7 @@ class Rows:
         """The longest row's columns (1 where no layer is attention)."""
         return max([c.size() for c in self.layers if isinstance(c, (KVCache, BatchKVCache))], default=1)
 
-    def add(self, owner, cache: list) -> None:
+    def add(self, owner: Owner, cache: list) -> None:
         """A row whose `cache` holds its context but the last: alone as it is, else copied into a free or new place."""
         if not self.owners:
             self.layers, self.owners = cache, [owner]
@@ -163,18 +169,18 @@ class Rows:
             mine.extend(new)
         self.owners.append(owner)
 
-    def remove(self, owner, tokens: int) -> list:
+    def remove(self, owner: Owner, tokens: int) -> list:
         """Take a row out: its cache, holding its first `tokens` tokens (a lone row's own, trimmed)."""
         i = self.index(owner)
         if not self.joint:
-            out, self.layers, self.owners = self.layers, None, []
+            out, self.layers, self.owners = self.layers, [], []
             if not rewind(out, tokens):
                 raise ValueError(f"the row's cache cannot be trimmed back to {tokens} tokens")
             return out
         out = _extract(self.layers, i, tokens)
         self.owners[i] = None  # runs along until a new row takes it or the rows are packed
         if not any(o is not None for o in self.owners):
-            self.layers, self.owners = None, []
+            self.layers, self.owners = [], []
         return out
 
     def pack(self, tokens: Sequence[int]) -> None:
@@ -191,7 +197,7 @@ class Rows:
     def keep(self, kept: Sequence[int], fed: int) -> None:
         """A lone row keeps, of the `fed` positions of the last pass, those at indices `kept`, in order (a draft
         tree's path); the others are dropped. Plain attention caches only."""
-        idx = mx.array(kept)
+        idx = mx.array(list(kept))
         for c in self.layers:
             start = c.offset - fed
             for name in ("keys", "values"):

@@ -1,12 +1,19 @@
 """Load a model folder; check that a draft model's tokenizer can draft for the target."""
 
+import json
 import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import GenerationError, MlxSpecError, SourceError
+from ..models.rope import overrides
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 
-def load_folder(folder) -> tuple[object, object, Path]:
+def load_folder(folder) -> tuple["nn.Module", "TokenizerWrapper", Path]:
     """(model, tokenizer, folder) for an MLX or HF model folder (names and hub ids are the faces' to resolve)."""
     from mlx_lm.utils import load
 
@@ -14,9 +21,10 @@ def load_folder(folder) -> tuple[object, object, Path]:
     if not (folder / "config.json").is_file():
         raise SourceError(f"{folder}: not a model folder (no config.json)")
     try:
-        model, tokenizer = load(str(folder))
-    except MlxSpecError:
-        raise
+        config = overrides(json.loads((folder / "config.json").read_text()))
+        model, tokenizer = load(str(folder), model_config=config)[:2]  # mlx-lm types it as 2 or 3
+    except MlxSpecError as e:
+        raise type(e)(f"{folder}: {e}") from None
     except Exception as e:  # corrupt safetensors, missing tokenizer files ...
         what = f"{type(e).__name__}: " if not isinstance(e, ValueError) else ""
         raise SourceError(f"{folder}: cannot load: {what}{(str(e).splitlines() or [''])[0]}") from None

@@ -3,16 +3,17 @@
 A round drafting k tokens for a row yields E(k) = 1 + p (1 - a^k) / (1 - a) tokens (the geometric model of Leviathan
 et al., the first token's acceptance p apart, each row's own acceptance by source). It costs the measured target pass
 at its size (`costs.py`) plus a costly source's part, and where it interrupts plain steps queued ahead, the step
-that restarts the queue after it. The planner takes the plan with the most expected tokens per
-second among those that do not lower the rows' throughput below plain decoding's, and drafts only where that
-promises MARGIN more. What an extra token saves depends on whether a new row takes a row's place when it ends
-(`refill`, learned) or the rows drain. A costly source passed over probes once its earned budget covers the loss
-it expects, and pays from it what the probe lost as measured.
-A row alone whose costly source drafts trees may be given a tree of about TREE_PER_DEPTH tokens a depth: its
-acceptance by depth and its cost are learned apart from the chains' (`tree_key`), and until measured it is taken to
-accept as the chains do, so it is first tried by a probe, then chosen where it promises MARGIN more than a chain.
+that restarts the queue after it. `plan` (a pure query) takes the plan with the most expected tokens per second among
+those that do not lower the rows' throughput below plain decoding's, and drafts only where that promises MARGIN
+more. What an extra token saves depends on whether a new row takes a row's place when it ends (`refill`, learned)
+or the rows drain. `record` learns from the finished round: acceptance, costs, and the probe credit a costly source
+passed over earns; it probes once that covers the loss it expects, and pays from it what the probe lost as measured.
+A row alone whose costly source drafts trees may be given a tree of about TREE_PER_DEPTH tokens a depth, its
+acceptance and cost learned apart from the chains' (`tree_key`): first tried by a probe, then chosen where it
+promises MARGIN more than a chain.
 """
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
@@ -20,28 +21,21 @@ from dataclasses import dataclass, field
 
 from .acceptance import SourceStats
 from .costs import Costs
-from .tunables import (
-    CATCH_UP_HORIZON,
-    DISCOUNT,
-    MARGIN,
-    PRIOR_TRIALS,
-    PROBE_BUDGET,
-    PROBE_MIN,
-    SIZES,
-    TREE_PER_DEPTH,
-)
+from .tunables import CATCH_UP_HORIZON, DISCOUNT, MARGIN, PRIOR_TRIALS, PROBE_BUDGET, PROBE_MIN, SIZES, TREE_PER_DEPTH
 
 
 @dataclass(frozen=True)
 class Plan:
     """A round: row i drafts at most k tokens from `sources[i]` ("" for none), verified at `size` positions a row
-    (k = 0: a plain step for every row); tree > 0: the costly source drafts a tree of that many tokens, k deep."""
+    (k = 0: a plain step for every row); tree > 0: the costly source drafts a tree of that many tokens, k deep;
+    queued: priced as verified after a plain step queued ahead."""
 
     k: int = 0
     sources: tuple[str, ...] = ()
     size: int = 1
     probe: bool = False
     tree: int = 0
+    queued: bool = False
 
     def source(self, i: int = 0) -> str:
         return self.sources[i] if self.k and i < len(self.sources) else ""
@@ -95,18 +89,18 @@ class Planner(Costs):
 
     adaptive: bool = True
     trees: bool = True  # a row alone whose costly source drafts trees may be given one where it pays
-    idle: dict[str, int] = field(default_factory=dict)  # rounds since a costly source last drafted
+    only_k: int = 0  # > 0: drafts of this length (or the longest within reach) are weighed alone against plain
+    idle: dict[str, int] = field(default_factory=dict)  # rounds since a costly source (or its trees) last drafted
     credit: dict[str, float] = field(default_factory=dict)  # probe budget it earned while passed over (seconds)
     refilled_w: float = 0.0  # discounted rows whose place a new row took, of `left_w` that left: none until seen
     left_w: float = PRIOR_TRIALS
     open: int = 0  # rows that left whose place no row has taken yet
     kept_w: float = PRIOR_TRIALS  # discounted extra tokens drafting rounds delivered, and what they promised
     promised_w: float = PRIOR_TRIALS
-    queued: bool = False  # the round being planned follows a plain step queued ahead
     drafted_w: float = PRIOR_TRIALS  # discounted drafting rounds, and those of them that followed a queued step:
     started_w: float = PRIOR_TRIALS / 2  # a stretch of drafting rounds is taken as two rounds long until measured
 
-    # --- choosing ---
+    # --- choosing (pure) ---
 
     @property
     def refill(self) -> float:
@@ -122,37 +116,45 @@ class Planner(Costs):
         """The next round for rows that could draft as `asks` say, in a pass over `places` rows (default: one per
         ask; more where rows that left still hold places). pad: dummy positions may pad the pass. queued: a plain
         step is queued ahead (a drafting round then verifies after it, and plain decoding restarts its queue)."""
-        b, n, self.queued = places or len(asks), len(asks), queued
+        b = places or len(asks)
         if not any(a.offer[1] or (a.costly and a.cap) for a in asks):
             return PLAIN
         if not self.adaptive:
             sources = tuple(a.offer[0] if a.offer[1] else a.costly for a in asks)
             k = max(a.offer[1] if a.offer[1] else a.cap for a in asks)
             return Plan(k, sources, k + 1)
-        plain = self.cost(b, 1)
-        if plain is None:
+        if self.cost(b, 1) is None:
             return PLAIN  # the baseline every draft must beat is measured first
-        widest = max(0, self.reach() // b - 1)
         costly = sorted({a.costly for a in asks if a.costly and a.cap})
-        fresh = [s for s in costly if not any(key[0] == s for key in self.drafts)]
+        fresh = [s for s in costly if not self._timed(s)]
         for s in fresh:  # a costly source never timed drafts a one-token probe first; one that must catch up waits
             if not any(a.behind for a in asks if a.costly == s):
-                return self._probe(s, asks, b, pad)
-        best, best_rate, best_seconds = PLAIN, n / plain, plain
-        last, cal = self._last(asks), self.calibration
-        timed = [s for s in costly if s not in fresh]
-        options = (
-            [("", False)]
-            + [(s, False) for s in timed]
-            + [(s, True) for s in timed if self.trees and any(a.tree and a.costly == s for a in asks)]
-        )
+                return self._probe(s, asks, b, pad, queued)
+        best, rate = self._best(asks, b, pad, queued, [s for s in costly if s not in fresh])
+        for s in costly:
+            if s not in fresh and s not in best.sources and self._due(s, asks, b, pad, queued, rate):
+                return self._probe(s, asks, b, pad, queued)
+        tree = self._tree_due(best, asks, b, pad)
+        if tree is not None:
+            return tree
+        if not best.k and fresh:  # nothing else would draft: now a new source's catch-up is worth a look
+            return self._probe(fresh[0], asks, b, pad, queued)
+        return best
+
+    def _best(self, asks: Sequence[Ask], b: int, pad: bool, queued: bool, timed: list[str]) -> tuple[Plan, float]:
+        """The plan with the most expected tokens a second that does not lower the rows' throughput, and that rate."""
+        plain, n = self.cost(b, 1) or 0.0, len(asks)
+        best, best_rate = PLAIN, n / plain
+        last, cal, widest = self._last(asks), self.calibration, max(0, self.reach() // b - 1)
+        options = [("", False)] + [(s, False) for s in timed]
+        options += [(s, True) for s in timed if self.trees and any(a.tree and a.costly == s for a in asks)]
         for option, treed in options:
             key = tree_key(option) if treed else option
             top = max(
                 max((a.offer[1] for a in asks), default=0),
                 max((a.cap for a in asks if option and a.costly == option), default=0),
             )
-            for k in self._lengths(min(top, widest // TREE_PER_DEPTH if treed else widest), pad):
+            for k in self._lengths(min(top, widest // TREE_PER_DEPTH if treed else widest), pad, self.only_k):
                 sources, gains = [], []
                 for a in asks:
                     free = a.stats(a.offer[0]).expected(min(k, a.offer[1])) if a.offer[1] else 1.0
@@ -165,29 +167,17 @@ class Planner(Costs):
                     continue
                 size = self.size(b, TREE_PER_DEPTH * k if treed else k, pad)
                 rows = [a for a, s in zip(asks, sources) if s and s == option]
-                seconds = self._verify_cost(b, size)
+                seconds = self._verify_cost(b, size, queued)
                 if rows:
                     horizon = min(min(a.left for a in rows), CATCH_UP_HORIZON)
                     behind = sum(a.behind * min(1.0, g / horizon) for a, g in zip(asks, gains) if a in rows)
-                    timed_key = key if any(d[0] == key for d in self.drafts) else option  # a tree: the chains' cost
-                    seconds += self.draft_cost(timed_key, len(rows), k, behind)  # until its own was measured
+                    timed_key = key if self._timed(key) else option  # a tree: the chains' cost until its own is known
+                    seconds += self.draft_cost(timed_key, len(rows), k, behind)
                 rate = sum(gains) / seconds
                 margin = MARGIN * (not best.k or treed)  # drafting over plain, a tree over a chain: 5 % more
                 if self._value(gains, last, plain, seconds) >= 1 and rate > best_rate * (1 + margin):
-                    best, best_rate, best_seconds = (
-                        Plan(k, tuple(sources), size, tree=(size - 1) * treed),
-                        rate,
-                        seconds,
-                    )
-        probe = self._credit(costly, fresh, best, best_seconds, best_rate, asks, b, pad)
-        if probe is not None:
-            return probe
-        probe = self._tree_credit(best, best_seconds, asks, b, pad)
-        if probe is not None:
-            return probe
-        if not best.k and fresh:  # nothing else would draft: now a new source's catch-up is worth a look
-            return self._probe(fresh[0], asks, b, pad)
-        return best
+                    best, best_rate = Plan(k, tuple(sources), size, tree=(size - 1) * treed, queued=queued), rate
+        return best, best_rate
 
     def promised(self, plan: Plan, asks: Sequence[Ask]) -> float:
         """Extra tokens the rows' estimates promise for a plan."""
@@ -197,15 +187,18 @@ class Planner(Costs):
             if s
         )
 
+    def _timed(self, key: str) -> bool:
+        return any(d[0] == key for d in self.drafts)
+
     @staticmethod
     def _stats(ask: Ask, key: str, source: str) -> SourceStats:
         """The row's acceptance under `key`; a tree not measured yet is taken to accept as its source's chains do
-        (a tree is tried by a probe, `_tree_credit`, before it is chosen on its own)."""
+        (a tree is tried by a probe, `_tree_due`, before it is chosen on its own)."""
         return ask.stats(key if key in ask.accept or key == source else source)
 
     def _value(self, gains: list[float], last: list[float], plain: float, seconds: float) -> float:
         """Plain-decoding seconds a round's extra tokens save per second it takes (plain decoding's is 1)."""
-        n, alone = len(gains), self.cost(1, 1)
+        n, alone = len(gains), self.cost(1, 1) or 0.0
         refilled = (sum(gains) - n) * plain / n
         draining = sum((g - 1) * c * alone for g, c in zip(gains, last))
         return (plain + self.refill * refilled + (1 - self.refill) * draining) / seconds
@@ -220,86 +213,67 @@ class Planner(Costs):
         return [x / sum(w) for x in w]
 
     @staticmethod
-    def _lengths(cap: int, pad: bool) -> list[int]:
-        """The draft lengths worth weighing up to `cap`: each that fills a size of `SIZES`, and with padding cap."""
+    def _lengths(cap: int, pad: bool, only: int = 0) -> list[int]:
+        """The draft lengths worth weighing up to `cap`: each that fills a size of `SIZES`, and with padding cap
+        (only > 0: that one length, or cap below it)."""
+        if only:
+            return [min(only, cap)] if cap > 0 else []
         ks = {s - 1 for s in SIZES if 1 <= s - 1 <= cap}
         if (pad or not ks) and cap > 0:
             ks.add(cap)
         return sorted(ks)
 
-    def _probe(self, source: str, asks: Sequence[Ask], places: int, pad: bool) -> Plan:
-        self.idle[source] = 0  # its credit pays for it once it is timed (`_pay`)
-        return Plan(
-            1,
-            tuple(source if a.costly == source and a.cap else "" for a in asks),
-            self.size(places, 1, pad),
-            probe=True,
+    def _probe(self, source: str, asks: Sequence[Ask], places: int, pad: bool, queued: bool) -> Plan:
+        sources = tuple(source if a.costly == source and a.cap else "" for a in asks)
+        return Plan(1, sources, self.size(places, 1, pad), probe=True, queued=queued)
+
+    def _due(self, s: str, asks: Sequence[Ask], places: int, pad: bool, queued: bool, rate: float) -> bool:
+        """Whether costly source `s`, passed over, probes now: PROBE_MIN rounds since it last drafted, it could beat
+        plain decoding fully accepted, and its credit covers what a probe would lose against rounds at `rate`."""
+        rows = [a for a in asks if a.costly == s and a.cap]
+        tokens = len(asks) + sum(a.stats(s).expected(1) - 1 for a in rows)
+        lose = max(0.0, self._probe_cost(s, rows, places, pad, 1, queued) - tokens / rate)
+        return (
+            self.idle.get(s, 0) >= PROBE_MIN
+            and self.credit.get(s, 0.0) >= lose
+            and self._hopeful(s, rows, asks, places, pad, queued)
         )
 
-    def _credit(
-        self, costly, fresh, best: Plan, seconds: float, rate: float, asks, places: int, pad: bool
-    ) -> Plan | None:
-        """Costly sources passed over earn probe credit, and probe once it covers what a probe would lose against
-        rounds at `rate` tokens per second."""
-        chosen = set(best.sources) if best.k else set()
-        for s in costly:
-            if s in fresh:
-                continue
-            if s in chosen:
-                self.idle[s], self.credit[s] = 0, 0.0
-                continue
-            self.idle[s] = self.idle.get(s, 0) + 1
-            self.credit[s] = self.credit.get(s, 0.0) + PROBE_BUDGET * seconds
-            rows = [a for a in asks if a.costly == s and a.cap]
-            tokens = len(asks) + sum(a.stats(s).expected(1) - 1 for a in rows)
-            lose = max(0.0, self._probe_cost(s, rows, places, pad, 1) - tokens / rate)
-            if self.idle[s] >= PROBE_MIN and self._hopeful(s, rows, asks, places, pad) and self.credit[s] >= lose:
-                return self._probe(s, asks, places, pad)
-        return None
-
-    def _tree_credit(self, best: Plan, seconds: float, asks: Sequence[Ask], places: int, pad: bool) -> Plan | None:
-        """A row given a chain it could have had as a tree earns credit towards trying the tree (its acceptance and
-        cost are learned only where it drafts), and tries it once the credit covers the extra positions' cost."""
+    def _tree_due(self, best: Plan, asks: Sequence[Ask], places: int, pad: bool) -> Plan | None:
+        """A tree probe, where a row alone given a chain it could have had as a tree has earned the credit to try it
+        (its acceptance and cost are learned only where it drafts) and the credit covers the extra positions."""
         ask = asks[0] if len(asks) == 1 else None
-        if best.tree:  # a tree was chosen: it is measured, nothing to earn
-            self.idle[tree_key(best.sources[0])], self.credit[tree_key(best.sources[0])] = 0, 0.0
+        if best.tree or not (self.trees and ask is not None and ask.tree and best.k and best.source(0) == ask.costly):
             return None
-        if not (self.trees and ask is not None and ask.tree and best.k and best.source(0) == ask.costly):
+        key, size = tree_key(ask.costly), self.size(places, TREE_PER_DEPTH * best.k, pad)
+        extra = self._verify_cost(places, size, best.queued) - self._verify_cost(places, best.size, best.queued)
+        if self.idle.get(key, 0) < PROBE_MIN or self.credit.get(key, 0.0) < max(0.0, extra):
             return None
-        key = tree_key(ask.costly)
-        self.idle[key] = self.idle.get(key, 0) + 1
-        self.credit[key] = self.credit.get(key, 0.0) + PROBE_BUDGET * seconds
-        size = self.size(places, TREE_PER_DEPTH * best.k, pad)
-        extra = max(0.0, self._verify_cost(places, size) - self._verify_cost(places, best.size))
-        if self.idle[key] < PROBE_MIN or self.credit[key] < extra:
-            return None
-        self.idle[key], self.credit[key] = 0, 0.0
-        return Plan(best.k, best.sources, size, probe=True, tree=size - 1)
+        return dataclasses.replace(best, size=size, probe=True, tree=size - 1)
 
-    def _hopeful(self, source: str, rows: Sequence[Ask], asks: Sequence[Ask], places: int, pad: bool) -> bool:
-        """Whether `source` could beat plain decoding with every draft token accepted."""
-        plain = self.cost(places, 1)
-        cap = max(a.cap for a in rows)
+    def _hopeful(self, s: str, rows: Sequence[Ask], asks: Sequence[Ask], places: int, pad: bool, queued: bool) -> bool:
+        """Whether `s` could beat plain decoding with every draft token accepted."""
+        plain, cap = self.cost(places, 1) or 0.0, max(a.cap for a in rows)
         return any(
-            (len(asks) + len(rows) * k) / self._probe_cost(source, rows, places, pad, k)
+            (len(asks) + len(rows) * k) / self._probe_cost(s, rows, places, pad, k, queued)
             > (1 + MARGIN) * len(asks) / plain
             for k in self._lengths(cap, pad)
         )
 
-    def _probe_cost(self, source: str, rows: Sequence[Ask], places: int, pad: bool, k: int) -> float:
-        """Seconds of a round in which `source` drafts k tokens for `rows`: its catch-up and the restart of queued
-        plain steps are spread over the rounds that would follow."""
+    def _probe_cost(self, s: str, rows: Sequence[Ask], places: int, pad: bool, k: int, queued: bool) -> float:
+        """Seconds of a round in which `s` drafts k tokens for `rows`: its catch-up and the restart of queued plain
+        steps are spread over the rounds that would follow."""
         behind = sum(a.behind * min(1.0, 1.0 / min(a.left, CATCH_UP_HORIZON)) for a in rows)
-        return self._verify_cost(places, self.size(places, k, pad)) + self.draft_cost(source, len(rows), k, behind)
+        return self._verify_cost(places, self.size(places, k, pad), queued) + self.draft_cost(s, len(rows), k, behind)
 
-    def _verify_cost(self, places: int, size: int) -> float:
+    def _verify_cost(self, places: int, size: int, queued: bool) -> float:
         """Seconds of a drafting round's verify pass; after a plain step queued ahead, plus the step that queues
         again when plain decoding resumes (the queued one only spared the pass a position), spread over the rounds
         a stretch of drafting rounds lasts."""
-        restart = self.cost(places, 1) * self.started_w / self.drafted_w if self.queued else 0.0
-        return self.cost(places, size) + restart
+        restart = (self.cost(places, 1) or 0.0) * self.started_w / self.drafted_w if queued else 0.0
+        return (self.cost(places, size) or 0.0) + restart
 
-    # --- learning ---
+    # --- learning: the one place the planner's state changes ---
 
     def record(
         self,
@@ -308,10 +282,10 @@ class Planner(Costs):
         seconds: float,
         outcomes: Sequence[Outcome],
         warm: bool = True,
-        promised: float = 0.0,
+        asks: Sequence[Ask] = (),
     ) -> None:
-        """A finished round over `places` rows: what each row drafted and kept, in `seconds` of wall clock (warm
-        False: a shape ran for the first time, so the time is not a cost)."""
+        """A finished round over `places` rows, planned for `asks`: what each row drafted and kept, in `seconds` of
+        wall clock (warm False: a shape ran for the first time, so the time is not a cost)."""
         for o in outcomes:
             if o.proposed:
                 o.accept.setdefault(o.source, SourceStats()).observe(o.proposed, o.accepted)
@@ -321,12 +295,11 @@ class Planner(Costs):
                 o.accept.setdefault(o.source, SourceStats()).hindsight(*o.hindsight)
         if plan.k:
             self.drafted_w = DISCOUNT * self.drafted_w + 1
-            self.started_w = DISCOUNT * self.started_w + self.queued
-        if plan.k and promised:
-            self.kept_w = DISCOUNT * self.kept_w + sum(o.accepted for o in outcomes)
-            self.promised_w = DISCOUNT * self.promised_w + promised
-        if plan.probe and not plan.tree:
-            self._pay(plan, places, seconds if warm else None, outcomes)
+            self.started_w = DISCOUNT * self.started_w + plan.queued
+            if asks:
+                self.kept_w = DISCOUNT * self.kept_w + sum(o.accepted for o in outcomes)
+                self.promised_w = DISCOUNT * self.promised_w + self.promised(plan, asks)
+        self._earn(plan, places, seconds if warm else None, outcomes, asks)
         if not warm:
             return
         costly = [o for o in outcomes if o.proposed and o.costly]
@@ -337,14 +310,31 @@ class Planner(Costs):
                 costly[0].source, len(costly), plan.k, sum(o.behind for o in costly), places, plan.size, seconds
             )
 
-    def _pay(self, plan: Plan, places: int, seconds: float | None, outcomes: Sequence[Outcome]) -> None:
-        """A probe's source pays from its credit what the probe lost, as measured: its round's `seconds` (None: not
-        a cost) and, after a queued plain step, the whole restart of the queue (a probe is a stretch of one round),
-        beyond what plain decoding takes for the tokens it yielded. Credit left over is not kept."""
-        source, plain = next(s for s in plan.sources if s), self.cost(places, 1) or 0.0
-        yielded = (len(outcomes) + sum(o.accepted for o in outcomes)) / max(1, len(outcomes))
-        lost = max(0.0, seconds + plain * self.queued - plain * yielded) if seconds is not None else 0.0
-        self.credit[source] = min(0.0, self.credit.get(source, 0.0) - lost)
+    def _earn(self, plan: Plan, places: int, seconds: float | None, outcomes: Sequence[Outcome], asks) -> None:
+        """Probe credit: a timed costly source passed over earns PROBE_BUDGET of the round's time (a tree, where its
+        row was given the chain instead); one that drafts starts again from none; a probe pays what it lost, as
+        measured: its round's `seconds` (None: not a cost) and, after a queued plain step, the whole restart of the
+        queue (a probe is a stretch of one round), beyond what plain decoding takes for the tokens it yielded."""
+        plain = self.cost(places, 1) or 0.0
+        earned = PROBE_BUDGET * (seconds if seconds is not None else plain)
+        drafted = set(plan.sources) if plan.k else set()
+        for s in sorted({a.costly for a in asks if a.costly and a.cap}):
+            if not self._timed(s):
+                continue
+            if plan.probe and not plan.tree and s in drafted:
+                yielded = (len(outcomes) + sum(o.accepted for o in outcomes)) / max(1, len(outcomes))
+                lost = max(0.0, seconds + plain * plan.queued - plain * yielded) if seconds is not None else 0.0
+                self.idle[s], self.credit[s] = 0, min(0.0, self.credit.get(s, 0.0) - lost)
+            elif s in drafted:
+                self.idle[s], self.credit[s] = 0, 0.0
+            else:
+                self.idle[s], self.credit[s] = self.idle.get(s, 0) + 1, self.credit.get(s, 0.0) + earned
+        ask = asks[0] if len(asks) == 1 else None
+        if plan.tree:
+            self.idle[tree_key(plan.sources[0])], self.credit[tree_key(plan.sources[0])] = 0, 0.0
+        elif self.trees and ask is not None and ask.tree and plan.k and plan.source(0) == ask.costly:
+            key = tree_key(ask.costly)
+            self.idle[key], self.credit[key] = self.idle.get(key, 0) + 1, self.credit.get(key, 0.0) + earned
 
     # --- rows joining and leaving ---
 
@@ -364,6 +354,6 @@ class Planner(Costs):
         """Whether to pack the cache now: the empty places' part of every pass, over the `rounds` the rows still
         run where no new row takes their place, costs more than the copy (True until both were timed)."""
         full, kept = self.cost(places, 1), self.cost(live, 1)
-        if not self.copies or full is None:
+        if not self.copies or full is None or kept is None:
             return True
         return (1 - self.refill) * (full - kept) * rounds > statistics.median(self.copies) * positions

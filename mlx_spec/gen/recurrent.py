@@ -10,7 +10,8 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
 from ..errors import UnsupportedError
-from ..make.layers import holder_of, per_model, with_blocks
+from ..make.layers import per_model, with_blocks
+from ..models.base import holder_of
 from .tunables import RECURRENT_CALLS as MAX_CALLS
 from .tunables import RECURRENT_RECORD as MAX_RECORD
 
@@ -30,7 +31,8 @@ class RewindableCache(ArraysCache):
     cache, left_padding, lengths = _through("cache"), _through("left_padding"), _through("lengths")
 
     def __init__(self, inner: ArraysCache, offset=0):
-        self.inner, self.offset, self._calls = inner, offset, []
+        self.inner, self.offset = inner, offset
+        self._calls: list[tuple] = []  # (states before, layer, x, mask, offset) of each call since the last commit
 
     def _held(self) -> None:
         _HELD[self.inner] = self.offset  # a later generation over the caller's cache knows what it holds
@@ -82,7 +84,8 @@ class RewindableRows(RewindableCache):
 
     def __init__(self, inner: ArraysCache, offset: mx.array):
         super().__init__(inner, offset)
-        self._rows = [None] * offset.size
+        # each row's (call, index in it, tokens of it kept) to replay on extraction; None: its state is final
+        self._rows: list[tuple | None] = [None] * offset.size
 
     def _held(self) -> None:
         pass  # the state is the engine's own
@@ -103,7 +106,8 @@ class RewindableRows(RewindableCache):
         self._rows = [None] * len(drop)
         while self._calls and (last or any(left)):
             call = before, layer, x, mask, _ = self._calls.pop()
-            width, groups = x.shape[1], {}
+            width = x.shape[1]
+            groups: dict[int, list[int]] = {}
             for i, d in enumerate(left):
                 if last and not d:
                     self._rows[i] = (call, i, width)  # keeps all: the state after the pass
@@ -115,7 +119,8 @@ class RewindableRows(RewindableCache):
             for keep, rows in groups.items():
                 idx = mx.array(rows)
                 part = ArraysCache(len(before))
-                part.cache = [mx.zeros_like(a[idx]) if s is None else s[idx] for s, a in zip(before, self.cache)]
+                # mlx-lm leaves ArraysCache.cache unannotated: [None] * size until the first update
+                part.cache = [mx.zeros_like(a[idx]) if s is None else s[idx] for s, a in zip(before, self.cache)]  # type: ignore[misc]
                 if keep:
                     _replay(layer, x[idx, :keep], _take(mask, rows, keep), part)
                 parts.append(part.cache)
@@ -146,8 +151,9 @@ class RewindableRows(RewindableCache):
         inner = ArraysCache(len(self.cache))
         inner.cache = [None if s is None else s[idx : idx + 1] for s in self.cache]
         out = RewindableCache(inner, self.offset[idx].item())
-        if self._rows[idx] is not None:
-            (before, layer, x, mask, _), i, k = self._rows[idx]
+        row = self._rows[idx]
+        if row is not None:
+            (before, layer, x, mask, _), i, k = row
             out._calls.append(
                 (
                     [None if s is None else s[i : i + 1] for s in before],

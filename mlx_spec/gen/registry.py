@@ -3,7 +3,6 @@
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
 
 from ..errors import ConvertError, GenerationError
 from ..make.importance import vocabulary_texts
@@ -34,7 +33,7 @@ class DrafterSpec:
 
     kind: str
     arg: str = ""
-    inner: Optional["DrafterSpec"] = None
+    inner: "DrafterSpec | None" = None
 
     def __str__(self) -> str:
         if self.kind == "model":
@@ -48,7 +47,7 @@ class DrafterSpec:
         return spec.arg if spec is not None and spec.kind == "model" else None
 
 
-Spec = Union[DrafterSpec, str, None]
+Spec = DrafterSpec | str | None
 
 
 def parse(spec: Spec) -> DrafterSpec:
@@ -164,7 +163,7 @@ def _shared(kind: str, folder, target, load: Callable[[], object]):
 
 def _eagle3(folder: str, target, width: int, real: int) -> Drafter:
     """The EAGLE-3 head in `folder` over `target`: one that was made for another target is refused in one line."""
-    from ..make import eagle3
+    from ..models import eagle3
     from .drafters.eagle3 import Eagle3Drafter
 
     head = _shared(
@@ -191,7 +190,7 @@ def _eagle3(folder: str, target, width: int, real: int) -> Drafter:
 
 def _mtp(folder: str, target, width: int, real: int) -> Drafter:
     """The MTP layers of the checkpoint in `folder` (default: the one the target was loaded from) over `target`."""
-    from ..make import mtp
+    from ..models import mtp
     from .drafters.mtp import MTPDrafter
     from .load import folder_of
 
@@ -203,7 +202,7 @@ def _mtp(folder: str, target, width: int, real: int) -> Drafter:
 
 def _dflash(folder: str, target, width: int, real: int) -> Drafter:
     """The DFlash drafter in `folder` over `target`: one that was made for another target is refused in one line."""
-    from ..make import dflash
+    from ..models import dflash
     from .drafters.dflash import DFlashDrafter
 
     module = _shared("dflash", folder, target, lambda: dflash.load(folder, target))

@@ -64,6 +64,12 @@ class Sampler:
     def probs_fn(self) -> ProbsFn | None:
         return make_probs_fn(self.temp, self.top_p, self.top_k)
 
+    def probs(self, logits: mx.array) -> mx.array:
+        """The distribution (..., V) this rule samples from at `logits` (temp > 0: greedy samples from none)."""
+        if self.probs_fn is None:
+            raise GenerationError("a greedy rule samples from no distribution")
+        return self.probs_fn(logits)
+
     @property
     def exact(self) -> bool:
         """Whether a draft token is accepted where it equals the row's own token (greedy, or seeded)."""
@@ -73,15 +79,17 @@ class Sampler:
         """The token at each row of logits (n, V), the first at `position` (lazy): greedy or seeded."""
         if self.temp == 0:
             return mx.argmax(logits, axis=-1)
-        q = self.probs_fn(logits)
+        q = self.probs(logits)
         noise = mx.stack([mx.random.gumbel(shape=q.shape[-1:], key=self._key(position + i)) for i in range(len(q))])
         return mx.argmax(mx.log(q) + noise, axis=-1)
 
     def draw(self, logits: mx.array, position: int) -> mx.array:
         """One plain step's token from logits (1, V) at `position` (lazy)."""
-        return self.pick(logits, position) if self.exact else sample(self.probs_fn(logits))
+        return self.pick(logits, position) if self.exact else sample(self.probs(logits))
 
     def _key(self, position: int) -> mx.array:
+        if self.seed is None:
+            raise GenerationError("an unseeded rule has no noise keyed by position")
         z = (self.seed * _MIX + position + 1) & (2**64 - 1)
         z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)

@@ -1,13 +1,35 @@
 """A conversation: the target cache, the drafter with its state, the planner and the token history, across turns."""
 
-from collections.abc import Iterator
+from collections.abc import Generator
+from typing import NamedTuple
 
-from .cache import cache_tokens, new_cache, prefill_cache, rewind
+from .cache import cache_tokens, copy_prefix, new_cache, prefill_cache, rewind
 from .drafters.base import Drafter
+from .drafters.model import ModelDrafter
 from .planner import Planner
 from .registry import default_num_draft
 from .stream import Event, stream_generate
 from .verify import common_prefix
+
+
+class Snapshot(NamedTuple):
+    """Copies of the caches holding a conversation's first tokens: the target's, and each draft model's (by the id of
+    its model) with the tokens it was fed."""
+
+    tokens: list[int]
+    cache: list
+    drafts: dict[int, tuple[list, list[int]]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.cache) + sum(c.nbytes for d, _ in self.drafts.values() for c in d)
+
+
+def _own_caches(drafter: Drafter | None) -> list[ModelDrafter]:
+    """The drafter's draft models with caches of their own (a learned head, which also needs the target's states
+    there, catches up instead)."""
+    parts = drafter.parts if drafter is not None else ()
+    return [p for p in parts if isinstance(p, ModelDrafter) and not p.in_target_cache and not p.reads]
 
 
 class Session:
@@ -29,10 +51,44 @@ class Session:
 
     def reset(self) -> None:
         """Forget the conversation (the drafter's own state is rebuilt on its next reset)."""
-        self.cache, self.tokens = new_cache(self.model), []  # tokens: what the target cache holds, token by token
+        self.cache: list = new_cache(self.model)
+        self.tokens: list[int] = []  # what the target cache holds, token by token
+        self._given: tuple[Snapshot, int] | None = None  # a kept prefix adopted, its draft caches not given yet
+
+    def snapshot(self, n: int) -> Snapshot | None:
+        """Copies of the caches' first `n` tokens (a draft model's where its cache holds them too); None where the
+        target's layers cannot be copied (a sliding window, a recurrent layer)."""
+        cache = copy_prefix(self.cache, n) if n <= len(self.tokens) else None
+        if cache is None:
+            return None
+        drafts = {}
+        for p in _own_caches(self.drafter):
+            m = n - p.origin  # the draft cache holds the context from position `origin` on
+            p.settle()
+            if p.cache is not None and p.fed[:m] == self.tokens[p.origin : n]:
+                c = copy_prefix(p.cache, m)
+                if c is not None:
+                    drafts[id(p.model)] = (c, p.fed[:m])
+        return Snapshot(self.tokens[:n], cache, drafts)
+
+    def adopt(self, snap: Snapshot, n: int) -> None:
+        """Start over from the first `n` tokens of `snap` (a kept prefix); the drafter's caches follow at the next
+        turn, once the turn's drafter is known."""
+        cache = copy_prefix(snap.cache, n, own=False)
+        assert cache is not None  # a snapshot's layers are ones that copy
+        self.cache, self.tokens = cache, list(snap.tokens[:n])
+        self._given = (snap, n)
 
     def _reuse(self, ids: list[int]) -> None:
         """Trim the target cache to the longest prefix it shares with `ids` (keeping >= 1 token to feed)."""
+        if self._given is not None:  # the draft models' copies of an adopted prefix
+            (snap, n), self._given = self._given, None
+            for p in _own_caches(self.drafter):
+                cache, fed = snap.drafts.get(id(p.model), (None, []))
+                m = min(len(fed), n - p.origin)
+                if cache is not None and m > 0:
+                    p.settle()
+                    p.cache, p.fed = copy_prefix(cache, m, own=False), fed[:m]
         held = cache_tokens(self.cache)
         if held is None or held != len(self.tokens):  # an interrupted update we could not rewind
             self.reset()
@@ -41,7 +97,7 @@ class Session:
             self.reset()  # a sliding-window cache past its window, a recurrent layer's history that does not reach
         self.tokens = self.tokens[:keep]
 
-    def prefill(self, prompt_ids: list[int], step: int | None = None) -> Iterator[tuple[bool, int]]:
+    def prefill(self, prompt_ids: list[int], step: int | None = None) -> Generator[tuple[bool, int], None, None]:
         """Make the cache hold `prompt_ids` but its last for a generation elsewhere (given back with `restore`), `step`
         tokens (default: all) an iteration, each yielding (done, tokens cached before); closed early, it forgets all."""
         ids = list(prompt_ids)
@@ -70,7 +126,7 @@ class Session:
         """Take back a cache holding `tokens` (a batch's row, extracted): the next turn reuses it."""
         self.cache, self.tokens = cache, list(tokens)
 
-    def generate(self, prompt_ids: list[int], **kwargs) -> Iterator[Event]:
+    def generate(self, prompt_ids: list[int], **kwargs) -> Generator[Event, None, None]:
         """Events for the next reply to the whole conversation `prompt_ids` (kwargs: `stream_generate`'s)."""
         ids = list(prompt_ids)
         self._reuse(ids)

@@ -25,14 +25,13 @@ def stream_generate(
     model, tokenizer, prompt: str | list[int], drafter: Drafter | None = None, **kwargs
 ) -> Iterator[Event]:
     """Text events for `prompt` (a string is tokenized as is) by `speculative_generate_step` with kwargs."""
-    if isinstance(prompt, str):
-        prompt = tokenizer.encode(prompt)
+    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
     stats = kwargs.pop("stats", None) or Stats()
     eos = kwargs.pop("eos_token_ids", None)
-    eos = set(tokenizer.eos_token_ids if eos is None else eos)
+    eos = tuple(tokenizer.eos_token_ids if eos is None else eos)
     detok = tokenizer.detokenizer
     detok.reset()
-    steps = speculative_generate_step(prompt, model, drafter, eos_token_ids=eos, stats=stats, **kwargs)
+    steps = speculative_generate_step(ids, model, drafter, eos_token_ids=eos, stats=stats, **kwargs)
     try:
         for step in steps:
             if step.token not in eos:

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..make.layers import holder, holder_of, per_model, with_blocks
+from ..make.layers import per_model, with_blocks
+from ..models.base import holder, holder_of
 from .sampling import sample
 
 
@@ -154,7 +155,8 @@ def children(parents: Sequence[int]) -> dict[int, list[int]]:
 def accept_greedy(tokens: Sequence[int], parents: Sequence[int], targets: Sequence[int]) -> tuple[list[int], int]:
     """(the accepted path's nodes, the token the target adds after it); targets[0] follows the last token, targets[j +
     1] node j."""
-    kids, path, at = children(parents), [], -1
+    kids, at = children(parents), -1
+    path: list[int] = []
     while True:
         t = targets[at + 1]
         nxt = next((c for c in kids.get(at, ()) if tokens[c] == t), None)
@@ -201,7 +203,8 @@ def _without(q: mx.array, refused: mx.array) -> mx.array:
 
 def accept_sampling(accept: Sequence[bool], candidates: Sequence[int], parents: Sequence[int]) -> tuple[list[int], int]:
     """(the accepted path's nodes, the token after it) from what `sampling_targets` built, once read."""
-    kids, path, at = children(parents), [], -1
+    kids, at = children(parents), -1
+    path: list[int] = []
     while True:
         nxt = next((c for c in kids.get(at, ()) if accept[c]), None)
         if nxt is None:

@@ -74,14 +74,14 @@ def targets(sampler: Sampler, position: int, logits: mx.array, draft, n: int):
         return (
             tree.exact_targets(sampler, logits, position, draft.parents)
             if sampler.exact
-            else tree.sampling_targets(sampler.probs_fn(logits), draft.tokens[:n], draft.parents)
+            else tree.sampling_targets(sampler.probs(logits), draft.tokens[:n], draft.parents)
         )
     if sampler.exact:
         return sampler.pick(logits, position)
     if not n:
-        return mx.zeros((0,), dtype=mx.bool_), sample(sampler.probs_fn(logits))
+        return mx.zeros((0,), dtype=mx.bool_), sample(sampler.probs(logits))
     p = draft.probs[:n] if draft.probs is not None else None
-    return sampling_targets(sampler.probs_fn(logits), draft.tokens[:n].astype(mx.uint32), p)
+    return sampling_targets(sampler.probs(logits), draft.tokens[:n].astype(mx.uint32), p)
 
 
 def accept(sampler: Sampler, built, draft, n: int) -> tuple:
@@ -89,7 +89,7 @@ def accept(sampler: Sampler, built, draft, n: int) -> tuple:
     adds, the tree's nodes kept or None) from what `targets` built, or from a queued step's `Given` token."""
     drafted = draft.tokens.tolist()[:n] if n else []
     if isinstance(built, Given):
-        return [], 0, built.tokens.tolist()[built.place], None
+        return [], 0, built.tokens.tolist()[built.place], None  # type: ignore[index]  # mlx: tolist() may be a scalar
     if n and draft.parents is not None:
         path, nxt = (
             tree.accept_greedy(drafted, draft.parents, built.tolist())

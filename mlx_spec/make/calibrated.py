@@ -9,6 +9,7 @@ mlx-lm's command-line versions download a calibration set from the web; ours shi
 import copy
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from ..errors import ConvertError, UnsupportedError
 from .progress import quiet_unless_terminal
@@ -104,7 +105,7 @@ def _floats(model):
 
 def quantize_calibrated(
     method: str, model, config: dict, data: mx.array, bits: int, group_size: int
-) -> tuple[object, dict]:
+) -> tuple[nn.Module, dict]:
     """(model, config with `quantization`) by `method` in CALIBRATED."""
     assert method in CALIBRATED, method
     fn = {"gptq": gptq, "awq": awq, "dwq": dwq}[method]

@@ -4,9 +4,9 @@ import json
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from importlib.metadata import version
 from pathlib import Path
 
-from .. import __version__
 from ..errors import ConvertError, MlxSpecError, SourceError, UnsupportedError
 from .calibrated import quantize_calibrated, samples
 from .importance import (
@@ -37,7 +37,7 @@ def draft_methods() -> dict:
     one). Benchmarks (the compression suite, MODEL@METHOD names) take their methods from here, so a
     method added to `convert` is measured without touching them.
     """
-    methods = {dtype: {"dtype": dtype} for dtype in DTYPES if dtype != "auto"}
+    methods: dict[str, dict[str, str | int | float]] = {dtype: {"dtype": dtype} for dtype in DTYPES if dtype != "auto"}
     methods.update(
         {f"int{bits}": {"dtype": "float32", "quantize": bits} for bits in sorted(SUPPORTED_BITS, reverse=True)}
     )
@@ -206,12 +206,14 @@ def convert_folder(
         raise SourceError(f"{src}: no .safetensors weights found")
     src_cfg = json.loads((src / "config.json").read_text())
     prior = src_cfg.pop("mlx_spec", None)
-    from . import eagle3, mtp
+    from ..models import eagle3, mtp
+    from ..models.rope import overrides
+    from .heads import convert_head
 
     if eagle3.is_head(src_cfg):
         if keep_layers is not None or layers is not None or prune or head_bits is not None or quant_mode != "affine":
             raise ConvertError("an EAGLE-3 head converts with --dtype and --quantize BITS (affine) only")
-        return eagle3.convert(
+        return convert_head(
             src,
             out,
             dtype=auto_dtype() if dtype == "auto" else dtype,
@@ -220,12 +222,16 @@ def convert_folder(
             force=force,
             source=str(source),
         )
+    try:
+        rope = overrides(src_cfg)  # transformers 5's rope_parameters, where mlx-lm reads them
+    except UnsupportedError as e:
+        raise UnsupportedError(f"{src}: {e}") from None
     ensure_free_space(
         out.parent, int(_weights_bytes(src) * (2 if dtype == "float32" else 1.1)), f"converting into {out}"
     )
 
     try:
-        model, config = load_model(src, lazy=True)
+        model, config = load_model(src, lazy=True, model_config=rope)
         tokenizer = load_tokenizer(src, eos_token_ids=config.get("eos_token_id"))
     except MlxSpecError:
         raise
@@ -360,7 +366,7 @@ def convert_folder(
             "source": prior["source"] if prior else str(source),
             "source_sha256": prior["source_sha256"] if prior else source_sha256,
             "operations": ops,
-            "version": __version__,
+            "version": version("mlx-spec"),
             **({"recipe": recipe} if recipe else {}),
         }
         with atomic_dir(out, force=force) as tmp:

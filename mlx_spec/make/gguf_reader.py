@@ -110,7 +110,7 @@ def _parse(path: Path, buf: np.ndarray, size: int, version: int) -> GGUFFile:
         n = struct.calcsize(fmt)
         if pos + n > size:
             raise _Truncated(f"header ends at byte {size}")
-        value = struct.unpack_from(fmt, buf, pos)[0]
+        value = struct.unpack_from(fmt, buf, pos)[0]  # type: ignore[arg-type]  # numpy declares buffers from 3.12
         pos += n
         return value
 

@@ -6,6 +6,7 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import quants
@@ -131,7 +132,7 @@ def _build_config(info: GGUFFile, dtype: str) -> dict:
     )
     theta = float(info.get("{arch}.rope.freq_base", 10000.0))
     tok = lambda k: info.get(f"tokenizer.ggml.{k}_token_id")  # noqa: E731
-    cfg = {
+    cfg: dict[str, Any] = {
         "hidden_size": hidden,
         "intermediate_size": _uniform(info, "{arch}.feed_forward_length"),
         "num_hidden_layers": int(_require(info, "{arch}.block_count")),

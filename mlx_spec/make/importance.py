@@ -99,7 +99,7 @@ def block_similarity(model, token_lists: Iterable[Sequence[int]]) -> list[float]
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers"):
         raise ConvertError(f"importance ranking: mlx-lm's {type(model).__module__} keeps its blocks elsewhere")
-    sinks = [[] for _ in inner.layers]
+    sinks: list[list[mx.array]] = [[] for _ in inner.layers]
     view = with_blocks(model, [Watched(layer, _turn(sink)) for layer, sink in zip(inner.layers, sinks)])
     seen = 0
     for tokens in token_lists:
@@ -110,7 +110,7 @@ def block_similarity(model, token_lists: Iterable[Sequence[int]]) -> list[float]
         seen += 1
     if not seen:
         raise ConvertError("importance ranking: no calibration text of at least 2 tokens")
-    return [mx.stack(s).mean().item() for s in sinks]
+    return [float(mx.stack(s).mean()) for s in sinks]
 
 
 def calibration_tokens(tokenizer, texts: Sequence[str], budget: int = CALIBRATION_TOKENS) -> list[list[int]]:

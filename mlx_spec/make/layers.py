@@ -4,11 +4,11 @@ Used by `convert --keep-layers/--layers` and by the self drafter, so both read o
 """
 
 import copy
-import functools
 import weakref
 from collections.abc import Callable, Sequence
 
 from ..errors import ConvertError
+from ..models.base import holder_of
 
 # Architectures whose block i behaves by its index i (Gemma's sliding/global attention pattern is
 # derived from the index in mlx-lm), so a subset of blocks would silently change the attention. The hybrid
@@ -70,26 +70,6 @@ def per_model(store: dict, model, key, make: Callable[[], object]):
         store[key] = make()
         weakref.finalize(model, store.pop, key, None)
     return store[key]
-
-
-def holder_of(model) -> str | None:
-    """The path of the submodule whose own list `model.layers` is (`model`, `backbone`, `language_model.model` of a
-    vision-language wrapper whose `layers` are properties), or None."""
-    ids = [id(b) for b in getattr(model, "layers", None) or ()]
-    children = model.children().items() if ids and hasattr(model, "children") else ()
-    for name, child in children:
-        if [id(b) for b in getattr(child, "layers", None) or ()] == ids:
-            if "layers" in child:  # an mlx Module is a dict of its own attributes: a list, not a property
-                return name
-            deeper = holder_of(child)
-            return f"{name}.{deeper}" if deeper else None
-    return None
-
-
-def holder(model):
-    """The submodule that holds `model`'s blocks (see `holder_of`), or None."""
-    path = holder_of(model)
-    return functools.reduce(getattr, path.split("."), model) if path else None
 
 
 class Watched:

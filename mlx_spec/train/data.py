@@ -14,6 +14,7 @@ from ..errors import SourceError
 from ..gen import hidden
 from ..make.importance import vocabulary_texts
 from ..make.paths import ensure_free_space
+from ..models.drafter_weights import safetensors
 
 TOP = 4  # the target's top tokens kept per position: its law, truncated
 TEXT_SUFFIXES = (".py", ".md", ".txt", ".rst", ".json")
@@ -120,7 +121,9 @@ def default_asks() -> list[str]:
         except (SyntaxError, ValueError):
             continue
         for f in tree.body:
-            doc = ast.get_docstring(f) if isinstance(f, ast.FunctionDef) else None
+            if not isinstance(f, ast.FunctionDef):
+                continue
+            doc = ast.get_docstring(f)
             if doc and not f.name.startswith("_") and 60 <= len(doc) <= 600:
                 doc = "\n    ".join(doc.splitlines())
                 stubs.append(CODE_ASK.format(f'def {f.name}({ast.unparse(f.args)}):\n    """{doc}\n    """\n'))
@@ -164,8 +167,10 @@ def replies(
             completion_batch_size=len(ids),
             prefill_batch_size=len(ids),
         )
-        out += [p + r for p, r in zip(ids, got.token_ids)]
-        log(f"replies {len(out)}/{len(prompts)}: {sum(map(len, got.token_ids))} tokens in this batch")
+        replies = got.token_ids
+        assert replies is not None  # asked for with return_token_ids
+        out += [p + r for p, r in zip(ids, replies)]
+        log(f"replies {len(out)}/{len(prompts)}: {sum(map(len, replies))} tokens in this batch")
     return out
 
 
@@ -193,7 +198,10 @@ def sequences(
         hf_logging.set_verbosity(level)
     rest = [stream[i : i + length] for i in range(0, len(stream) - length + 1, length)]
     if not first and not rest:
-        raise SourceError(f"the training text holds {len(stream)} tokens: fewer than one sequence of {length}")
+        raise SourceError(
+            f"the training text holds {len(stream)} tokens: {length - len(stream)} more make one sequence of {length}"
+            " (or a shorter --length)"
+        )
     random.Random(0).shuffle(first)
     random.Random(0).shuffle(rest)
     return first + rest
@@ -228,6 +236,10 @@ class Shards:
         meta = self.folder / "meta.json"
         return json.loads(meta.read_text())["tokens"] if meta.is_file() else 0
 
+    def count(self) -> int:
+        """The sequences on disk."""
+        return sum(safetensors(f)["tokens"].shape[0] for f in self.files())
+
     def write(
         self,
         target,
@@ -238,14 +250,15 @@ class Shards:
         until: float | None = None,
         bar=None,
     ) -> int:
-        """Compute and write the shards still missing (resumable) until the time `until` or `limit_gb` is reached;
-        returns the tokens on disk."""
+        """Compute and write the shards still missing (resumable) until the time `until` or `limit_gb` is reached,
+        the first one whatever the time (a run trains on what it has); returns the tokens on disk."""
         import time
 
         done = len(self.files())
         tokens = self.tokens()
         for start in range(done * self.per, len(seqs), self.per):
-            if until is not None and time.time() > until or (tokens * bytes_per_token) / 1e9 > limit_gb:
+            late = until is not None and time.time() > until
+            if tokens and (late or (tokens * bytes_per_token) / 1e9 > limit_gb):
                 break
             part = seqs[start : start + self.per]
             ensure_free_space(self.folder, len(part) * len(part[0]) * bytes_per_token * 2, "the training features")
@@ -263,11 +276,16 @@ class Shards:
                 bar.update(sum(map(len, part)))
         return tokens
 
-    def batches(self, order: Sequence[int], size: int | None = None) -> Iterator[dict]:
-        """The shards in `order`, loaded one at a time, each whole or in batches of `size` sequences."""
+    def batches(self, order: Sequence[int], size: int | None = None, held: int = 0) -> Iterator[dict]:
+        """The shards in `order`, loaded one at a time, each whole or in batches of `size` sequences; the first
+        `held` sequences of the first shard (those held out) left out."""
         files = self.files()
         for i in order:
-            shard = mx.load(str(files[i]))
+            shard = safetensors(files[i])
             n = shard["tokens"].shape[0]
-            for j in range(0, n, size or n):
+            for j in range(held if i == 0 else 0, n, size or n):
                 yield {k: v[j : j + (size or n)] for k, v in shard.items()}
+
+    def held_out(self, held: int) -> dict:
+        """The first `held` sequences of the first shard as one batch: what acceptance along the way is measured on."""
+        return {k: v[:held] for k, v in safetensors(self.files()[0]).items()}

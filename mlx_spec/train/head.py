@@ -6,7 +6,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -15,13 +15,16 @@ import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..errors import SourceError
-from ..make import eagle3
-from ..make.layers import holder
+from ..gen.load import folder_of
 from ..make.progress import progress
+from ..models import eagle3
+from ..models.base import holder
+from ..models.drafter_weights import safetensors
 from .data import TOP, Shards
 
 STEPS = 3  # training-time test: each position drafts this many tokens, each step fed the head's own state
 DECAY = 0.8  # a later step's loss weighs less (it is accepted only after the earlier ones)
+HELD = 8  # the most sequences held out (a shard): enough for a curve, and the rest of a small text goes to training
 OPTIMIZER = "optimizer.safetensors"  # AdamW's moments, beside the head, for --resume
 
 
@@ -33,15 +36,22 @@ class Plan:
     reads: list[int]
     draft_vocab: int
     length: int = 512
-    minutes: float = 120.0
+    minutes: float | None = 120.0  # the whole run's time (None: no clock; `max_steps` bounds it)
     data_share: float = 0.4  # of the minutes, at most this goes to the target's features
     lr: float = 3e-4
     warmup: int = 50  # steps of linearly growing learning rate, then a cosine down to a tenth by the budget's end
     batch: int = 2  # sequences a step (a step's time grows with it; more steps do more for a head than bigger ones)
     max_steps: int | None = None  # stop after this many steps, if the minutes have not run out before
+    held: int | None = None  # sequences held out to measure acceptance on (`held_out`, fixed once the data is there)
     limit_gb: float = 4.0
     data: list[str] = field(default_factory=list)  # where the text came from
     done: dict = field(default_factory=dict)  # tokens, steps, seconds, curve: what the run did so far
+
+
+def held_out(n: int) -> int:
+    """Sequences of `n` held out to measure acceptance on: an eighth, 1 to `HELD`; none of a single sequence (the
+    curve is then measured on the sequence trained on)."""
+    return 0 if n < 2 else min(HELD, max(1, n // 8))
 
 
 def initial_head(target, reads: Sequence[int], ids: mx.array) -> eagle3.Eagle3Head:
@@ -59,13 +69,19 @@ def initial_head(target, reads: Sequence[int], ids: mx.array) -> eagle3.Eagle3He
             "num_key_value_heads",
             "rms_norm_eps",
             "rope_theta",
+            "rope_scaling",
             "max_position_embeddings",
         )
         if getattr(args, k, None) is not None
     }
     bias = "bias" in inner.layers[-1].self_attn.q_proj  # (Qwen2's q/k/v have biases; the layout has one switch)
     config = eagle3.Eagle3Config(
-        dict(layer, model_type="llama", attention_bias=bias), args.vocab_size, ids.size, args.hidden_size, list(reads)
+        dict(layer, model_type="llama", attention_bias=bias),
+        args.vocab_size,
+        ids.size,
+        args.hidden_size,
+        list(reads),
+        verifier=_verifier(target),
     )
     head = eagle3.Eagle3Head(config, embed=inner.embed_tokens)
     d, last, first = args.hidden_size, inner.layers[-1], head.layers[0]
@@ -86,6 +102,17 @@ def initial_head(target, reads: Sequence[int], ids: mx.array) -> eagle3.Eagle3He
     head.freeze(keys=["d2t"])
     mx.eval(head.parameters())
     return head
+
+
+def _verifier(target) -> dict:
+    """speculators' record of the target a head drafts for: the folder it was loaded from, and its architectures."""
+    folder = folder_of(target)
+    if folder is None:
+        return {}
+    return {
+        "name_or_path": str(folder),
+        "architectures": json.loads((folder / "config.json").read_text()).get("architectures") or [],
+    }
 
 
 def _weight(layer) -> mx.array:
@@ -136,6 +163,7 @@ def ttt(head: eagle3.Eagle3Head, batch: dict, t2d: mx.array, steps: int = STEPS)
     ids, probs = batch["ids"], batch["probs"].astype(mx.float32)
     B, L = tokens.shape
     n = L - 1
+    kv: list[tuple[mx.array, mx.array]]  # each step's keys and values (`_attend`)
     h, kv, loss, stats = head.fc(states[:, :n]), [], mx.array(0.0), []
     for i in range(steps):
         valid = (mx.arange(n) < n - i)[None]  # (1, n): token p + i + 1 and the law at p + i + 1 exist
@@ -158,6 +186,7 @@ def chain_acceptance(head, batch: dict, t2d: mx.array, steps: int = STEPS) -> li
     earlier one was), on a batch held out."""
     tokens, states, ids = batch["tokens"], batch["states"].astype(mx.float32), batch["ids"]
     n = tokens.shape[1] - 1
+    kv: list[tuple[mx.array, mx.array]]
     h, kv, alive, out = head.fc(states[:, :n]), [], None, []
     for i in range(steps):
         toks = mx.pad(tokens[:, 1 + i :], [(0, 0), (0, i)])
@@ -184,9 +213,12 @@ def train(
     started: float | None = None,
 ) -> Path:
     """Train a head for `target` on `seqs` within `plan.minutes` from `started` (default: now; the features first, up
-    to `plan.data_share` of the time) and save it in `out` (the speculators layout; `eagle3:OUT` loads it). Ctrl-C
-    keeps the last checkpoint."""
+    to `plan.data_share` of the time) and `plan.max_steps`, at least one step, and save it in `out` (the speculators
+    layout; `eagle3:OUT` loads it). Ctrl-C keeps the last checkpoint."""
+    if plan.minutes is None and plan.max_steps is None:
+        raise SourceError("a training run needs a budget: minutes, steps or both")
     started, state = started or time.time(), out / "train.json"
+    deadline = None if plan.minutes is None else started + plan.minutes * 60
     check_out(out, resume)
     if resume:
         done = json.loads(state.read_text())
@@ -194,6 +226,8 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     shards = Shards(out / "data")
     bytes_per_token = len(plan.reads) * target.args.hidden_size * 2 + TOP * 6 + 4
+    if plan.max_steps is not None:  # no more features than the steps can read
+        seqs = seqs[: plan.max_steps * plan.batch + HELD]
     with progress(total=sum(map(len, seqs)), desc="target states", unit="tok", initial=shards.tokens()) as bar:
         shards.write(
             target,
@@ -201,14 +235,13 @@ def train(
             plan.reads,
             bytes_per_token,
             plan.limit_gb,
-            until=started + plan.minutes * 60 * plan.data_share,
+            until=None if plan.minutes is None else started + plan.minutes * 60 * plan.data_share,
             bar=bar,
         )
-    files = len(shards.files())  # the first shard is held out: acceptance along the way is measured on it
-    if files < 2:
-        raise SourceError(
-            f"{files} shard of {shards.per} sequences: too little text or time for a held-out shard and one to train on"
-        )
+    held = plan.held if plan.held is not None else held_out(shards.count())
+    plan = replace(plan, held=held)
+    if not held:
+        log("a single training sequence: none is held out, so acceptance along the way is measured on it")
     ids = draft_vocab(shards, plan.draft_vocab, target.args.vocab_size)
     t2d = mx.full((target.args.vocab_size,), -1, dtype=mx.int32).at[ids].add(mx.arange(ids.size, dtype=mx.int32) + 1)
     head = initial_head(target, plan.reads, ids)
@@ -216,33 +249,41 @@ def train(
         head.load_weights(str(out / eagle3.FILE), strict=False)
     opt = optim.AdamW(learning_rate=plan.lr, weight_decay=0.0)
     if resume and (out / OPTIMIZER).is_file():
-        opt.state = tree_unflatten(list(mx.load(str(out / OPTIMIZER)).items()))
+        opt.state = tree_unflatten(list(safetensors(out / OPTIMIZER).items()))
     grad = nn.value_and_grad(head, lambda m, b: ttt(m, b, t2d)[0])
-    held_batch = next(shards.batches([0]))
+    held_batch = shards.held_out(plan.held or 1)
     steps, last_save, curve = plan.done.get("steps", 0), time.time(), plan.done.get("curve", [])
+    first, most = steps, plan.max_steps or math.inf
+
+    def spent() -> float:  # the share of the budget used: of its minutes or of its steps, whichever ends first
+        return max(0.0 if plan.minutes is None else (time.time() - started) / (plan.minutes * 60), steps / most)
+
+    def more() -> bool:  # a run trains at least one step, then while its budget lasts
+        return steps < most and (steps == first or deadline is None or time.time() < deadline)
+
     if not curve:  # where the head starts (the target's last block): the first point of the learning curve
         curve.append(_point(head, held_batch, t2d, steps, started, plan))
         log(f"step 0: held-out acceptance by position {curve[-1]['acceptance']}")
-    order = list(range(1, files))
-    with progress(total=int(plan.minutes * 60), desc="training", unit="s", initial=int(time.time() - started)) as bar:
+    order = list(range(len(shards.files())))
+    with progress(total=100, desc="training", unit="%", initial=int(100 * spent())) as bar:
         try:
-            while time.time() < started + plan.minutes * 60 and steps < (plan.max_steps or math.inf):
+            while more():
                 random.Random(steps).shuffle(order)
-                for b in shards.batches(order, plan.batch):
-                    opt.learning_rate = learning_rate(plan, steps, (time.time() - started) / (plan.minutes * 60))
+                for b in shards.batches(order, plan.batch, held=held):
+                    opt.learning_rate = learning_rate(plan, steps, spent())
                     loss, g = grad(head, b)
                     g, _ = optim.clip_grad_norm(g, 1.0)
                     opt.update(head, g)
                     mx.eval(head.parameters(), opt.state, loss)
                     steps += 1
-                    bar.n = int(time.time() - started)
+                    bar.n = min(100, int(100 * spent()))
                     bar.set_postfix(loss=f"{loss.item():.3f}", steps=steps)
                     if time.time() - last_save > checkpoint_minutes * 60:
                         curve.append(_point(head, held_batch, t2d, steps, started, plan))
                         _save(head, opt, out, plan, steps, curve, shards)
                         last_save = time.time()
                         log(f"step {steps}: held-out acceptance by position {curve[-1]['acceptance']}")
-                    if time.time() >= started + plan.minutes * 60 or steps >= (plan.max_steps or math.inf):
+                    if not more():
                         break
         except KeyboardInterrupt:
             log("interrupted: the last checkpoint stays; --resume goes on from it")
@@ -262,8 +303,8 @@ def check_out(out: Path, resume: bool) -> None:
 
 
 def learning_rate(plan: Plan, steps: int, elapsed: float) -> float:
-    """The rate at a step: linear warmup over `plan.warmup` steps, then a cosine over the budget's time (`elapsed`, its
-    share spent) down to a tenth (the steps a budget holds are not known in advance)."""
+    """The rate at a step: linear warmup over `plan.warmup` steps, then a cosine over the budget (`elapsed`, its share
+    spent) down to a tenth (the steps a budget of minutes holds are not known in advance)."""
     return plan.lr * min(1.0, (steps + 1) / plan.warmup) * (0.55 + 0.45 * math.cos(math.pi * min(1.0, elapsed)))
 
 
@@ -280,7 +321,7 @@ def _point(head, batch, t2d, steps: int, started: float, plan: Plan) -> dict:
 def _save(head, opt, out: Path, plan: Plan, steps: int, curve: list, shards: Shards) -> None:
     """The head in the speculators layout, beside its optimizer's state and its training record (each file written
     whole or not at all)."""
-    weights = dict(tree_flatten(head.parameters()))
+    weights = eagle3.tensors(head)
     tmp = out / ".model.tmp.safetensors"
     mx.save_safetensors(str(tmp), weights, metadata={"format": "mlx"})
     mx.save_safetensors(str(out / ".opt.tmp.safetensors"), dict(tree_flatten(opt.state)))

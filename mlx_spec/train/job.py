@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..errors import SourceError
-from ..make.eagle3 import default_reads
 from ..make.paths import atomic_file, home
+from ..models.eagle3 import default_reads
 from . import data as td
 from .head import Plan, check_out, train
 
@@ -38,7 +38,14 @@ def heads_for(target: str) -> list[Path]:
 
 
 def _replies(
-    model, tokenizer, path: Path, regenerate: Path | None, held: Sequence[str], tokens: int, until: float, log: Log
+    model,
+    tokenizer,
+    path: Path,
+    regenerate: Path | None,
+    held: Sequence[str],
+    tokens: int,
+    until: float | None,
+    log: Log,
 ) -> list[list[int]]:
     """The target's replies to the `regenerate` prompts (`default`: `td.default_asks`), generated once and kept in
     `path` (so that a resumed or restarted run trains on the same sequences); none without `regenerate`."""
@@ -70,7 +77,8 @@ def run(
     data: Sequence[str] = (),
     regenerate: Path | None = None,
     reply_tokens: int = 256,
-    minutes: float = 120.0,
+    minutes: float | None = 120.0,
+    max_steps: int | None = None,
     draft_vocab: int = 8192,
     length: int = 512,
     batch: int = 2,
@@ -78,7 +86,8 @@ def run(
     resume: bool = False,
     log: Log = lambda _m: None,
 ) -> Path:
-    """Train a head for `model` (named `target` in its record) into `out`; `held`: prompts kept out of the text."""
+    """Train a head for `model` (named `target` in its record) into `out` for `minutes` and at most `max_steps` (None:
+    no clock, the steps alone); `held`: prompts kept out of the text."""
     import time
 
     from mlx.utils import tree_flatten
@@ -87,7 +96,7 @@ def run(
     check_out(out, resume)  # before anything runs
     d, inter = model.args.hidden_size, model.args.intermediate_size
     params = 3 * d * d + 8 * d * d + 3 * d * inter + d * draft_vocab  # fc, attention (q/k/v read 2 d), MLP, head
-    weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    weights = sum(v.nbytes for v in dict(tree_flatten(model.parameters())).values())
     step = batch * length * (draft_vocab * 4 * 3 * 3 + 14 * length * 4 * 3)  # logits, attention, 3 steps, kept
     log(
         f"training uses about {(weights + params * 16 + step) / 1e9:.1f} GB of memory (the target, the head with "
@@ -95,9 +104,8 @@ def run(
     )
     log(f"{len(held)} benchmark prompts (HumanEval, prose) are kept out of the training text")
     texts = td.read_texts(data) if data else td.default_texts()
-    streams = _replies(
-        model, tokenizer, out / "data" / REPLIES, regenerate, held, reply_tokens, started + minutes * 60 / 4, log
-    )
+    until = None if minutes is None else started + minutes * 60 / 4
+    streams = _replies(model, tokenizer, out / "data" / REPLIES, regenerate, held, reply_tokens, until, log)
     share = 0.5 if streams else 0.4  # replies up to a quarter of the minutes, then the features up to half
     seqs = td.sequences(tokenizer, texts, length, exclude=held, streams=streams)
     plan = Plan(
@@ -109,6 +117,7 @@ def run(
         data_share=share,
         lr=3e-4,
         batch=batch,
+        max_steps=max_steps,
         limit_gb=limit_gb,
         data=([str(d) for d in data] or ["default"]) + ([f"replies:{regenerate}"] if streams else []),
     )

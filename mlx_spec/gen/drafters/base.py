@@ -2,16 +2,20 @@
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import mlx.core as mx
 
+from ..sampling import Sampler
 from ..tunables import NGRAM_SYNC_TAIL as SYNC_TAIL
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
 
 
 @dataclass
 class Draft:
-    """Up to k proposed tokens continuing a context (a list given is made an array)."""
+    """Up to k proposed tokens continuing a context (`Draft.of` a list of ids)."""
 
     tokens: mx.array  # (n,) token ids, lazy for a model's draft: the engine reads them with the verify pass
     probs: mx.array | None = None  # (n, V) the row's distributions they were sampled from; None: one-hot
@@ -22,9 +26,10 @@ class Draft:
     cold: bool = False  # a pass of a shape this drafter never ran before (on a GPU: a kernel build, not a cost)
     parents: tuple[int, ...] | None = None  # a tree (`gen.tree`): each token's parent, -1 for the last token's
 
-    def __post_init__(self):
-        if not isinstance(self.tokens, mx.array):
-            self.tokens = mx.array(list(self.tokens), dtype=mx.uint32)
+    @classmethod
+    def of(cls, ids: Sequence[int], source: str = "", behind: int = 0) -> "Draft":
+        """A draft of token ids in a list (a table lookup's; [] for none)."""
+        return cls(mx.array(list(ids), dtype=mx.uint32), source=source, behind=behind)
 
     def __len__(self) -> int:
         return self.tokens.size
@@ -35,7 +40,7 @@ class Member(NamedTuple):
 
     part: "Drafter"
     context: list[int]
-    sampler: object = None
+    sampler: Sampler | None = None
     place: int = 0
 
 
@@ -63,7 +68,7 @@ class Drafter:
     name = "drafter"
     free = False  # proposing is a table lookup: the engine asks every round and judges the draft against the output
     in_target_cache = False  # drafts through the target's own cache, which must then hold the context but its last
-    model = None  # the network it runs (a draft model, a view of the target); None for a table lookup
+    model: "nn.Module | None" = None  # the network it runs (a draft model, a view of the target); None: a lookup
     reads: tuple[int, ...] = ()  # the target's blocks whose outputs it reads (a learned drafter): given with `see`
     trees = False  # drafts a tree (several continuations) for a row alone when asked
 
@@ -79,7 +84,7 @@ class Drafter:
     def reset(self, prompt: list[int], target_cache: list | None = None) -> None:
         """A generation starts at `prompt`, the target's cache holding `prompt[:-1]`; state agreeing with it is kept."""
 
-    def propose(self, context: list[int], k: int, sampler=None) -> Draft:
+    def propose(self, context: list[int], k: int, sampler: Sampler | None = None) -> Draft:
         """At most k tokens continuing `context`, sampled by the row's `sampler` if it samples (None: greedy)."""
         raise NotImplementedError
 

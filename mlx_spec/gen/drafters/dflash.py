@@ -2,6 +2,7 @@
 projected states of its context, and the block [last token, mask, ...] reads them; one pass for all rows."""
 
 from collections.abc import Sequence
+from typing import cast
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
@@ -10,14 +11,13 @@ from ...device import builds_per_shape
 from .. import shapes
 from ..sampling import sample
 from ..tunables import PREFILL_STEP
-from ..verify import common_prefix
 from .base import Draft, Drafting, Member
 from .eagle3 import Eagle3Drafter
 from .model import ModelDrafter, ModelDrafting
 
 
 class DFlashDrafter(Eagle3Drafter):
-    """Drafts with a `make.dflash.DFlash` module whose cache holds the target's projected states of `fed`, the
+    """Drafts with a `models.dflash.DFlash` module whose cache holds the target's projected states of `fed`, the
     context but its last token (fed index j: context position j); the states it was shown wait in `held` until then,
     kept as an EAGLE-3 head keeps them. Each draft is the module's first k positions after the last token of one block
     of its trained size."""
@@ -59,13 +59,13 @@ def block_mask(cache: list, n: int) -> mx.array | None:
     return mask | (mx.arange(mask.shape[-1]) >= mask.shape[-1] - n)
 
 
-class DFlashDrafting(ModelDrafting):
+class DFlashDrafting(ModelDrafting[DFlashDrafter]):
     """The rows drafting with one DFlash module over their caches as one (`joint.Rows`): each row's new context
     states in one pass, every row's block in a second."""
 
     def _draft(self, members: Sequence[Member], k: int, chunk: int | None, tree: int = 0) -> list[Draft]:
-        for m in members:
-            self._join(m.part)
+        for member in members:
+            self._join(cast(DFlashDrafter, member.part))  # `takes` let in this drafter's kind only
         if sum(o is None for o in self.rows.owners) * 2 > len(self.rows.owners):  # rows that left hold half: pack
             self.rows.pack([len(o.fed) for o in self.rows.owners if o is not None])
         part, places, module = self.part, self.rows.owners, self.part.model
@@ -75,20 +75,20 @@ class DFlashDrafting(ModelDrafting):
         if any(drop):
             self.rows.rewind(drop)
         self.rows.start_round()
-        cold = self._context([o._at(len(o.fed), n) if n else None for o, n in zip(places, counts)])
+        cold = self._context([o._at(len(o.fed), n) if o is not None and n else None for o, n in zip(places, counts)])
         if any(ready):
             tokens, probs, first = self._blocks(mine, ready, min(k, module.config.block_size - 1))
             cold = cold or first
         out = {}
         for i, (o, m, n, r) in enumerate(zip(places, mine, counts, ready)):
-            if m is None:
+            if m is None or o is None:
                 continue
             o.fed.extend(m.context[len(o.fed) : len(o.fed) + n])
             o.forget()
             out[id(o)] = (
                 Draft(tokens[i], probs[i], part.name, max(0, n - 1), cold=cold)
                 if r
-                else Draft([], source=part.name, behind=n)
+                else Draft.of([], source=part.name, behind=n)
             )
         mx.async_eval([d.tokens for d in out.values() if len(d)])  # the device drafts while the host goes on
         return [out[id(m.part)] for m in members]
@@ -99,7 +99,10 @@ class DFlashDrafting(ModelDrafting):
         module = self.part.model
         size = module.config.block_size
         block = mx.array(
-            [[m.context[-1] if r else 0] + [module.config.mask_token_id] * (size - 1) for m, r in zip(members, ready)],
+            [
+                [m.context[-1] if m is not None and r else 0] + [module.config.mask_token_id] * (size - 1)
+                for m, r in zip(members, ready)
+            ],
             dtype=mx.uint32,
         )  # (P, size)
         h = module.block(block, self.rows.layers, block_mask(self.rows.layers, size))
@@ -136,9 +139,10 @@ def _catch_up(o, m: Member | None, chunk: int | None):
     last token that its cache lacks, a chunk a round where others wait."""
     if m is None:
         return 0, 0, False
-    keep = min(common_prefix(o.fed, m.context), len(m.context) - 1)
+    keep = o.agrees(m.context)
     todo, drop = len(m.context) - 1 - keep, len(o.fed) - keep
     del o.fed[keep:]
+    o.agreed = keep + min(todo, chunk or todo)  # `fed` takes what is fed now
     if chunk is not None and todo > chunk:
         return chunk, drop, False
     return todo, drop, True
@@ -147,17 +151,18 @@ def _catch_up(o, m: Member | None, chunk: int | None):
 def _drafts(logits: mx.array, members: list[Member | None], ready: Sequence[bool]):
     """(tokens (P, n), each place's distributions (n, V) or None): each ready place's drafts from its logits (P, n, V)
     by its member's rule (none: greedy), every position drawn on its own."""
-    tokens, probs = mx.argmax(logits, axis=-1), [None] * len(members)
+    tokens = mx.argmax(logits, axis=-1)
+    probs: list[mx.array | None] = [None] * len(members)
     if not any(m is not None and r and m.sampler is not None and m.sampler.temp for m, r in zip(members, ready)):
         return tokens, probs
     rows = []
     for i, (m, r) in enumerate(zip(members, ready)):
         s = m.sampler if m is not None and r else None
-        if s is None or not s.temp:
+        if m is None or s is None or not s.temp:
             rows.append(tokens[i])
         elif s.seed is not None:
             rows.append(s.pick(logits[i], len(m.context)))
         else:
-            probs[i] = s.probs_fn(logits[i])
-            rows.append(sample(probs[i]))
+            q = probs[i] = s.probs(logits[i])
+            rows.append(sample(q))
     return mx.stack(rows).astype(mx.uint32), probs

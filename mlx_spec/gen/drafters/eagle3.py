@@ -4,12 +4,13 @@ row alone a tree (`tree`)."""
 
 import copy
 from collections.abc import Sequence
-from typing import Optional
+from typing import Self, cast
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from .. import tree as trees
+from ..tree import Positions
 from ..tunables import EAGLE_HELD_CHUNKS as HELD_CHUNKS
 from ..tunables import TREE_WIDTH
 from .base import Draft, Drafting, Member
@@ -17,7 +18,7 @@ from .model import ModelDrafter, ModelDrafting
 
 
 class Eagle3Drafter(ModelDrafter):
-    """Drafts with an EAGLE-3 head (`make.eagle3.Eagle3Head`) in its own cache, which holds the context from its
+    """Drafts with an EAGLE-3 head (`models.eagle3.Eagle3Head`) in its own cache, which holds the context from its
     second token on (a token is fed beside the states before it, so the first has none)."""
 
     name = "eagle3"
@@ -31,7 +32,7 @@ class Eagle3Drafter(ModelDrafter):
         self.reads, self.ids = tuple(reads), head.ids()
         self.width = head.config.target_hidden_size * len(self.reads)
         self.held: list[tuple[int, mx.array]] = []  # (first position, states (n, width)) not fed yet, in order
-        self._view = None  # the head as a tree's nodes run it (`_tree_view`)
+        self._view: tuple[nn.Module, Positions] | None = None  # the head as a tree's nodes run it
 
     def drafting(self) -> Drafting:
         return Eagle3Drafting(self)
@@ -53,7 +54,7 @@ class Eagle3Drafter(ModelDrafter):
     def forward(self, x: mx.array, cache: list, states: mx.array | None = None) -> mx.array:
         return self.model(x, states, cache)
 
-    def given(self, owners: Sequence[Optional["Eagle3Drafter"]], starts: list[int], n: int) -> mx.array:
+    def given(self, owners: Sequence[Self | None], starts: list[int], n: int) -> mx.array:
         """Each place's states for its n tokens fed from fed index `starts` (fed index j is context position j + 1,
         fed beside the states of position j); zeros where the target's states were never seen."""
         return mx.stack([o._at(a, n) if o is not None else mx.zeros((n, self.width)) for o, a in zip(owners, starts)])
@@ -89,14 +90,21 @@ class Eagle3Drafter(ModelDrafter):
         in one pass, each attending to its ancestors, and each drafts its TREE_WIDTH likeliest children; a node's
         likelihood is the product of the head's probabilities along its path, and the `nodes` likeliest are kept
         (every ancestor of one is likelier). Its entries in the cache are dropped after."""
-        cache, view, pos = rows.layers, *self._tree_view()
+        cache, (view, pos) = rows.layers, self._tree_view()
         start = cache[0].offset
-        score, token, parent, depth, fed, out = [], [], [], [], [], {}  # candidates; fed ones, their states
+        score: list[float] = []  # the candidates'
+        token: list[int] = []
+        parent: list[int] = []
+        depth: list[int] = []
+        fed: list[int] = []  # the candidates fed, and their states
+        out: dict[int, mx.array] = {}
 
         def expand(h: mx.array, who: list[int]) -> None:  # the children of candidates `who` (-1: the context)
             logp = nn.log_softmax(self.model.logits(h).astype(mx.float32), axis=-1)
             top = mx.argpartition(-logp, TREE_WIDTH - 1, axis=-1)[:, :TREE_WIDTH]
-            lp, ids = mx.take_along_axis(logp, top, axis=-1).tolist(), self.ids[top].tolist()
+            # mlx types tolist() as a scalar or a list, whatever the shape
+            lp: list[list[float]] = mx.take_along_axis(logp, top, axis=-1).tolist()  # type: ignore[assignment]
+            ids: list[list[int]] = self.ids[top].tolist()
             for w, lps, tks in zip(who, lp, ids):
                 for x, t in zip(lps, tks):
                     score.append((score[w] if w >= 0 else 0.0) + x)
@@ -131,7 +139,7 @@ class Eagle3Drafter(ModelDrafter):
             c = parent[c]
         return c == a
 
-    def _tree_view(self):
+    def _tree_view(self) -> tuple[nn.Module, Positions]:
         """The head whose attention reads the positions of a tree (made once; the head itself is unchanged)."""
         if self._view is None:
             pos, view = trees.Positions(), copy.copy(self.model)
@@ -140,7 +148,7 @@ class Eagle3Drafter(ModelDrafter):
         return self._view
 
 
-class Eagle3Drafting(ModelDrafting):
+class Eagle3Drafting(ModelDrafting[Eagle3Drafter]):
     """The rows drafting with one head: a draft model's drafting over each row's context from its second token."""
 
     def propose(
@@ -158,5 +166,5 @@ class Eagle3Drafting(ModelDrafting):
             else {}
         )
         for m in ready:
-            m.part.forget()
-        return [out.get(id(m), Draft([], source=self.part.name)) for m in members]
+            cast(Eagle3Drafter, m.part).forget()  # `takes` let in this head's drafters only
+        return [out.get(id(m), Draft.of([], source=self.part.name)) for m in members]

@@ -58,7 +58,7 @@ class SubsetHead:
             mine = _rows(layer, model.model(x), None)
         except Exception:  # an unexpected layout: keep the full head
             return False
-        return full.shape == mine.shape and mx.allclose(full, mine, rtol=1e-3, atol=1e-3).item()
+        return full.shape == mine.shape and bool(mx.allclose(full, mine, rtol=1e-3, atol=1e-3))
 
     def add(self, tokens: Sequence[int]) -> None:
         """Put tokens (of the context) in the subset."""

@@ -27,4 +27,4 @@ class HybridDrafter(Drafter):
             draft = d.propose(context, k, sampler)
             if len(draft):
                 return draft
-        return Draft([], source=self.name)
+        return Draft.of([], source=self.name)

@@ -1,9 +1,10 @@
 """A separate small model drafts with its own KV cache, for every row of an engine in one pass a position."""
 
 from collections.abc import Iterable, Sequence
-from typing import Optional
+from typing import Generic, Self, TypeVar, cast
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.models.cache import can_trim_prompt_cache
 
 from ...device import builds_per_shape
@@ -13,7 +14,7 @@ from ..cache import new_cache
 from ..joint import Rows
 from ..sampling import sample
 from ..tunables import HINDSIGHT_MAX, HINDSIGHT_MIN, PREFILL_STEP
-from ..verify import common_prefix
+from ..tunables import NGRAM_SYNC_TAIL as SYNC_TAIL
 from .base import Draft, Drafter, Drafting, Member
 from .head import SubsetHead
 
@@ -22,6 +23,7 @@ class ModelDrafter(Drafter):
     """Drafts from a small model whose cache holds `fed`, the prompt fed when it first drafts, not before."""
 
     name = "model"
+    model: nn.Module
     origin = 0  # the context position of the first token it is fed
 
     def __init__(self, model, vocab_size: int, real_vocab: int | None = None, head_ids: Iterable[int] | None = None):
@@ -32,6 +34,7 @@ class ModelDrafter(Drafter):
         self.vocab_size, self.real_vocab = vocab_size, real_vocab
         self.cache: list | None = None  # its own cache (None while an engine's drafting holds it)
         self.fed: list[int] = []
+        self.agreed = 0  # first tokens of `fed` known to equal the context's (`agrees`)
         self.drafted: tuple | None = None  # the last draft (lazy tokens, how many of them the cache holds)
         self.output_from: int | None = None  # the context's first output token (the prompt's length)
 
@@ -41,7 +44,7 @@ class ModelDrafter(Drafter):
     def reset(self, prompt: list[int], target_cache: list | None = None) -> None:
         """The cache keeps what it shares with `prompt`; the rest is fed when the planner first drafts."""
         self.output_from = len(prompt)
-        if self.subset:
+        if self.head is not None and self.subset:
             self.head.add(prompt)
 
     def settle(self) -> None:
@@ -50,6 +53,19 @@ class ModelDrafter(Drafter):
             tokens, n = self.drafted
             self.fed.extend(tokens.tolist()[:n])
             self.drafted = None
+
+    def agrees(self, context: list[int]) -> int:
+        """How many first tokens of `fed` equal the context's (its last aside): from the last count, checked in O(1) by
+        its ends as `extends` does, walked on over the tokens since; else from 0."""
+        fed = self.fed
+        end = min(len(fed), len(context) - 1)
+        n = min(self.agreed, end)
+        tail = max(0, n - SYNC_TAIL)
+        i = n if context[:1] == fed[:1] and context[tail:n] == fed[tail:n] else 0
+        while i < end and fed[i] == context[i]:
+            i += 1
+        self.agreed = i
+        return i
 
     def behind(self, context: list[int]) -> int:
         """Context tokens but the last its cache lacks, from the tail (`fed` is a prefix plus rejected drafts)."""
@@ -71,9 +87,13 @@ class ModelDrafter(Drafter):
         drafter reads beside the tokens (unused here)."""
         return self.model.model(x, cache=cache) if self.head is not None else self.model(x, cache=cache)
 
-    def given(self, owners: Sequence[Optional["ModelDrafter"]], starts: list[int], n: int) -> mx.array | None:
+    def given(self, owners: Sequence[Self | None], starts: list[int], n: int) -> mx.array | None:
         """What each place's drafter reads beside its n tokens fed from `starts` (None: tokens alone)."""
         return None
+
+    def tree(self, state: mx.array, k: int, nodes: int, rows: Rows) -> tuple[mx.array, tuple[int, ...]]:
+        """A tree of `nodes` draft tokens, k deep, from `state`, and each one's parent (a drafter that `trees`)."""
+        raise NotImplementedError
 
     def full(self, h: mx.array) -> mx.array:
         """Target-width logits of states h (hidden with a split head, else logits already), padding ids masked."""
@@ -90,15 +110,20 @@ class ModelDrafter(Drafter):
 
     def greedy(self, h: mx.array) -> mx.array:
         """The greedy draft token at each row of h (lazy): over the vocabulary subset where there is one."""
-        return self.head.ids()[mx.argmax(self.head.subset(h), -1)] if self.subset else mx.argmax(self.full(h), -1)
+        if self.head is not None and self.subset:
+            return self.head.ids()[mx.argmax(self.head.subset(h), -1)]
+        return mx.argmax(self.full(h), -1)
 
 
-class ModelDrafting(Drafting):
+D = TypeVar("D", bound=ModelDrafter)
+
+
+class ModelDrafting(Drafting, Generic[D]):
     """The rows drafting with one draft model over their caches as one (`joint.Rows`): catch-up, then k - 1 passes."""
 
-    def __init__(self, part: ModelDrafter):
+    def __init__(self, part: D):
         self.model, self.part = part.model, part
-        self.rows = Rows()  # owners: the members' drafters
+        self.rows: Rows[D] = Rows()  # owners: the members' drafters
 
     def takes(self, part) -> bool:
         return getattr(part, "model", None) is self.model and not part.in_target_cache
@@ -108,7 +133,7 @@ class ModelDrafting(Drafting):
             part.settle()
             part.cache = self.rows.remove(part, len(part.fed))
 
-    def _join(self, part: ModelDrafter) -> None:
+    def _join(self, part: D) -> None:
         if not any(o is part for o in self.rows.owners):
             part.settle()
             cache, part.cache = part.cache if part.cache is not None else new_cache(self.model), None
@@ -120,7 +145,7 @@ class ModelDrafting(Drafting):
         self, members: Sequence[Member], k: int, target=None, chunk: int | None = None, tree: int = 0
     ) -> list[Draft]:
         if k <= 0:
-            return [Draft([], source=self.part.name) for _ in members]
+            return [Draft.of([], source=self.part.name) for _ in members]
         try:
             return self._draft(members, k, chunk, tree)
         except BaseException:  # interrupted mid-pass: every drafter gets its cache back as far as it can be rewound
@@ -134,8 +159,8 @@ class ModelDrafting(Drafting):
             raise
 
     def _draft(self, members: Sequence[Member], k: int, chunk: int | None, tree: int = 0) -> list[Draft]:
-        for m in members:
-            self._join(m.part)
+        for member in members:
+            self._join(cast(D, member.part))  # `takes` let in this model's drafters only
         for o in self.rows.owners:
             if o is not None:
                 o.settle()
@@ -156,12 +181,13 @@ class ModelDrafting(Drafting):
         self.rows.start_round()
         outs, state, cold = self._feed(feeds, [j + 1 if r else 0 for j, r in zip(judge, ready)])
         seen = {i: (part.greedy(h[:-1]), feeds[i][-j:]) for i, (h, j) in enumerate(zip(outs, judge)) if j}
-        if part.subset:  # judged on the subset as it was: the output must not credit itself
+        if part.head is not None and part.subset:  # judged on the subset as it was: the output must not credit itself
             for f in feeds:
                 part.head.add(f)
         drafting = [m if r else None for m, r in zip(mine, ready)]
-        if tree and part.trees and len(places) == 1 and drafting[0] is not None:  # a row alone: a tree, its entries
-            places[0].fed.extend(feeds[0])  # dropped from the cache after (the kept path is fed back with its states)
+        lone = places[0] if len(places) == 1 else None
+        if tree and part.trees and lone is not None and drafting[0] is not None:  # a row alone: a tree, its entries
+            lone.fed.extend(feeds[0])  # dropped from the cache after (the kept path is fed back with its states)
             tokens, parents = part.tree(state, k, tree, self.rows)
             return [Draft(tokens, None, part.name, len(feeds[0]) - 1, seen.get(0), cold, parents)]
         tokens, probs = draft_steps(part, state, drafting, k, self.rows.layers)
@@ -169,19 +195,19 @@ class ModelDrafting(Drafting):
             self.rows.rewind([0 if m is not None else k - 1 for m in drafting])
         out = {}
         for i, (o, m, f, r) in enumerate(zip(places, mine, feeds, ready)):
-            if m is None:
+            if m is None or o is None:
                 continue
             o.fed.extend(f)
-            o.drafted = (tokens[i], k - 1) if r else None  # the draft's own array: read once, with the verify pass
+            drafted = o.drafted = (tokens[i], k - 1) if r else None  # its own array: read once, with the verify pass
             out[id(o)] = (
-                Draft(o.drafted[0], probs[i], part.name, len(f) - 1, seen.get(i), cold)
-                if r
-                else Draft([], source=part.name, behind=len(f))
+                Draft(drafted[0], probs[i], part.name, len(f) - 1, seen.get(i), cold)
+                if drafted is not None
+                else Draft.of([], source=part.name, behind=len(f))
             )
         mx.async_eval([d.tokens for d in out.values() if len(d)])  # the device drafts while the host goes on
         return [out[id(m.part)] for m in members]
 
-    def _feed(self, feeds: list[list[int]], need: list[int]):
+    def _feed(self, feeds: Sequence[list[int]], need: Sequence[int]):
         """Feed each place its tokens: (per place its last need[i] states, each place's last state, whether new)."""
         width = max(1, max(len(f) for f in feeds))
         tail = width if len(feeds) > 1 else (min(width, PREFILL_STEP) if self.part.head is not None else max(need))
@@ -213,11 +239,12 @@ class ModelDrafting(Drafting):
 def _catch_up(o: ModelDrafter | None, m: Member | None, chunk: int | None):
     """A place's (tokens to feed, positions to drop, whether it drafts, output tokens to judge in hindsight): the rest
     of its context, a chunk a round where others wait; a greedy catch-up over HINDSIGHT_MIN outputs is judged."""
-    if m is None:
+    if m is None or o is None:
         return [], 0, False, 0
-    keep = min(common_prefix(o.fed, m.context), len(m.context) - 1)
+    keep = o.agrees(m.context)
     todo, drop = m.context[keep:], len(o.fed) - keep
     del o.fed[keep:]
+    o.agreed = keep + min(len(todo), chunk or len(todo))  # `fed` takes what is fed now
     if chunk is not None and len(todo) > chunk:
         return todo[:chunk], drop, False, 0
     n = min(len(todo) - 1, len(m.context) - o.output_from, HINDSIGHT_MAX) if o.output_from is not None else 0
@@ -231,17 +258,18 @@ def draft_steps(part: ModelDrafter, state: mx.array, members: list[Member | None
     sampled = any(m is not None and m.sampler is not None and m.sampler.temp for m in members)
     tokens, dists = [], []
     for j in range(k):
-        step, probs = part.greedy(state), [None] * len(members)
+        step = part.greedy(state)
+        probs: list[mx.array | None] = [None] * len(members)
         if sampled:
             picks = []
             for i, m in enumerate(members):
                 s = m.sampler if m is not None else None
-                if s is None or not s.temp:
+                if m is None or s is None or not s.temp:
                     picks.append(step[i])
                 elif s.seed is not None:
                     picks.append(s.pick(part.full(state[i : i + 1]), part.origin + len(m.context) + j)[0])
                 else:
-                    q = s.probs_fn(part.full(state[i : i + 1]))
+                    q = s.probs(part.full(state[i : i + 1]))
                     picks.append(sample(q)[0])
                     probs[i] = q[0]
             step = mx.stack(picks).astype(mx.uint32)
@@ -249,5 +277,8 @@ def draft_steps(part: ModelDrafter, state: mx.array, members: list[Member | None
         dists.append(probs)
         if j + 1 < k:
             state = part.forward(step[:, None], cache, state[:, None])[:, -1]
-    per = [mx.stack([d[i] for d in dists]) if dists[0][i] is not None else None for i in range(len(members))]
+    per = [
+        mx.stack([p for d in dists if (p := d[i]) is not None]) if dists[0][i] is not None else None
+        for i in range(len(members))
+    ]
     return mx.stack(tokens, axis=1), per

@@ -7,7 +7,7 @@ from .eagle3 import Eagle3Drafter
 
 
 class MTPDrafter(Eagle3Drafter):
-    """Drafts with a `make.mtp.MTP` module in its own cache, over the whole target vocabulary; the states it is shown
+    """Drafts with a `models.mtp.MTP` module in its own cache, over the whole target vocabulary; the states it is shown
     are those of the target's last block, normed as the target's output layer reads them."""
 
     name = "mtp"

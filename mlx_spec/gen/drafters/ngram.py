@@ -85,7 +85,7 @@ class NGramDrafter(Drafter):
             self._levels.append(level)
             window.append(tok)
             del window[: max(0, len(window) - (self.n - 1))]  # keep the n-1 tokens the next key needs
-        return Draft(out, source=self.name)
+        return Draft.of(out, source=self.name)
 
     def learn(self, proposed: int, accepted: int) -> None:
         """Each judged token's match level learns whether it was accepted (per-level trust is our addition to ANPD)."""

@@ -2,6 +2,7 @@
 
 import weakref
 from collections.abc import Sequence
+from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -40,7 +41,7 @@ class SelfDrafter(ModelDrafter):
                 "its layers depend on their index"
             )
         self.layers = list(layers)
-        self.target_cache = None
+        self.target_cache: list | None = None
         super().__init__(layer_view(model, self.layers), vocab_size, real_vocab, head_ids)
         self.blocks = [id(b) for b in self.model.model.layers]
 
@@ -62,7 +63,7 @@ class SelfDrafter(ModelDrafter):
     def propose(self, context: list[int], k: int, sampler=None) -> Draft:
         if self.target_cache is None:
             raise GenerationError("self drafter used before reset(prompt, target_cache)")
-        rows = Rows()
+        rows: Rows[SelfDrafter] = Rows()
         rows.add(self, self.target_cache)
         return self.drafting().propose([Member(self, context, sampler, 0)], k, rows)[0]
 
@@ -83,7 +84,7 @@ class SelfDrafting(Drafting):
         part = self.part
         cache = [target.layers[i] for i in part.layers]
         if k <= 0 or target.joint and not all(isinstance(c, RaggedKVCache) for c in cache):
-            return [Draft([], source=part.name) for _ in members]
+            return [Draft.of([], source=part.name) for _ in members]
         at = {m.place: m for m in members}
         last = mx.array([[at[i].context[-1] if i in at else 0] for i in range(len(target.owners))], dtype=mx.uint32)
         held, sizes = cache[0].offset, [c.size() for c in cache]
@@ -96,7 +97,7 @@ class SelfDrafting(Drafting):
                     c.trim(c.size() - n)
             else:
                 rewind(cache, held)
-        if part.subset:
+        if part.head is not None and part.subset:
             part.head.add([m.context[-1] for m in members])
         mx.async_eval(tokens)
         return [Draft(tokens[m.place], probs[m.place], part.name) for m in members]
@@ -121,6 +122,10 @@ class ImportanceSelfDrafter(SelfDrafter):
 _COPIES: dict[tuple[int, str], tuple[weakref.ref, object]] = {}  # (id(target), format) -> (target, its copy)
 
 
+def _forget_copy(key: tuple[int, str], _ref: weakref.ref) -> None:
+    _COPIES.pop(key, None)
+
+
 def shared_copy(model, fmt: str):
     """`model` quantized to `fmt`, made once per live target and format: its quant-self drafters share the weights."""
     key = (id(model), fmt)
@@ -132,7 +137,7 @@ def shared_copy(model, fmt: str):
             copy = quantized_copy(model, fmt, QUANT_SELF_GROUP)
         except ConvertError as e:
             raise GenerationError(f"quant-self:{fmt}: {e}") from None
-        hit = (weakref.ref(model, lambda _ref, key=key: _COPIES.pop(key, None)), copy)
+        hit = (weakref.ref(model, partial(_forget_copy, key)), copy)
         _COPIES[key] = hit
     return hit[1]
 

@@ -77,7 +77,8 @@ class SuffixIndex:
         """Up to min(k, ALPHA x length) tokens after a match, by the most frequent transition each step, while the
         product of their empirical probabilities stays at or above MIN_SCORE; none for a match under MIN_MATCH."""
         k = min(k, max(1, int(ALPHA * length))) if length >= MIN_MATCH else 0
-        out, score = [], 1.0
+        out: list[int] = []
+        score = 1.0
         while len(out) < k and self.next[state]:
             token, child = max(self.next[state].items(), key=lambda kv: self.count[kv[1]])
             score *= self.count[child] / max(1, self.count[state])
@@ -147,5 +148,5 @@ class SuffixDrafter(Drafter):
         if self.memory is not None:
             remembered, draft = self.memory.draft(context, k)
             if remembered > length:
-                return Draft(draft, source=self.name)
-        return Draft(self.index.draft(state, length, k), source=self.name)
+                return Draft.of(draft, source=self.name)
+        return Draft.of(self.index.draft(state, length, k), source=self.name)
