@@ -157,39 +157,59 @@ def generate(
     adaptive: bool = ADAPTIVE,
     chat: bool = typer.Option(True, help="Wrap the prompt in the tokenizer's chat template, if it has one"),
     verbose: bool = typer.Option(False, help="Print the statistics"),
+    shard: str | None = typer.Option(
+        None, help="Split the target over the ranks `mlx.launch` starts: tensor or pipeline (rank 0 prints)"
+    ),
 ):
     """Stream text from a model, plain or speculative (the output is the target's either way)."""
+    import contextlib
+
     import mlx.core as mx
 
+    from .cluster import Agreed, Cluster
     from .device import describe
     from .gen import registry
     from .gen.stream import stream_generate
-    from .named import load_pair
+    from .make.resolve import resolve
+    from .named import load_pair, make_drafter
 
     _hint()
     spec = registry.parse(draft)  # once: every layer below takes the parsed spec
+    cluster = Cluster.join(shard) if shard is not None else None
+    seed = cluster.agree_seed(seed) if cluster is not None else seed  # every rank samples alike
     if seed is not None:
         mx.random.seed(seed)
-    target, tok, drafter = load_pair(model, spec, log=_log)
+    if cluster is None:
+        target, tok, drafter = load_pair(model, spec, log=_log)
+    else:
+        target, tok = cluster.load(resolve(model, _log))
+        drafter = make_drafter(spec, target, tok, log=_log)
+    planner = Agreed(adaptive=adaptive, cluster=cluster) if cluster is not None else None
+    shown = cluster is None or cluster.lead
     ids = (
         tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
         if chat and getattr(tok, "chat_template", None)
         else tok.encode(prompt)
     )
     ev = None
-    for ev in stream_generate(
-        target,
-        tok,
-        ids,
-        drafter,
-        max_tokens=max_tokens,
-        temp=temp,
-        top_p=top_p,
-        top_k=top_k,
-        num_draft=num_draft,
-        adaptive=adaptive,
-    ):
-        typer.echo(ev.text, nl=False)
+    with cluster.guard() if cluster is not None else contextlib.nullcontext():
+        for ev in stream_generate(
+            target,
+            tok,
+            ids,
+            drafter,
+            max_tokens=max_tokens,
+            temp=temp,
+            top_p=top_p,
+            top_k=top_k,
+            num_draft=num_draft,
+            adaptive=adaptive,
+            planner=planner,
+        ):
+            if shown:
+                typer.echo(ev.text, nl=False)
+    if not shown:
+        return
     typer.echo("")
     if verbose and ev is not None:
         typer.echo(format_stats(ev.stats, drafter is not None), err=True)

@@ -344,8 +344,8 @@ def health(srv) -> dict:
     return httpx.get(srv.url + "health", timeout=10).json()
 
 
-def wait_for(srv, check, timeout=30.0) -> dict:
-    """Poll /health until `check(health)` holds; return that health."""
+def wait_for(srv, check, timeout=120.0) -> dict:
+    """Poll /health until `check(health)` holds; return that health (the timeout only guards against a hang)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         h = health(srv)

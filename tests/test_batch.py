@@ -26,7 +26,7 @@ from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.engine import Engine
 from mlx_spec.gen.generate import speculative_generate_step
 from mlx_spec.gen.joint import Rows, batchable
-from mlx_spec.gen.planner import PLAIN, Ask, Outcome, Plan, Planner
+from mlx_spec.gen.planner import PLAIN, Ask, Plan, Planner
 from mlx_spec.gen.rows import Row
 from mlx_spec.gen.sampling import GREEDY, Sampler, make_probs_fn
 
@@ -337,25 +337,6 @@ def test_the_planner_prices_a_pass_by_the_times_measured_for_its_positions_kept_
     for seconds in (0.58, 5.0, 0.58):  # one stalled round among three at 14 rows: the median moves by nothing
         p.record(PLAIN, 14, seconds, [])
     assert p.cost(14, 1) == pytest.approx(0.58) and p.cost(8, 1) <= p.cost(12, 1) <= p.cost(16, 1)
-
-
-def test_the_planner_scales_the_rows_estimates_by_what_its_drafting_rounds_delivered():
-    p = Planner()
-    measured(p, lambda b, t: 0.3 + 0.016 * b * t, sizes=(1, 2, 3, 4))
-    for _ in range(8):  # a busy server: each place that empties is taken
-        p.left(15)
-        p.joined()
-    rows = asks(0.97, [3] * 16)
-    plan = p.plan(rows)
-    assert p.calibration == 1.0 and plan.k == 3
-    promised = p.promised(plan, rows)
-    assert promised == pytest.approx(16 * (rows[0].stats("suffix").expected(3) - 1))
-    outcomes = lambda kept: [Outcome(a.accept, "suffix", 3, kept) for a in rows]  # noqa: E731
-    p.record(plan, 16, 1.0, outcomes(3), asks=rows)  # kept what it promised: nothing changes
-    assert p.calibration == pytest.approx(1.0, abs=0.1) and p.plan(rows).k == 3
-    for _ in range(6):  # the rounds keep a tenth of it (the rows' estimates run ahead)
-        p.record(plan, 16, 1.0, [Outcome({}, "suffix", 3, 0) for _ in rows], asks=rows)
-    assert p.calibration < 0.5 and p.plan(rows) == PLAIN
 
 
 def test_the_planner_packs_the_cache_where_empty_places_cost_more_than_the_copy():

@@ -1,4 +1,5 @@
-"""`mlx-spec bench list|run|compare`: declarative suites, a versioned result file written as it goes, resume."""
+"""`mlx-spec bench list|run|compare`: declarative suites, a versioned result file written as it goes, resume. Every
+test that runs a suite is `slow` (a research instrument's); the parts they read stay in the quick subset."""
 
 import errno
 import json
@@ -132,6 +133,7 @@ def test_a_table_suite_runs_every_row_and_marks_an_unavailable_model(target, tin
     assert table[0].split("|")[2].strip() == "N/A"  # the target alone first, as in the paper's tables
 
 
+@pytest.mark.slow
 def test_mlx_lm_speculative_decoding_is_a_row_with_its_acceptance(target, tiny_models, tmp_path):
     """The baseline the engine must beat: mlx-lm's speculative_generate_step with the same draft, in the same run."""
     draft = str(tiny_models["qwen2_draft"])
@@ -158,6 +160,7 @@ def test_mlx_lm_speculative_decoding_is_a_row_with_its_acceptance(target, tiny_m
     assert "prose: over mlx-lm-spec" in md and "(reference)" in md
 
 
+@pytest.mark.slow
 def test_a_row_whose_outputs_differ_is_flagged_in_the_main_table(target, tiny_models, tmp_path):
     """A lossless break must show where people look (the M3 Max table), not only in the detail table."""
     from mlx_spec.bench import table
@@ -247,6 +250,7 @@ def test_resume_refuses_another_suite_and_a_file_that_is_not_a_result(target, tm
     assert "not a result file" in one_line_error(cli("run", str(a), "--resume", str(junk)))
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_one_line_and_the_results_so_far_are_kept(target, tmp_path, monkeypatch):
     path = suite_file(tmp_path / "d.toml", target, drafts=["ngram"], repeats=1)
     real_write = Path.write_text
@@ -313,6 +317,7 @@ def test_report_renders_a_result_again_from_its_records(target, tmp_path):
     assert "no result file" in one_line_error(cli("report", str(tmp_path / "nope.json"), timeout=120))
 
 
+@pytest.mark.slow
 def test_a_sampling_suite_reports_no_identity_claim(target, tmp_path):
     path = suite_file(tmp_path / "s.toml", target, drafts=["ngram"], repeats=1, temp=0.8, top_p=0.9)
     result = runner.run_suite(str(path), str(tmp_path / "runs"))
@@ -320,6 +325,7 @@ def test_a_sampling_suite_reports_no_identity_claim(target, tmp_path):
     assert "temp 0.8, top_p 0.9" in md and "n/a (sampling)" in md
 
 
+@pytest.mark.slow
 def test_roofline_reports_each_model_as_a_share_of_the_measured_bandwidth(target, tmp_path):
     # 64 MB per pass of the bandwidth measurement, not the default GB: the test checks the arithmetic, not the number
     path = suite_file(tmp_path / "roof.toml", target, drafts=[], kind="roofline", repeats=1, bandwidth_gb=0.064)
@@ -341,6 +347,7 @@ def test_results_read_refuses_other_json(tmp_path):
         ResultFile.resume(p, {})
 
 
+@pytest.mark.slow
 def test_the_ngram_sweep_measures_each_k_and_n_with_the_anpd_bound(target, tmp_path):
     path = tmp_path / "sweep.toml"
     path.write_text(
@@ -368,6 +375,7 @@ def test_the_ngram_sweep_measures_each_k_and_n_with_the_anpd_bound(target, tmp_p
     assert "humaneval**" in md and "edit**" in md and "N=4" in md
 
 
+@pytest.mark.slow
 def test_the_compression_suite_takes_its_methods_from_the_converter(target, tmp_path, monkeypatch):
     from mlx_spec.make import convert
 
@@ -401,6 +409,7 @@ def test_duplicate_content_words_ignores_stop_words():
     assert duplicate_content_words("") == 0
 
 
+@pytest.mark.slow
 def test_the_quality_suite_samples_a_temperature_by_top_k_grid_per_model(target, tmp_path):
     path = tmp_path / "q.toml"
     path.write_text(
@@ -455,6 +464,7 @@ def params_total(m):
     return sum(v.nbytes for _, v in tree_flatten(m.parameters()))
 
 
+@pytest.mark.slow
 def test_the_overhead_rows_on_a_random_model_with_mlx_lm_and_the_rounds_table(tmp_path):
     """`random:tiny` is built into the cache once; mlx-lm's plain loop is a row; every row of ours reports what its
     rounds cost, one read of the device a round, and a prediction from its rounds beside the measured speed-up."""
@@ -475,6 +485,7 @@ def test_the_overhead_rows_on_a_random_model_with_mlx_lm_and_the_rounds_table(tm
     assert {e["draft"] for e in json.loads(again.path.read_text())["summary"]} == set(rows)
 
 
+@pytest.mark.slow
 def test_a_row_may_fix_k_and_a_bad_k_is_one_line(tmp_path, target):
     path = suite_file(tmp_path / "k.toml", target, drafts=("ngram K=3", "suffix"))
     s = suites.load(str(path))
@@ -484,6 +495,7 @@ def test_a_row_may_fix_k_and_a_bad_k_is_one_line(tmp_path, target):
         suites.load(str(bad))
 
 
+@pytest.mark.slow
 def test_a_row_may_run_its_k_fixed_or_on_and_off_beside_the_planner(tmp_path, target):
     """An ablation's rows: 'K=n fixed' (always n, no planner), 'K=n onoff' (n or nothing), the planner's own."""
     path = suite_file(tmp_path / "a.toml", target, drafts=("suffix", "suffix K=2 fixed", "suffix K=2 onoff"))
@@ -497,6 +509,7 @@ def test_a_row_may_run_its_k_fixed_or_on_and_off_beside_the_planner(tmp_path, ta
         suites.load(str(suite_file(tmp_path / "bad.toml", target, drafts=("suffix K=2 always",))))
 
 
+@pytest.mark.slow
 def test_predict_measures_the_pair_and_predicts_each_target(tmp_path):
     """The pair's acceptance by position, its costs and its speed-up at the predicted best K (and with the planner
     choosing); every other target's costs; a table that says which rows are predictions only."""

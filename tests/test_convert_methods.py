@@ -235,6 +235,7 @@ def test_bad_calibration_file(tiny_models, tmp_path, content, match):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # a conversion per draft method: the draft search's ladder
 def test_every_draft_method_writes_a_folder_that_loads_and_generates(tiny_models, tmp_path):
     from mlx_lm import generate
 
@@ -257,7 +258,10 @@ def _output_error(folder, ref_model, tokens):
     return mx.abs(model(x) - ref_model(x)).mean().item()
 
 
-@pytest.mark.parametrize("method", ["gptq", "awq", "dwq"])
+SEARCHING = pytest.mark.slow  # AWQ searches its scales and DWQ distils: minutes on 2 cores, where GPTQ takes seconds
+
+
+@pytest.mark.parametrize("method", ["gptq", pytest.param("awq", marks=SEARCHING), pytest.param("dwq", marks=SEARCHING)])
 def test_calibrated_quantization_through_mlx_lm(tiny_models, tmp_path, method):
     out = conv.convert(
         tiny_models["qwen2"], tmp_path / method, dtype="float32", quantize=4, group_size=32, quant_mode=method

@@ -399,8 +399,15 @@ def peaked(spread, tmp_path_factory):
     return write_drafter(tmp_path_factory.mktemp("dflash") / "peaked", spread, READS, seed=5, scale=4.0, mask=V - 1)
 
 
-@pytest.mark.parametrize("where", ["alone", "beside"])
-@pytest.mark.parametrize("broken", [False, True])
+@pytest.mark.parametrize(  # quick: the exact rule beside other rows; the rest in the full run (800 samples each)
+    "where,broken",
+    [
+        ("beside", False),
+        pytest.param("alone", False, marks=pytest.mark.slow),
+        pytest.param("alone", True, marks=pytest.mark.slow),
+        pytest.param("beside", True, marks=pytest.mark.slow),
+    ],
+)
 def test_sampled_block_drafts_keep_the_targets_law_and_a_rule_that_resamples_from_the_target_fails(
     spread, peaked, where, broken, monkeypatch
 ):

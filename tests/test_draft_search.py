@@ -1,6 +1,6 @@
 """`mlx-spec draft-search` on tiny models: it ranks by measurement, keeps its budget, reuses its drafts, saves a recipe.
 Every search here times on a clock that counts forward passes (`PassClock`): its budget and its ranking are the same on
-any machine, busy or not."""
+any machine, busy or not. A test that runs a whole search is `slow` (a research instrument's)."""
 
 import json
 import shutil
@@ -32,6 +32,7 @@ def plant(name, folder):
     shutil.copytree(folder, recipe_path(name))
 
 
+@pytest.mark.slow
 def test_a_planted_good_draft_ranks_above_a_planted_bad_one(tiny_models, home, monkeypatch):
     from mlx_spec.gen import registry
 
@@ -64,6 +65,7 @@ def planted_full(order, planted):
     return full
 
 
+@pytest.mark.slow
 def test_the_hybrid_of_the_first_paying_draft_is_measured_next(tiny_models, home, monkeypatch):
     """The hybrid must not wait behind weaker candidates that use up the budget: the order is asserted with
     the measurements' outcomes planted (their real timing on tiny models is noise)."""
@@ -78,6 +80,7 @@ def test_the_hybrid_of_the_first_paying_draft_is_measured_next(tiny_models, home
     assert "hybrid:bad" not in order and result.recommended == "hybrid:good"
 
 
+@pytest.mark.slow
 def test_a_paying_draft_model_gets_its_hybrid_where_a_context_drafter_beats_it(tiny_models, home, monkeypatch):
     """On code the suffix drafter alone beats the draft model; the hybrid (suffix + n-gram + model) is still measured,
     right after the model, and recommended when it is the fastest."""
@@ -120,6 +123,7 @@ def test_estimates_leave_time_for_several_full_measurements(tiny_models, home, m
     assert sum(c.status == "skipped: budget" for c in result.candidates) == len(result.candidates) - 6
 
 
+@pytest.mark.slow
 def test_a_rerun_reuses_the_drafts_it_built(tiny_models, home):
     search = ds.Search(str(tiny_models["qwen2"]), budget_minutes=10, prompts=1, max_tokens=6, methods=["layers-half"])
     search.load()
@@ -133,6 +137,7 @@ def test_a_rerun_reuses_the_drafts_it_built(tiny_models, home):
     assert (folder / "config.json").stat().st_mtime_ns == stamp and first.spec == second.spec
 
 
+@pytest.mark.slow
 def test_the_recommendation_is_saved_as_a_recipe_that_draft_accepts(tiny_models, home):
     from mlx_spec.named import load_model, make_drafter
 
@@ -195,6 +200,7 @@ def test_prompt_sets_stand_in_for_the_calibration_text(tiny_models, home, tmp_pa
         ds.Search(str(tiny_models["qwen2"]), prompt_sets=["edit"], calibration=tmp_path / "cal.txt")
 
 
+@pytest.mark.slow
 def test_speed_ups_are_reported_per_prompt_set(tiny_models, home):
     plant("good", tiny_models["qwen2"])
     search = ds.Search(
@@ -272,6 +278,7 @@ def test_cli(tiny_models, home, tmp_path):
     one_line_error(bad)
 
 
+@pytest.mark.slow
 def test_a_head_is_trained_as_a_candidate_when_asked_and_found_by_the_next_search(tiny_models, home):
     """Without a stored head the search says how to train one; asked to, it trains one (for a few steps, as
     --train-minutes does for minutes) into the heads folder and measures it (lossless) and its hybrid; the next search

@@ -335,8 +335,15 @@ def beside(spread, kw):
     return one, seen
 
 
-@pytest.mark.parametrize("where", ["alone", "beside"])
-@pytest.mark.parametrize("broken", [False, True])
+@pytest.mark.parametrize(  # quick: the exact rule beside other rows; the rest in the full run (800 samples each)
+    "where,broken",
+    [
+        ("beside", False),
+        pytest.param("alone", False, marks=pytest.mark.slow),
+        pytest.param("alone", True, marks=pytest.mark.slow),
+        pytest.param("beside", True, marks=pytest.mark.slow),
+    ],
+)
 def test_sampled_head_drafts_keep_the_targets_law_and_a_rule_that_resamples_from_the_target_fails(
     spread, where, broken, monkeypatch
 ):
@@ -354,6 +361,7 @@ def test_sampled_head_drafts_keep_the_targets_law_and_a_rule_that_resamples_from
     assert ok != broken, f"{'broken' if broken else 'exact'} rule, {where}: chi2 {stat:.1f} vs {crit:.1f}"
 
 
+@pytest.mark.slow  # starts the CLI
 def test_convert_takes_a_head_into_mlx_quantized_and_the_drafter_runs_it(tmp_path, tiny_target):
     """`mlx-spec convert` of a SafeAILab-layout head (no embedding of its own): the speculators layout, 8-bit, its
     provenance kept; loaded over the target, its drafts keep the output equal to plain decoding."""

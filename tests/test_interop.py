@@ -258,9 +258,9 @@ def agree(ours: mx.array, theirs: np.ndarray) -> None:
 
 @pytest.mark.slow
 def test_a_head_from_train_head_loads_in_speculators_and_drafts_the_same_tokens_there(tmp_path):
-    import torch
     from conftest import CORPUS
 
+    torch = torch_or_skip()
     core = speculators_or_skip()
     from speculators import SpeculatorModelConfig
 
@@ -299,8 +299,7 @@ def test_a_head_from_train_head_loads_in_speculators_and_drafts_the_same_tokens_
 def test_a_head_speculators_writes_with_a_llama_or_qwen3_layer_loads_and_matches_its_network(tmp_path, arch):
     """Random weights written by speculators' own classes (its `--draft-arch`; Qwen3's attention has q/k norms), the
     layer config as transformers 5 writes it (rope_parameters, the values that differ from the class's defaults)."""
-    import torch
-
+    torch = torch_or_skip()
     core = speculators_or_skip()
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.eagle3 import Eagle3SpeculatorConfig
@@ -366,9 +365,7 @@ def test_a_head_speculators_writes_with_a_llama_or_qwen3_layer_loads_and_matches
 def test_a_dflash_drafter_drafts_the_blocks_of_the_dflash_packages_network_with_either_layout(tmp_path, layout):
     """z-lab's network from the `dflash` package, on the same weights (the layer config as transformers 5 writes it,
     or as before): the block's states and its draft tokens agree."""
-    import torch
-
-    torch_or_skip()
+    torch = torch_or_skip()
     reference = pytest.importorskip("dflash.model", reason="dflash is not installed (--refs)")
     target = qwen3_target()
     reads = (0, 2, 3)

@@ -235,6 +235,7 @@ def test_mtp_loads_from_the_targets_own_folder_and_refuses_one_line_where_there_
     assert "the target is qwen2" in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # starts the CLI
 def test_convert_keeps_the_mtp_layers_beside_the_model_and_mtp_runs_them_from_there(checkpoint, tmp_path):
     """`mlx-spec convert` of a checkpoint with MTP layers: the module's weights in mtp.safetensors beside a folder
     mlx-lm still loads; `mtp` over the converted target is the same module; a layer-dropped draft keeps none."""
@@ -304,7 +305,7 @@ def test_mtp_drafts_equal_plain_greedy_alone_in_a_hybrid_and_beside_other_rows(t
     assert rows[0].stats.drafted_together >= 2
 
 
-@pytest.mark.parametrize("broken", [False, True])
+@pytest.mark.parametrize("broken", [False, pytest.param(True, marks=pytest.mark.slow)])  # quick: the exact rule
 def test_sampled_mtp_drafts_keep_the_targets_law_and_a_rule_that_resamples_from_the_target_fails(broken, monkeypatch):
     spread = next_model(2, 1.0)
     if broken:

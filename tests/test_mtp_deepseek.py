@@ -290,6 +290,7 @@ def test_rows_drafting_with_the_layer_in_one_pass_equal_plain_greedy(checkpoint)
     assert rows[0].stats.drafted_together >= 2
 
 
+@pytest.mark.slow  # starts the CLI
 def test_convert_keeps_the_nextn_layer_beside_the_model_and_mtp_runs_it_from_there(checkpoint, tmp_path):
     res = run_cli("convert", str(checkpoint), str(tmp_path / "mlx"), "--dtype", "float32")
     assert res.returncode == 0, res.stderr

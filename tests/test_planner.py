@@ -182,12 +182,25 @@ def test_draft_and_catch_up_costs_are_told_apart():
         assert p.draft_cost("model", 1, k, behind) == pytest.approx(true, rel=0.2)
 
 
+def test_one_token_rounds_after_long_catch_ups_tell_the_draft_cost_from_the_catch_up_cost():
+    """Probes after sitting out: a token drafted a round after catch-ups of different lengths. The rounds, not the
+    prior's ratio of the two costs, set them (a prior weighed by the catch-ups took a draft token to cost twice this
+    machine's, so a draft model probed in a hybrid was never chosen)."""
+    p = Planner()
+    p.record(PLAIN, 1, STEP, [Outcome({})])
+    for behind in (60, 145, 30, 90, 120, 45):
+        p.time_draft("model", 1, 1, behind, 1, 2, STEP + STEP / 3 + behind * STEP / 30)
+    assert p.draft_cost("model", 1, 5, 0) == pytest.approx(5 * STEP / 3, rel=0.2)
+    assert p.draft_cost("model", 1, 0, 100) == pytest.approx(100 * STEP / 30, rel=0.2)
+
+
 def test_a_good_hindsight_turns_drafting_back_on_and_a_bad_one_keeps_it_off():
     def off():
         p = Planner()
         m = Machine(draft={"model": STEP * 0.2}, accept={"model": 0.0})
         m.run(p, {"model": 6}, 100)
-        assert p.plan([m.ask({"model": 6})]).k == 0
+        plan = p.plan([m.ask({"model": 6})])
+        assert not plan.k or plan.probe  # off: plain, or a probe its budget pays for
         return p, m
 
     def judged(matches):
@@ -320,3 +333,69 @@ def test_an_on_off_rule_drafts_its_one_length_or_nothing():
     assert {x.k for x in plans} <= {0, 3} and sum(x.k == 3 for x in plans[-50:]) > 40
     plans = Machine(verify=steep, accept={"suffix": 0.1}).run(Planner(only_k=3), {"suffix": 24}, 100, free=("suffix",))
     assert {x.k for x in plans} <= {0, 3} and not any(x.k for x in plans[-50:])
+
+
+def hybrid_row(planner, hybrid: bool, seed: int, rounds: int = 250) -> tuple[float, int]:
+    """A row whose draft model pays (85 % of its tokens accepted, a third of a step a token, a thirtieth a token it
+    catches up on, a 60-token prompt to catch up on first) and, in a hybrid, an n-gram offering 3 tokens every round
+    (30 % accepted); every verify position costs a tenth of a step, plain steps are queued ahead. As in the engine,
+    the model catches up on what it sat out and judges it in hindsight, and n-gram offers passed over are judged in
+    shadow. Returns (speed against plain decoding, tokens drafted)."""
+    rng, accept, behind, sat, queued = random.Random(seed), {}, 60, 0, False  # sat: output the model sat out
+    seconds, tokens, drafted = 0.0, 0, 0
+    planner.record(PLAIN, 1, STEP, [Outcome(accept)])
+    for _ in range(rounds):
+        ask = Ask(accept, ("ngram", 3) if hybrid else ("", 0), "model", 15, behind, 1000)
+        plan = planner.plan([ask], 1, False, queued)
+        source = plan.source(0)
+        a = 0
+        while a < plan.k and rng.random() < {"model": 0.85, "ngram": 0.3}.get(source, 0.0):
+            a += 1
+        o = Outcome(accept, source, plan.k, a, behind if source == "model" else 0, source == "model")
+        took = steep(plan.size) + (plan.k * STEP / 3 + behind * STEP / 30 if source == "model" else 0.0)
+        took = took if plan.k else STEP if queued else 2 * STEP
+        if source == "model" and sat >= 4:
+            o.hindsight = ([rng.random() < 0.85 for _ in range(sat)], 15)
+        if hybrid and source != "ngram":
+            m = next((i for i in range(3) if rng.random() >= 0.3), 3)
+            o.judged = ("ngram", min(m + 1, 3), m)
+        planner.record(plan, 1, took, [o], bool(plan.k) or queued, [ask])
+        behind, sat = (0, 0) if source == "model" else (behind + a + 1, sat + a + 1)
+        queued, seconds, tokens, drafted = not plan.k, seconds + took, tokens + a + 1, drafted + a
+    return tokens / seconds * STEP, drafted
+
+
+def test_a_hybrid_drafts_from_its_member_that_pays_as_much_as_the_member_alone():
+    """Beside a weak n-gram, a draft model that pays is not sat out: the hybrid drafts about as many tokens and runs
+    about as fast as the model alone (scaling every source's estimates by what all drafting rounds delivered sat the
+    model out after the n-gram's misses: 0.2 of the tokens, slower than plain decoding)."""
+    alone = [hybrid_row(Planner(), False, seed) for seed in range(6)]
+    both = [hybrid_row(Planner(), True, seed) for seed in range(6)]
+    assert sum(d for _, d in both) >= 0.8 * sum(d for _, d in alone)
+    assert sum(s for s, _ in both) >= 0.93 * sum(s for s, _ in alone) and min(s for s, _ in both) > 1.15
+
+
+def test_a_draining_batch_drafts_for_the_row_that_ends_last_not_for_one_that_ends_first():
+    """Rows that drain (no new row takes a place): the batch runs until its last row ends, so drafting for a row that
+    ends first only widens the passes; drafting for the row that ends last shortens the batch."""
+    p = Planner()
+    for places, size in ((1, 1), (2, 1), (2, 2), (2, 3), (2, 4)):
+        for _ in range(3):
+            p.time_pass((places, size), 0.010 + 0.0005 * places * size)
+    sure = {"suffix": SourceStats(accepted_w=18.0, judged_w=20.0)}
+    short = Ask(dict(sure), ("suffix", 3), left=8, pace=3.0)
+    long = Ask({}, left=100)
+    assert p.refill == 0.0 and p.plan([short, long]) == PLAIN
+    last = Ask(dict(sure), ("suffix", 3), left=400, pace=3.0)
+    assert p.plan([last, Ask({}, left=90)]).k == 3
+
+
+def test_a_first_probe_that_catches_up_on_a_long_prompt_does_not_use_up_the_budget_of_the_next():
+    """A source's first probe feeds it the prompt, which any use of it pays once: the probes that follow are paid from
+    the budget as usual (a first probe charged its catch-up left no credit for the rest of a request)."""
+    p = Planner()
+    m = Machine(draft={"model": STEP / 3}, catch_up={"model": STEP / 30}, accept={"model": 0.0})
+    p.record(PLAIN, 1, STEP, [Outcome(m.accept)])
+    first = m.run(p, {"model": 6}, 1, behind={"model": 600})  # 20 steps of catch-up
+    later = m.run(p, {"model": 6}, 300, behind={"model": 10})
+    assert first[0].probe and sum(x.probe for x in later) >= 3

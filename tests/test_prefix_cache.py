@@ -16,6 +16,7 @@ from mlx_spec_apps.server.prefixes import MIN_SHARED, PrefixCache
 
 from mlx_spec.gen import registry
 from mlx_spec.gen.session import Session, Snapshot
+from mlx_spec.gen.verify import common_prefix
 from mlx_spec.named import load_model
 
 SYSTEM = "You edit code. Tools: read(path), write(path, text), run(cmd). " + "".join(
@@ -52,7 +53,7 @@ class Sized:
 
 
 def snap(tokens, nbytes):
-    return Snapshot(list(tokens), [Sized(nbytes)], {})
+    return Snapshot(list(tokens), [Sized(nbytes)], {}, {})
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +69,8 @@ def models(folders):
     return target, tok, draft
 
 
-def ask(tok, user, replies=()):
-    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+def ask(tok, user, replies=(), system=SYSTEM):
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
     for r, u in replies:
         msgs += [{"role": "assistant", "content": r}, {"role": "user", "content": u}]
     return list(tok.apply_chat_template(msgs, add_generation_prompt=True))
@@ -117,7 +118,7 @@ def test_the_store_keeps_its_bound_and_evicts_the_least_recently_used():
 def test_a_second_conversation_starts_from_the_shared_prefix_and_the_first_keeps_its_own(models):
     target, tok = models[:2]
     a1, b1, c1 = (ask(tok, u) for u in USERS[:3])
-    shared = next(i for i, (x, y) in enumerate(zip(a1, b1)) if x != y)
+    shared = common_prefix(a1, b1)
     assert shared > 200
 
     def run(store):
@@ -156,6 +157,16 @@ def test_greedy_output_with_a_prefix_hit_equals_plain_decoding(models, spec):
         assert 0 < counted.fed - before < len(b1) - cached + 4 * N
 
 
+def test_caches_that_cannot_be_copied_keep_the_pool_as_it_was(tiny_models):
+    target, tok, _ = load_model(str(tiny_models["gemma3"]))  # sliding-window layers: no copy of a prefix
+    store = PrefixCache()
+    pool = SessionPool(lambda: Session(target, tok, None), limit=4, prefixes=store)
+    a1, b1 = (ask(tok, u, system=SYSTEM[:300]) for u in USERS[:2])
+    assert common_prefix(a1, b1) > MIN_SHARED  # enough to keep, were it copyable
+    assert turn(pool, a1)[0] == plain(target, a1) and turn(pool, b1)[0] == plain(target, b1)
+    assert len(store) == 0 and pool.total == 1  # B took A's session, as without a store
+
+
 @pytest.fixture(scope="module")
 def server(folders):
     pair = Pair.load(str(folders[0]), "suffix")
@@ -168,7 +179,7 @@ def test_server_reports_cached_tokens_and_concurrent_requests_equal_their_solo_r
     client = openai.OpenAI(base_url=srv.url + "v1", api_key="unused", max_retries=0, timeout=120)
     msgs = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": u}] for u in USERS]
     ids = [pair.chat_ids(m) for m in msgs]
-    shared = next(i for i, (x, y) in enumerate(zip(ids[0], ids[1])) if x != y)
+    shared = common_prefix(ids[0], ids[1])
     first = client.chat.completions.create(model="tiny", messages=msgs[0], temperature=0)
     second = client.chat.completions.create(model="tiny", messages=msgs[1], temperature=0)
     assert first.usage.prompt_tokens_details.cached_tokens == 0

@@ -64,8 +64,12 @@ def reference(arch, model, prompt, n=24):
     return _REFERENCE[key]
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("k", [1, 16])  # one-token rounds and long ones (a suffix draft's length)
+@pytest.mark.parametrize(  # one-token rounds and long ones (a suffix draft's length), these quick on the hybrid only
+    "arch,k",
+    [(a, 1) for a in ARCHS]
+    + [("qwen3_next", 16)]
+    + [pytest.param(a, 16, marks=pytest.mark.slow) for a in ARCHS if a != "qwen3_next"],
+)
 def test_greedy_equals_plain_for_every_drafter(recurrent_models, attention_draft, arch, k):
     model, tok = recurrent_models[arch]
     others = [m for a, (m, _) in recurrent_models.items() if a != arch]

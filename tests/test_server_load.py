@@ -37,12 +37,22 @@ PROMPTS = [
 
 
 class Slow:
-    """The target with a pause before each forward pass, so a generation lasts long enough to watch."""
+    """The target with a pause before each forward pass, so a generation lasts long enough to watch, and a gate:
+    while it is shut (`hold`) no pass runs, so the requests sent meanwhile wait in the queue and are all there when it
+    opens (`release`): no test counts on the clock for requests to overlap."""
 
-    def __init__(self, model, pause: float):
-        self._model, self._pause = model, pause
+    def __init__(self, model, pause: float = 0.0):
+        self._model, self._pause, self._open = model, pause, threading.Event()
+        self._open.set()
+
+    def hold(self) -> None:
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
 
     def __call__(self, *args, **kw):
+        assert self._open.wait(120), "the gate was never opened"
         time.sleep(self._pause)
         return self._model(*args, **kw)
 
@@ -55,6 +65,25 @@ class Slow:
 def slow_pair(pair, draft, pause=0.02):
     """The same target, slowed, with a drafter that has no weights of its own to slow down."""
     return Pair(pair.model_spec, draft, Slow(pair.target, pause), pair.tokenizer)
+
+
+def gated(pair):
+    """The same pair (its drafter, its loaded draft model), its target behind a gate (`Slow`): (pair, gate)."""
+    gate = Slow(pair.target)
+    return Pair(pair.model_spec, pair.draft_spec, gate, pair.tokenizer, pair.loaded, pair.num_draft), gate
+
+
+def together(srv, gate, threads, n=None):
+    """Start `threads` (clients) behind the shut gate, open it once their `n` requests are all in, join them."""
+    gate.hold()
+    try:
+        for t in threads:
+            t.start()
+        wait_for(srv, lambda h: h["active"] + h["queued"] == (n or len(threads)))  # one holds, the rest wait
+    finally:
+        gate.release()
+    for t in threads:
+        t.join(90)
 
 
 def ask(url, prompt, stream, max_tokens=24, stats=False):
@@ -78,7 +107,8 @@ def always_batch(monkeypatch):
 
 
 def test_eight_concurrent_clients_each_get_their_lone_output(served_pair, always_batch):
-    with Running(build_app(served_pair, max_concurrency=4, max_tokens=24)) as srv:
+    pair, gate = gated(served_pair)
+    with Running(build_app(pair, max_concurrency=4, max_tokens=24)) as srv:
         alone = [ask(srv.url, p, stream=False) for p in PROMPTS]
         results, errors = {}, []
 
@@ -88,12 +118,7 @@ def test_eight_concurrent_clients_each_get_their_lone_output(served_pair, always
             except Exception as e:  # noqa: BLE001  (reported below, with the others)
                 errors.append((i, repr(e)))
 
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
-        start = time.monotonic()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=max(1.0, 90 - (time.monotonic() - start)))
+        together(srv, gate, [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)])
         assert not errors and sorted(results) == list(range(CLIENTS))
         assert [results[i] for i in range(CLIENTS)] == alone
         h = wait_for(srv, lambda h: h["active"] == 0)
@@ -109,13 +134,10 @@ def test_concurrent_clients_share_rounds_where_the_measured_costs_say_batching_p
     width (patched in: what a GPU measures for a small model), two waves of concurrent requests share rounds, the
     first request into an empty batch opening it (the rule, not a fixture forcing the batch)."""
     monkeypatch.setattr(Costs, "cost", lambda self, places, size: 0.01)
-    with Running(build_app(served_pair, max_concurrency=4, max_tokens=24)) as srv:
+    pair, gate = gated(served_pair)
+    with Running(build_app(pair, max_concurrency=4, max_tokens=24)) as srv:
         for wave in range(2):
-            threads = [threading.Thread(target=ask, args=(srv.url, PROMPTS[i], False)) for i in range(4)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(90)
+            together(srv, gate, [threading.Thread(target=ask, args=(srv.url, PROMPTS[i], False)) for i in range(4)])
             h = wait_for(srv, lambda h: h["active"] == 0)
             assert h["completed"] == 4 * (wave + 1) and h["failed"] == 0
             assert sum(q["batched"] > 0 for q in h["requests"][-4:]) >= 2, wave  # they shared rounds
@@ -131,33 +153,38 @@ def test_a_seeded_request_gives_the_same_tokens_alone_and_beside_three_others(se
         )
         return r.choices[0].message.content, r.model_extra["mlx_spec"]
 
-    with Running(build_app(slow_pair(served_pair, "suffix", pause=0.005), max_concurrency=4, max_tokens=24)) as srv:
+    pair = slow_pair(served_pair, "suffix", pause=0.0)
+    gate = pair.target
+    with Running(build_app(pair, max_concurrency=4, max_tokens=24)) as srv:
         alone = seeded(srv.url, 0, 11)[0]
         results = {}
         seeds = [11, None, 5, None]
         threads = [
             threading.Thread(target=lambda i=i: results.update({i: seeded(srv.url, i, seeds[i])})) for i in range(4)
         ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        together(srv, gate, threads)
         text, stats = results[0]
         assert text == alone and stats["widest"] > 1  # the same tokens, in rounds beside other rows
         assert seeded(srv.url, 0, 12)[0] != alone  # another seed, another reply
 
 
 def test_a_full_queue_answers_429_and_the_running_requests_finish(served_pair):
-    with Running(build_app(slow_pair(served_pair, None), max_concurrency=1, max_queue=1, max_tokens=40)) as srv:
+    pair = slow_pair(served_pair, None, pause=0.0)
+    gate = pair.target
+    with Running(build_app(pair, max_concurrency=1, max_queue=1, max_tokens=40)) as srv:
         done = {}
         first = threading.Thread(target=lambda: done.update(a=ask(srv.url, PROMPTS[0], False, 40)))
-        first.start()
-        wait_for(srv, lambda h: h["active"] == 1)
         second = threading.Thread(target=lambda: done.update(b=ask(srv.url, PROMPTS[1], False, 5)))
-        second.start()
-        wait_for(srv, lambda h: h["queued"] == 1)
-        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
-        r = httpx.post(srv.url + "v1/chat/completions", json=body, timeout=30)
+        gate.hold()  # the first generates (held at its first pass) until the refusal is seen
+        try:
+            first.start()
+            wait_for(srv, lambda h: h["active"] == 1)
+            second.start()
+            wait_for(srv, lambda h: h["queued"] == 1)
+            body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+            r = httpx.post(srv.url + "v1/chat/completions", json=body, timeout=30)
+        finally:
+            gate.release()
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
         err = r.json()["error"]
         assert (

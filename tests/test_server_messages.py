@@ -12,7 +12,9 @@ from conftest import TOOL_CALL, scripted_tool_pair
 from mlx_spec_apps.server.app import build_app
 from mlx_spec_apps.server.errors import ApiError
 from mlx_spec_apps.server.main import Running
-from mlx_spec_apps.server.messages import chat_body
+from mlx_spec_apps.server.messages import Reply, chat_body
+from mlx_spec_apps.server.scheduler import Done
+from mlx_spec_apps.server.tools import ToolCall
 
 CODE = "def add(a, b):"
 HI = [{"role": "user", "content": CODE}]
@@ -98,6 +100,28 @@ def test_bad_input_is_one_400_that_names_it(body, says):
     with pytest.raises(ApiError) as e:
         chat_body(body)
     assert e.value.status == 400 and says in e.value.message
+
+
+def test_parallel_calls_are_blocks_of_their_own_and_the_usage_splits_off_the_cache():
+    calls = [ToolCall("c1", "get_weather", '{"city": "Paris"}'), ToolCall("c2", "get_time", "not json")]
+    reply = Reply("msg_x", "tiny")
+    events = reply.add(["\n", calls[0], "\n", calls[1]])
+    stats = {"prompt_tokens": 50, "prompt_cached": 40, "generation_tokens": 9, "finish_reason": "stop"}
+    events += reply.finish(Done("stop", stats))
+    starts = [e for name, e in events if name == "content_block_start"]
+    assert [(e["index"], e["content_block"]["type"]) for e in starts] == [(0, "tool_use"), (1, "tool_use")]
+    assert [b["input"] for b in reply.final["content"]] == [{"city": "Paris"}, {"input": "not json"}]
+    assert reply.final["stop_reason"] == "tool_use" and events[-1][0] == "message_stop"
+    assert reply.final["usage"] == {
+        "input_tokens": 10,
+        "output_tokens": 9,
+        "cache_read_input_tokens": 40,
+        "cache_creation_input_tokens": 0,
+    }
+    cut = Reply("msg_y", "tiny")
+    cut.add(["So", calls[0]])
+    cut.finish(Done("length", dict(stats, finish_reason="length")))
+    assert cut.final["stop_reason"] == "max_tokens"  # a call, then the length ran out: not a finished tool turn
 
 
 # ---- over a socket ----
@@ -206,6 +230,8 @@ def test_bad_input_gets_one_anthropic_error_while_a_message_streams(client, serv
     ]:
         assert says in anthropic_error(httpx.post(url, json=body, timeout=30), 400, "invalid_request_error")
     anthropic_error(httpx.post(url, content=b"{not json", timeout=30), 400, "invalid_request_error")
+    huge = {"max_tokens": 5, "messages": [{"role": "user", "content": "x" * 200_000}]}
+    anthropic_error(httpx.post(url, json=huge, timeout=30), 413, "request_too_large")
     anthropic_error(httpx.post(url + "/batches", json={}, timeout=30), 404, "not_found_error")
     anthropic_error(httpx.get(url, timeout=30), 405, "invalid_request_error")
     with pytest.raises(anthropic.BadRequestError):

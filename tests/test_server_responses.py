@@ -13,7 +13,9 @@ from mlx_spec_apps.server.app import build_app
 from mlx_spec_apps.server.errors import ApiError
 from mlx_spec_apps.server.main import Running
 from mlx_spec_apps.server.pair import Pair
-from mlx_spec_apps.server.responses import Kept, Store, ask
+from mlx_spec_apps.server.responses import Kept, Reply, Store, ask
+from mlx_spec_apps.server.scheduler import Done
+from mlx_spec_apps.server.tools import ToolCall
 
 CODE = "def add(a, b):"
 WEATHER = {
@@ -102,6 +104,24 @@ def test_bad_input_is_one_400_that_names_it(body, says):
     with pytest.raises(ApiError) as e:
         ask(body, Store())
     assert e.value.status == 400 and says in e.value.message
+
+
+def test_parallel_calls_are_items_of_their_own_and_whitespace_between_opens_no_message():
+    calls = [ToolCall("c1", "get_weather", '{"city": "Paris"}'), ToolCall("c2", "get_time", "{}")]
+    reply = Reply("resp_x", "tiny", {})
+    events = reply.add(["Checking.", "\n", calls[0], "\n", calls[1], "\n"])
+    events += reply.finish(Done("stop", {"prompt_tokens": 5, "generation_tokens": 9, "prompt_cached": 2}))
+    added = [e for e in events if e["type"] == "response.output_item.added"]
+    assert [(e["output_index"], e["item"]["type"]) for e in added] == [
+        (0, "message"),
+        (1, "function_call"),
+        (2, "function_call"),
+    ]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    out = reply.final["output"]
+    assert out[0]["content"][0]["text"] == "Checking.\n" and [o["call_id"] for o in out[1:]] == ["c1", "c2"]
+    assert reply.final["status"] == "completed" and reply.final["usage"]["input_tokens_details"]["cached_tokens"] == 2
+    assert reply.turn() == {"role": "assistant", "content": "Checking.", "tool_calls": [c.openai() for c in calls]}
 
 
 # ---- over a socket ----
@@ -206,7 +226,7 @@ BAD = [
         {"model": "tiny", "input": "x", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}},
         "tool_choice",
     ),
-    ({"model": "tiny", "input": "x", "max_output_tokens": 0}, "max_tokens"),
+    ({"model": "tiny", "input": "x", "max_output_tokens": 0}, "max_output_tokens"),
     ({"model": "tiny", "input": "x", "previous_response_id": "resp_nope"}, "previous_response_id"),
     ({"model": "tiny", "input": "def add(a, b): " * 200}, "context_length_exceeded"),
 ]

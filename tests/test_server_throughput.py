@@ -7,6 +7,7 @@ from conftest import long_context, one_line_error, run_cli
 from mlx_spec_apps.server.throughput import ThroughputSettings, run_throughput
 
 
+@pytest.mark.slow  # the throughput bench: two servers, every client count
 def test_served_throughput_reports_every_cell_and_mode_and_identical_replies(tiny_models, tmp_path):
     target = long_context(tiny_models["qwen2"], tmp_path / "target")
     s = ThroughputSettings(model=str(target), draft="ngram", clients=[1, 2], max_tokens=8, repeats=2)
@@ -38,6 +39,7 @@ def test_served_throughput_reports_every_cell_and_mode_and_identical_replies(tin
     assert "| Clients | Mode |" in md and "drafter, batched" in md and "mlx-lm BatchGenerator" in md
 
 
+@pytest.mark.slow  # the throughput bench: two servers, every client count
 def test_clients_that_send_their_next_request_when_a_reply_ends_get_every_prompt_answered(tiny_models, tmp_path):
     target = long_context(tiny_models["qwen2"], tmp_path / "target")
     s = ThroughputSettings(model=str(target), draft="ngram", clients=[2], max_tokens=6, repeats=1, requests=3)
@@ -55,7 +57,7 @@ def run_md(tmp_path) -> str:
 
 @pytest.mark.slow
 def test_bench_serve_refuses_a_run_without_a_drafter_in_one_line(tiny_models):
-    r = run_cli("bench", "serve", "--model", str(tiny_models["qwen2"]), "--draft", "none", timeout=60)
+    r = run_cli("bench", "serve", "--model", str(tiny_models["qwen2"]), "--draft", "none", timeout=300)
     assert one_line_error(r) == "error: --draft must name a drafter: the run compares it against none"
 
 

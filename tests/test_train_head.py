@@ -18,19 +18,31 @@ from mlx_spec.train.head import HELD, Plan, chain_acceptance, draft_vocab, initi
 READS = [1, 2, 3]
 
 
-@pytest.fixture(scope="module")
-def trained(tiny_target, tmp_path_factory):
-    """A head trained for 120 steps (no clock) on the tiny target, with its data, and the head it started from."""
+def trained_for(steps: int, tiny_target, tmp_path_factory):
+    """A head trained for `steps` steps (no clock) on the tiny target, with its data, and the head it started from."""
     target, tok = tiny_target
     out = tmp_path_factory.mktemp("head") / "h"
-    seqs = td.sequences(tok, CORPUS * 10, 48)  # 31 shards: the first held out, each other seen about once
-    plan = Plan("tiny", READS, 96, 48, minutes=None, lr=3e-3, warmup=1, max_steps=120)
+    seqs = td.sequences(tok, CORPUS * 10, 48)  # 120 steps: 31 shards, the first held out, each other seen about once
+    plan = Plan("tiny", READS, 96, 48, minutes=None, lr=3e-3, warmup=1, max_steps=steps)
     train(target, plan, out, seqs)
     shards = Shards(out / "data")
     ids = draft_vocab(shards, 96, target.args.vocab_size)
     return out, initial_head(target, READS, ids), ids
 
 
+@pytest.fixture(scope="module")
+def trained(tiny_target, tmp_path_factory):
+    """A head that learned something: 120 steps (a long run: the tests that need one are `slow`)."""
+    return trained_for(120, tiny_target, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def brief(tiny_target, tmp_path_factory):
+    """A head trained for a few steps: saved, loadable and resumable as a long run's is."""
+    return trained_for(4, tiny_target, tmp_path_factory)
+
+
+@pytest.mark.slow
 def test_the_trained_head_drafts_what_the_target_says_far_more_often_than_where_it_started(trained, tiny_target):
     """On text it trained on (a random target's next tokens are a function 120 steps on 2k tokens cannot generalise; a
     real target's can: `bench run head` measures that), the first draft token agrees with the target 3x as often;
@@ -49,12 +61,12 @@ def test_the_trained_head_drafts_what_the_target_says_far_more_often_than_where_
     assert record["done"]["curve"][-1]["acceptance"] == [round(a, 4) for a in chain_acceptance(head, held, t2d)]
 
 
-def test_the_saved_head_is_the_published_layout_that_mlx_vlm_loads(trained, tiny_target):
+def test_the_saved_head_is_the_published_layout_that_mlx_vlm_loads(brief, tiny_target):
     from mlx_vlm.speculative.drafters.eagle3 import Eagle3DraftModel
     from mlx_vlm.speculative.drafters.eagle3 import ModelConfig as Eagle3Config
 
     target, _ = tiny_target
-    out = trained[0]
+    out = brief[0]
     ref = Eagle3DraftModel(Eagle3Config.from_dict(json.loads((out / "config.json").read_text())))
     weights = ref.sanitize(mx.load(str(out / eagle3.FILE)))
     weights["embed_tokens.weight"] = target.model.embed_tokens.weight  # the head reads the target's embedding
@@ -67,21 +79,21 @@ def test_the_saved_head_is_the_published_layout_that_mlx_vlm_loads(trained, tiny
     assert close(mine.logits(mine(tokens, states)), ref._logits(ref._forward_tokens(tokens, states, mx.int32)))
 
 
-def test_drafting_with_the_trained_head_keeps_plain_decodings_output(trained, tiny_target):
+def test_drafting_with_the_trained_head_keeps_plain_decodings_output(brief, tiny_target):
     target, tok = tiny_target
-    drafter = registry.build(f"eagle3:{trained[0]}", target, tok)
+    drafter = registry.build(f"eagle3:{brief[0]}", target, tok)
     for text in ("def add(a, b):\n", "class Point:\n"):
         prompt = tok.encode(text)
         toks, stats = spec(target, prompt, drafter, max_tokens=24, num_draft=3, adaptive=False)
         assert toks == plain_greedy(target, prompt, 24) and stats.proposed > 0
 
 
-def test_resume_goes_on_from_the_checkpoint(trained, tiny_target, tmp_path):
+def test_resume_goes_on_from_the_checkpoint(brief, tiny_target, tmp_path):
     import shutil
 
     target, tok = tiny_target
     out = tmp_path / "h"
-    shutil.copytree(trained[0], out)
+    shutil.copytree(brief[0], out)
     record = json.loads((out / "train.json").read_text())
     before = record["done"]["steps"]
     train(
@@ -154,6 +166,7 @@ def test_bad_input_is_one_line_refused_and_writes_nothing(tiny_models, tmp_path)
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["config.json"]
 
 
+@pytest.mark.slow
 def test_bench_run_head_measures_the_head_with_its_training_record_and_learning_curve(trained, tiny_models, tmp_path):
     """`bench run SUITE --head DIR` for a suite naming HEAD: the head's rows (alone and in the hybrid) equal the
     target alone, per set their tau and acceptance by position, and the training record and curve beside them; a
@@ -196,6 +209,7 @@ def test_bench_run_head_measures_the_head_with_its_training_record_and_learning_
         assert r.returncode != 0 and words in one_line_error(r)
 
 
+@pytest.mark.slow  # parses the whole standard library
 def test_the_default_asks_are_open_questions_and_functions_to_complete_none_a_benchmark_prompt(tiny_target):
     from mlx_spec.bench.prompts import PROSE_QUESTIONS, build
 

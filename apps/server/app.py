@@ -28,7 +28,7 @@ from . import errors, messages, responses
 from . import params as P
 from .bridge import DISCONNECT_POLL, Disconnected, Ticket
 from .defaults import KEEPALIVE_S, PREFIX_CACHE_BYTES
-from .errors import ApiError, bad_request
+from .errors import ERROR, ApiError, bad_request
 from .pair import Pair
 from .scheduler import Delta, Done, Failed, Scheduler
 from .tools import Syntax, ToolCall, Tools, ToolText, parse_tools
@@ -306,9 +306,14 @@ async def http_error(request: Request, exc: HTTPException) -> Response:
     return ApiError(exc.status_code, message, code=code, headers=exc.headers).response()
 
 
-def log_line(method: str, path: str, status: int, run: Run | None, seconds: float) -> str:
-    """The request's one line: route, status, and for a generation its prompt, cache, output and drafts."""
+def log_line(
+    method: str, path: str, status: int, run: Run | None, seconds: float, error: ApiError | None = None
+) -> str:
+    """The request's one line: route, status, and for a generation its prompt, cache, output and drafts (for a
+    refused request, why)."""
     line = f"{method} {path} {status}"
+    if run is None and error is not None:
+        line += f" error={error.message}"
     if run is not None and run.done is not None and run.done.stats:
         stats, done = run.done.stats, run.done
         out = stats.get("generation_tokens", 0)
@@ -346,7 +351,8 @@ class RequestLog:
         finally:
             path = scope.get("path", "")
             if path.startswith("/v1") or status[0] >= 400:
-                log.info(log_line(scope.get("method", ""), path, status[0], scope.get(RUN), time.monotonic() - start))
+                seconds = time.monotonic() - start
+                log.info(log_line(scope.get("method", ""), path, status[0], scope.get(RUN), seconds, scope.get(ERROR)))
 
 
 def build_app(

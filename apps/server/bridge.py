@@ -1,9 +1,7 @@
-"""The request's side of a job: items from the scheduler thread onto an asyncio.Queue; noticing a client that left."""
+"""The request's side of a job: items from the scheduler thread onto an asyncio.Queue; a client that left."""
 
 import asyncio
 import uuid
-
-from starlette.requests import Request
 
 from .errors import ApiError
 from .params import Params
@@ -17,7 +15,8 @@ class Disconnected(Exception):
 
 
 class Ticket:
-    """A submitted job as seen from the event loop: `get` its items in order, `cancel` when the client is gone."""
+    """A submitted job as seen from the event loop: its items arrive on `queue` in order (`app.Run` reads them);
+    `cancel` when the client is gone."""
 
     def __init__(self, scheduler: Scheduler, ids, params: Params, prefix: str):
         loop = asyncio.get_running_loop()
@@ -37,23 +36,6 @@ class Ticket:
             raise ApiError(
                 429, str(e), type="rate_limit_exceeded", code="queue_full", headers={"Retry-After": "1"}
             ) from None
-
-    async def get(self, request: Request | None = None):
-        """The next item; with `request`, raise Disconnected (and cancel the job) if the client leaves meanwhile."""
-        if request is None:
-            return await self.queue.get()
-        getter = asyncio.ensure_future(self.queue.get())
-        try:
-            while True:
-                done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL)
-                if done:
-                    return getter.result()
-                if await request.is_disconnected():
-                    self.cancel()
-                    raise Disconnected()
-        finally:
-            if not getter.done():
-                getter.cancel()
 
     def cancel(self) -> None:
         """Stop the job (a no-op once it has finished)."""

@@ -35,6 +35,10 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(400, message, param=param, code=code)
 
 
-async def handle(_request: Request, exc: ApiError) -> JSONResponse:
+ERROR = "mlx_spec.error"  # the request scope's key for the ApiError it was answered with: the log line tells it
+
+
+async def handle(request: Request, exc: ApiError) -> JSONResponse:
     """Starlette exception handler for ApiError."""
+    request.scope[ERROR] = exc
     return exc.response()

@@ -340,19 +340,21 @@ def routes(api) -> list[Route]:
             run.finish = "tool_use" if reply.called else None
             return events
 
+        def events(item: Delta | Done) -> list[tuple[str, dict]]:
+            if isinstance(item, Delta):
+                return reply.add(feed("".join(t for t, _ in item.pieces)), live(item))
+            return finish(item)
+
         async def whole() -> dict:
-            reply.add(
-                feed("".join([t async for d in run.items(watch=True) if isinstance(d, Delta) for t, _ in d.pieces]))
-            )
-            finish(run.done)
+            async for item in run.items(watch=True):
+                events(item)
             return reply.final
 
         async def stream():
             for e in reply.start(len(prompt.ids)):
                 yield sse(e)
             async for item in run.items():
-                text = "".join(t for t, _ in item.pieces) if isinstance(item, Delta) else None
-                for e in reply.add(feed(text), live(item)) if text is not None else finish(item):
+                for e in events(item):
                     yield sse(e)
 
         def error(e: ApiError) -> dict:

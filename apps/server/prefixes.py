@@ -1,10 +1,7 @@
 """Prefixes many conversations share (a system prompt and tool schemas), their caches kept under a byte bound, LRU.
 
-Like mlx-lm's `LRUPromptCache` (a request starts from a copy of the kept cache sharing most of its prompt, trimmed to
-what it shares; a kept prefix of another makes it redundant; the least recently used goes first), but an entry is a
-`Snapshot`, which carries the draft models' caches beside the target's, and a hit copies it once (views written on
-first use) where mlx-lm deep-copies. A list scan finds the longest match: entries are few (a 16k-token prefix of a
-1.5B target is 0.47 GB), so a trie would not pay.
+As mlx-lm's `LRUPromptCache` (a request starts from a copy of the entry sharing most, trimmed), but an entry is a
+`Snapshot`: the draft models' caches travel with the target's, so a hit costs a drafter nothing.
 """
 
 from collections import OrderedDict

@@ -199,10 +199,15 @@ def ask(body: dict, store: Store) -> Ask:
         history = list(kept.history)
         calls = {c["id"] for m in history for c in m.get("tool_calls") or ()}
     history += items(body.get("input"), calls)
+    length = body.get("max_output_tokens")
+    if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length <= 0):
+        raise bad_request(
+            f"'max_output_tokens' must be a positive integer, got {json.dumps(length)}", param="max_output_tokens"
+        )
     chat_tools = tools(body)
     chat = {
         "messages": ([{"role": "system", "content": instructions}] if instructions else []) + history,
-        "max_tokens": body.get("max_output_tokens"),
+        "max_tokens": length,
     }
     if chat_tools:
         chat["tools"] = chat_tools
@@ -383,19 +388,21 @@ def routes(api) -> list[Route]:
                 store.put(reply.id, Kept(a.history + [reply.turn()], reply.final))
             return events
 
+        def events(item: Delta | Done) -> list[dict]:
+            if isinstance(item, Delta):
+                return reply.add(feed("".join(t for t, _ in item.pieces)), live(item))
+            return finish(item)
+
         async def whole() -> dict:
-            reply.add(
-                feed("".join([t async for d in run.items(watch=True) if isinstance(d, Delta) for t, _ in d.pieces]))
-            )
-            finish(run.done)
+            async for item in run.items(watch=True):
+                events(item)
             return reply.final
 
         async def stream():
             for e in reply.start():
                 yield sse(e)
             async for item in run.items():
-                text = "".join(t for t, _ in item.pieces) if isinstance(item, Delta) else None
-                for e in reply.add(feed(text), live(item)) if text is not None else finish(item):
+                for e in events(item):
                     yield sse(e)
 
         def error(e: ApiError) -> dict:

@@ -135,9 +135,35 @@ def _calls(parsed) -> list[ToolCall]:
     return out
 
 
+OPENINGS = ('```json{"name"', '{"name"')  # a bare call's opening, whitespace taken out
+
+
+def _bare(text: str, tools: list[dict] | None) -> tuple[list[ToolCall] | None, bool]:
+    """A reply that is one JSON call and nothing else, bare or in a ```json block, naming one of `tools` (Qwen2.5-Coder
+    writes its calls so, without the template's markers): (its calls or None, whether more text could still make it
+    one)."""
+    s = text.strip()
+    compact = re.sub(r"\s+", "", s[:40])
+    if not any(o.startswith(compact) or compact.startswith(o) for o in OPENINGS):
+        return None, False
+    body = s.removeprefix("```json").strip()
+    try:
+        obj, n = json.JSONDecoder().raw_decode(body)
+    except ValueError:
+        return None, True  # not complete yet
+    names = {t["function"]["name"] for t in tools or []}
+    if not isinstance(obj, dict) or obj.get("name") not in names or body[n:].strip() not in ("", "`", "``", "```"):
+        return None, False
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if not isinstance(args, dict):
+        return None, False
+    return [ToolCall(new_call_id(), obj["name"], json.dumps(args, ensure_ascii=False))], True
+
+
 class ToolText:
     """Generated text in, content text and parsed calls out, as it arrives: text that may begin a call marker waits,
-    and a call whose text does not parse comes out as content, markers and all (nothing is dropped).
+    and a call whose text does not parse comes out as content, markers and all (nothing is dropped). A reply that
+    opens like a bare JSON call (`_bare`) waits until it is one, or cannot be.
 
     inside: the prompt opened a call already (a forced `tool_choice`), so the reply starts within one."""
 
@@ -145,11 +171,16 @@ class ToolText:
         self.syntax, self.tools, self.inside = syntax, tools, inside
         self.opened = inside  # the call's start marker came from the prompt, not from the reply
         self.buf = ""
+        self.bare = not inside  # the reply may yet be a bare call: nothing is released meanwhile
         self.called = False  # some call parsed
 
     def feed(self, text: str) -> list[str | ToolCall]:
         """The content and calls that `text` completes, in order."""
         self.buf += text
+        if self.bare:
+            self.bare = _bare(self.buf, self.tools)[1]
+            if self.bare:
+                return []
         out: list[str | ToolCall] = []
         start, end = self.syntax.start, self.syntax.end
         while True:
@@ -172,6 +203,10 @@ class ToolText:
 
     def end(self) -> list[str | ToolCall]:
         """At the end of the reply: an unterminated call is parsed as it stands, the rest is content."""
+        calls = _bare(self.buf, self.tools)[0] if self.bare else None
+        if calls:
+            self.called, self.buf = True, ""
+            return list(calls)
         out = self._close(self.buf, "") if self.inside else [self.buf]
         self.buf = ""
         return [x for x in out if x != ""]

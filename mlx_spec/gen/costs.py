@@ -13,7 +13,8 @@ from .tunables import CATCH_UP_RATIO, EMA, MARGIN, SIZES, TIMINGS
 
 class _Fit:
     """seconds = d n + c b by decayed least squares (a weak prior, d = CATCH_UP_RATIO c, splits one round with a
-    long catch-up; later rounds outweigh it)."""
+    long catch-up; later rounds outweigh it, rounds of catch-ups alone too: the prior weighs a thousandth of the
+    rounds, catch-up tokens counted as the draft steps the prior takes them to cost)."""
 
     def __init__(self):
         self.f, self.d, self.c = [0.0] * 5, 0.0, 0.0
@@ -22,7 +23,8 @@ class _Fit:
         f = self.f
         for i, v in enumerate((n * n, n * b, b * b, n * seconds, b * seconds)):
             f[i] = (1 - EMA) * f[i] + v
-        ridge, r = 1e-3 * (f[0] + f[2]), CATCH_UP_RATIO  # the prior: d - r c = 0
+        r = CATCH_UP_RATIO
+        ridge = 1e-3 * (f[0] + f[2] / (r * r))  # the prior: d - r c = 0
         a11, a12, a22 = f[0] + ridge, f[1] - r * ridge, f[2] + r * r * ridge
         det = a11 * a22 - a12 * a12
         d, c = (f[3] * a22 - f[4] * a12) / det, (f[4] * a11 - f[3] * a12) / det

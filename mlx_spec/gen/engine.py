@@ -33,8 +33,8 @@ class Engine:
         self.cache: Rows[Row] = Rows()
         self.drafting: dict[str, Drafting] = {}
         self.ahead = Ahead()
-        self.last_read, self.away = time.perf_counter(), 0.0
-        self.out: float | None = None  # when the last round returned (None: no round yet)
+        self.last_read, self.outside = time.perf_counter(), 0.0  # the round clock; seconds spent in the caller since
+        self.returned: float | None = None  # when the last round returned (None: no round yet)
 
     @property
     def rows(self) -> list[Row]:
@@ -59,7 +59,7 @@ class Engine:
         read = hidden.reads([p for r in self.rows for p in r.parts])
         self.taps = hidden.taps(self.target, read) if read else None
         if len(self.cache.owners) == 1:  # the round clock starts with the first row
-            self.last_read, self.away, self.out = time.perf_counter(), 0.0, None
+            self.last_read, self.outside, self.returned = time.perf_counter(), 0.0, None
         for part in row.parts:
             part.reset(row.context, cache)
         row.caps = {
@@ -85,7 +85,7 @@ class Engine:
     def round(self) -> dict[int, list[Step]]:
         """One round of every row: {the row's index in `rows`: the steps it produced}; a finished row is `done`."""
         now = time.perf_counter()
-        self.away += now - self.out if self.out is not None else 0.0
+        self.outside += now - self.returned if self.returned is not None else 0.0
         self._pack()
         rows = self.rows
         offers = [self._lookup(r) for r in rows]
@@ -99,14 +99,14 @@ class Engine:
         seconds = self._read(rows, built, drafts, lengths)
         kept = [verify.accept(r.sampler, b, d, n) for r, b, d, n in zip(rows, built, drafts, lengths)]
         self._rewind(rows, kept, fed)
-        self._show(rows, kept, states)
+        self._show_states(rows, kept, states)
         # a plain round is timed where it read a step queued ahead and queued the next: one that queues nothing read a
         # step already under way, and its seconds do not hold a pass
         warm = not cold and not drain and (plan.k > 0 or self.ahead.queued and queued is not None)
         self.ahead.step = queued
         self._record(plan, rows, asks, offers, drafts, lengths, kept, seconds, warm)
         out = {i: r.deliver(d[:a] + [t], a) for i, (r, (d, a, t, _)) in enumerate(zip(rows, kept))}
-        self.out = time.perf_counter()
+        self.returned = time.perf_counter()
         return out
 
     @staticmethod
@@ -262,7 +262,7 @@ class Engine:
         for r in rows:
             r.stats.syncs += 1
             r.stats.wait_time += now - t
-        seconds, self.last_read, self.away = now - self.last_read - self.away, now, 0.0
+        seconds, self.last_read, self.outside = now - self.last_read - self.outside, now, 0.0
         return seconds
 
     def _rewind(self, rows: list[Row], kept: list[tuple], fed: int) -> None:
@@ -277,7 +277,7 @@ class Engine:
         if any(drop):
             self.cache.rewind(drop)
 
-    def _show(self, rows: list[Row], kept: list[tuple], states: mx.array | None) -> None:
+    def _show_states(self, rows: list[Row], kept: list[tuple], states: mx.array | None) -> None:
         """The drafters that read the target's states get those of the positions each row kept."""
         if states is not None and self.taps is not None:
             for r, (_, a, _, path) in zip(rows, kept):

@@ -3,14 +3,13 @@
 A round drafting k tokens for a row yields E(k) = 1 + p (1 - a^k) / (1 - a) tokens (the geometric model of Leviathan
 et al., the first token's acceptance p apart, each row's own acceptance by source). It costs the measured target pass
 at its size (`costs.py`) plus a costly source's part, and where it interrupts plain steps queued ahead, the step
-that restarts the queue after it. `plan` (a pure query) takes the plan with the most expected tokens per second among
-those that do not lower the rows' throughput below plain decoding's, and drafts only where that promises MARGIN
-more. What an extra token saves depends on whether a new row takes a row's place when it ends (`refill`, learned)
-or the rows drain. `record` learns from the finished round: acceptance, costs, and the probe credit a costly source
-passed over earns; it probes once that covers the loss it expects, and pays from it what the probe lost as measured.
-A row alone whose costly source drafts trees may be given a tree of about TREE_PER_DEPTH tokens a depth, its
-acceptance and cost learned apart from the chains' (`tree_key`): first tried by a probe, then chosen where it
-promises MARGIN more than a chain.
+that restarts the queue after it. `plan`, a pure query, takes the plan with the most expected tokens per second among
+those that do not lower the rows' throughput below plain decoding's; what an extra token saves depends on whether a
+new row takes a row's place when it ends (`refill`, learned) or the rows drain. `record` learns from the finished
+round: acceptance, costs, and the probe credit a costly source passed over earns; it probes once that covers the loss
+it expects, and pays from it what the probe lost as measured. A row alone whose costly source drafts trees may be
+given a tree of about TREE_PER_DEPTH tokens a depth, its acceptance and cost learned apart from the chains'
+(`tree_key`): first tried by a probe, then chosen where it promises more than a chain.
 """
 
 import dataclasses
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field
 
 from .acceptance import SourceStats
 from .costs import Costs
-from .tunables import CATCH_UP_HORIZON, DISCOUNT, MARGIN, PRIOR_TRIALS, PROBE_BUDGET, PROBE_MIN, SIZES, TREE_PER_DEPTH
+from .tunables import CATCH_UP_HORIZON, DISCOUNT, PRIOR_TRIALS, PROBE_BUDGET, PROBE_MIN, SIZES, TREE_PER_DEPTH
 
 
 @dataclass(frozen=True)
@@ -95,8 +94,6 @@ class Planner(Costs):
     refilled_w: float = 0.0  # discounted rows whose place a new row took, of `left_w` that left: none until seen
     left_w: float = PRIOR_TRIALS
     open: int = 0  # rows that left whose place no row has taken yet
-    kept_w: float = PRIOR_TRIALS  # discounted extra tokens drafting rounds delivered, and what they promised
-    promised_w: float = PRIOR_TRIALS
     drafted_w: float = PRIOR_TRIALS  # discounted drafting rounds, and those of them that followed a queued step:
     started_w: float = PRIOR_TRIALS / 2  # a stretch of drafting rounds is taken as two rounds long until measured
 
@@ -106,11 +103,6 @@ class Planner(Costs):
     def refill(self) -> float:
         """Estimated chance that a row's place is taken by a new row when it leaves."""
         return self.refilled_w / self.left_w
-
-    @property
-    def calibration(self) -> float:
-        """Extra tokens the drafting rounds delivered per extra token the rows' estimates promised."""
-        return self.kept_w / self.promised_w
 
     def plan(self, asks: Sequence[Ask], places: int | None = None, pad: bool = False, queued: bool = False) -> Plan:
         """The next round for rows that could draft as `asks` say, in a pass over `places` rows (default: one per
@@ -145,7 +137,7 @@ class Planner(Costs):
         """The plan with the most expected tokens a second that does not lower the rows' throughput, and that rate."""
         plain, n = self.cost(b, 1) or 0.0, len(asks)
         best, best_rate = PLAIN, n / plain
-        last, cal, widest = self._last(asks), self.calibration, max(0, self.reach() // b - 1)
+        last, widest = self._last(asks), max(0, self.reach() // b - 1)
         options = [("", False)] + [(s, False) for s in timed]
         options += [(s, True) for s in timed if self.trees and any(a.tree and a.costly == s for a in asks)]
         for option, treed in options:
@@ -162,7 +154,7 @@ class Planner(Costs):
                     model = self._stats(a, key, option).expected(min(k, a.cap)) if mine else 0.0
                     pick, g = (option, model) if model > free else (a.offer[0] if a.offer[1] else "", free)
                     sources.append(pick)
-                    gains.append(1 + (min(g, a.left) - 1) * cal)
+                    gains.append(min(g, a.left))
                 if not any(sources) or treed and option not in sources:
                     continue
                 size = self.size(b, TREE_PER_DEPTH * k if treed else k, pad)
@@ -174,18 +166,9 @@ class Planner(Costs):
                     timed_key = key if self._timed(key) else option  # a tree: the chains' cost until its own is known
                     seconds += self.draft_cost(timed_key, len(rows), k, behind)
                 rate = sum(gains) / seconds
-                margin = MARGIN * (not best.k or treed)  # drafting over plain, a tree over a chain: 5 % more
-                if self._value(gains, last, plain, seconds) >= 1 and rate > best_rate * (1 + margin):
+                if self._value(gains, last, plain, seconds) >= 1 and rate > best_rate:
                     best, best_rate = Plan(k, tuple(sources), size, tree=(size - 1) * treed, queued=queued), rate
         return best, best_rate
-
-    def promised(self, plan: Plan, asks: Sequence[Ask]) -> float:
-        """Extra tokens the rows' estimates promise for a plan."""
-        return sum(
-            min(self._stats(a, tree_key(s) if plan.tree and s == a.costly else s, s).expected(plan.k), a.left) - 1
-            for a, s in zip(asks, plan.sources)
-            if s
-        )
 
     def _timed(self, key: str) -> bool:
         return any(d[0] == key for d in self.drafts)
@@ -255,8 +238,7 @@ class Planner(Costs):
         """Whether `s` could beat plain decoding with every draft token accepted."""
         plain, cap = self.cost(places, 1) or 0.0, max(a.cap for a in rows)
         return any(
-            (len(asks) + len(rows) * k) / self._probe_cost(s, rows, places, pad, k, queued)
-            > (1 + MARGIN) * len(asks) / plain
+            (len(asks) + len(rows) * k) / self._probe_cost(s, rows, places, pad, k, queued) > len(asks) / plain
             for k in self._lengths(cap, pad)
         )
 
@@ -296,9 +278,6 @@ class Planner(Costs):
         if plan.k:
             self.drafted_w = DISCOUNT * self.drafted_w + 1
             self.started_w = DISCOUNT * self.started_w + plan.queued
-            if asks:
-                self.kept_w = DISCOUNT * self.kept_w + sum(o.accepted for o in outcomes)
-                self.promised_w = DISCOUNT * self.promised_w + self.promised(plan, asks)
         self._earn(plan, places, seconds if warm else None, outcomes, asks)
         if not warm:
             return
@@ -314,7 +293,8 @@ class Planner(Costs):
         """Probe credit: a timed costly source passed over earns PROBE_BUDGET of the round's time (a tree, where its
         row was given the chain instead); one that drafts starts again from none; a probe pays what it lost, as
         measured: its round's `seconds` (None: not a cost) and, after a queued plain step, the whole restart of the
-        queue (a probe is a stretch of one round), beyond what plain decoding takes for the tokens it yielded."""
+        queue (a probe is a stretch of one round), beyond what plain decoding takes for the tokens it yielded. A
+        source's first probe pays nothing: it feeds the prompt, which any use of the source pays once."""
         plain = self.cost(places, 1) or 0.0
         earned = PROBE_BUDGET * (seconds if seconds is not None else plain)
         drafted = set(plan.sources) if plan.k else set()

@@ -6,6 +6,8 @@ from typing import NamedTuple
 from .cache import cache_tokens, copy_prefix, new_cache, prefill_cache, rewind
 from .drafters.base import Drafter
 from .drafters.model import ModelDrafter
+from .drafters.ngram import NGramDrafter
+from .drafters.suffix import SuffixDrafter
 from .planner import Planner
 from .registry import default_num_draft
 from .stream import Event, stream_generate
@@ -13,12 +15,13 @@ from .verify import common_prefix
 
 
 class Snapshot(NamedTuple):
-    """Copies of the caches holding a conversation's first tokens: the target's, and each draft model's (by the id of
-    its model) with the tokens it was fed."""
+    """Copies of the caches holding a conversation's first tokens: the target's, each draft model's (by the id of its
+    model) with the tokens it was fed, and the suffix and n-gram tables over them."""
 
     tokens: list[int]
     cache: list
     drafts: dict[int, tuple[list, list[int]]]
+    tables: dict[str, SuffixDrafter | NGramDrafter]  # by source: drafters whose tables index the tokens
 
     @property
     def nbytes(self) -> int:
@@ -69,7 +72,9 @@ class Session:
                 c = copy_prefix(p.cache, m)
                 if c is not None:
                     drafts[id(p.model)] = (c, p.fed[:m])
-        return Snapshot(self.tokens[:n], cache, drafts)
+        parts = self.drafter.parts if self.drafter is not None else ()
+        tables = {p.name: p.fork(self.tokens[:n]) for p in parts if isinstance(p, SuffixDrafter | NGramDrafter)}
+        return Snapshot(self.tokens[:n], cache, drafts, tables)
 
     def adopt(self, snap: Snapshot, n: int) -> None:
         """Start over from the first `n` tokens of `snap` (a kept prefix); the drafter's caches follow at the next
@@ -89,6 +94,12 @@ class Session:
                 if cache is not None and m > 0:
                     p.settle()
                     p.cache, p.fed = copy_prefix(cache, m, own=False), fed[:m]
+            for q in self.drafter.parts if self.drafter is not None and n == len(snap.tokens) else ():
+                kept = snap.tables.get(q.name)  # (tables index all the snapshot's tokens: no trimmed copy)
+                if isinstance(q, SuffixDrafter) and isinstance(kept, SuffixDrafter):
+                    q.adopt(kept)
+                elif isinstance(q, NGramDrafter) and isinstance(kept, NGramDrafter):
+                    q.adopt(kept)
         held = cache_tokens(self.cache)
         if held is None or held != len(self.tokens):  # an interrupted update we could not rewind
             self.reset()

@@ -37,6 +37,16 @@ class NGramDrafter(Drafter):
         self._tokens: list[int] = []  # our own copy of what is indexed, so caller mutation can't desync us
         self._index(prompt)
 
+    def fork(self, prefix: list[int]) -> "NGramDrafter":
+        """A drafter like this one indexing `prefix` alone (a kept prefix's tables)."""
+        other = NGramDrafter(self.n, self.min_n, self.min_trust)
+        other._rebuild(prefix)
+        return other
+
+    def adopt(self, kept: "NGramDrafter") -> None:
+        """Start from a copy of `kept`'s tables (a prefix of the next context): the next reset indexes the rest."""
+        self._counts, self._best, self._tokens = dict(kept._counts), dict(kept._best), list(kept._tokens)
+
     def _index(self, tokens: list[int]) -> None:
         """UPDATE with each token in turn: pair it with its previous n-1, ..., min_n-1 tokens."""
         seq, counts, best = self._tokens, self._counts, self._best

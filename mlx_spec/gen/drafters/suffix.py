@@ -57,6 +57,18 @@ class SuffixIndex:
             self.count[v] += 1
             v, steps = self.link[v], steps + 1
 
+    def copy(self) -> "SuffixIndex":
+        """An independent copy: a list copy a field, far cheaper than indexing the text again token by token."""
+        other = SuffixIndex()
+        other.tokens, other.length, other.link, other.count = (
+            list(self.tokens),
+            list(self.length),
+            list(self.link),
+            list(self.count),
+        )
+        other.next, other.last = [dict(d) for d in self.next], self.last
+        return other
+
     def match(self) -> tuple[int, int]:
         """(state, length) of the longest suffix of the text that also occurs earlier; (0, 0) if none."""
         v = self.link[self.last] if self.last else 0
@@ -130,10 +142,25 @@ class SuffixDrafter(Drafter):
         self._prompt_len: int | None = None  # where the current generation's output starts in the index
 
     def reset(self, prompt: list[int], target_cache: list | None = None) -> None:
-        if self.memory is not None and self._prompt_len is not None:  # the last generation's output is final
-            self.memory.add(self.index.tokens[self._prompt_len :])
+        self._remember()
         self._sync(prompt)
         self._prompt_len = len(prompt)
+
+    def fork(self, prefix: list[int]) -> "SuffixDrafter":
+        """A drafter like this one indexing `prefix` alone (a kept prefix's tables)."""
+        other = SuffixDrafter(self.memory)
+        other._sync(prefix)
+        return other
+
+    def adopt(self, kept: "SuffixDrafter") -> None:
+        """Start from a copy of `kept`'s index (a prefix of the next context): the next reset indexes the rest."""
+        self._remember()
+        self.index, self._prompt_len = kept.index.copy(), None
+
+    def _remember(self) -> None:
+        if self.memory is not None and self._prompt_len is not None:  # the last generation's output is final
+            self.memory.add(self.index.tokens[self._prompt_len :])
+            self._prompt_len = None
 
     def _sync(self, context: list[int]) -> None:
         """Index what the context adds; start over when it is not an extension (a session's edited turn)."""

@@ -1,0 +1,126 @@
+"""A rank's place in the group: joining, loading the sharded target, sharing rank 0's integers, and the one error
+that names the rank when the group breaks."""
+
+import contextlib
+import math
+import os
+import secrets
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import mlx.core as mx
+
+from ..errors import MlxSpecError
+
+SHARDS = ("tensor", "pipeline")  # mlx-lm's two ways to split a model: its weights in every layer, or its layers
+# Seconds a round may take before a rank takes the group for broken: MLX's ring cannot time out a collective, and after
+# a peer dies a collective may wait forever. A round takes milliseconds to a second; the issue asks for under 10 s.
+ROUND_LIMIT = 8.0
+
+
+class ClusterError(MlxSpecError):
+    """The group broke (a rank failed, a link dropped, ranks diverged) or cannot run what was asked."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """This process's rank in a distributed group (`mlx.launch` sets it up) and how the target is split over it."""
+
+    group: mx.distributed.Group
+    shard: str = "tensor"
+
+    @classmethod
+    def join(cls, shard: str = "tensor") -> "Cluster":
+        """Join the group `mlx.launch` started (a group of one where it started none)."""
+        if shard not in SHARDS:
+            raise ClusterError(f"--shard must be one of {', '.join(SHARDS)}, got {shard!r}")
+        return cls(mx.distributed.init(), shard)
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank()
+
+    @property
+    def size(self) -> int:
+        return self.group.size()
+
+    @property
+    def lead(self) -> bool:
+        """Whether this rank decides the rounds and prints (rank 0)."""
+        return self.rank == 0
+
+    def load(self, folder: str | Path):
+        """(model, tokenizer) of a model folder, split over the group by mlx-lm's `sharded_load`."""
+        from mlx_lm.utils import sharded_load
+
+        tensor = self.shard == "tensor"
+        with self.guard():
+            try:
+                return sharded_load(str(folder), None if tensor else self.group, self.group if tensor else None)[:2]
+            except ValueError as e:  # mlx-lm's word for a model without that kind of sharding
+                raise ClusterError(f"{folder}: cannot shard by {self.shard}: {e}") from None
+
+    def share(self, values: Sequence[int], n: int) -> list[int]:
+        """Rank 0's `n` integers on every rank (one all_sum: the other ranks add zeros), on the default stream, so it
+        runs in order with the sharded passes queued before it."""
+        mine = mx.array(list(values) if self.lead else [0] * n, dtype=mx.int32)
+        if mine.size != n:
+            raise ClusterError(f"rank {self.rank}: {mine.size} values to share, the group expects {n}")
+        return cast(list[int], mx.distributed.all_sum(mine, group=self.group).tolist())  # an int32 vector's
+
+    def agree_seed(self, seed: int | None) -> int:
+        """Rank 0's seed (its random pick where none was given), seeding MLX's generator alike on every rank."""
+        seed = self.share([seed if seed is not None else secrets.randbits(31)], 1)[0]
+        mx.random.seed(seed)
+        return seed
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Errors inside name this rank; a lost peer (MLX's ring raises when a socket closes) becomes one clear
+        error, so no rank goes on or waits on a group that broke."""
+        try:
+            yield
+        except ClusterError:
+            raise
+        except MlxSpecError as e:
+            raise ClusterError(f"rank {self.rank}: {e}") from None
+        except RuntimeError as e:
+            if "[ring]" not in str(e) and "peer" not in str(e):
+                raise
+            raise ClusterError(f"{self.broke()} ({e})") from None
+
+    def broke(self) -> str:
+        """What this rank says when the group broke under it."""
+        others = [r for r in range(self.size) if r != self.rank]
+        who = f"rank {others[0]}" if len(others) == 1 else f"one of ranks {others}"
+        return f"rank {self.rank}: the group broke: {who} failed or its link dropped"
+
+
+class Deadline:
+    """Ends the process with the group's error if a round armed with `arm` is not `disarm`ed within `limit` seconds
+    (inf: never): a collective waiting on a dead peer cannot be interrupted, so the one way out is to exit."""
+
+    def __init__(self, cluster: Cluster, limit: float = ROUND_LIMIT):
+        self.cluster, self.limit = cluster, limit
+        self._timer: threading.Timer | None = None
+
+    def arm(self) -> None:
+        self.disarm()
+        if self.limit == math.inf:
+            return
+        self._timer = threading.Timer(self.limit, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        print(f"error: {self.cluster.broke()} (no round finished in {self.limit:g} s)", file=sys.stderr, flush=True)
+        os._exit(1)
