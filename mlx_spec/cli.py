@@ -176,7 +176,6 @@ def generate(
     _hint()
     spec = registry.parse(draft)  # once: every layer below takes the parsed spec
     cluster = Cluster.join(shard) if shard is not None else None
-    seed = cluster.agree_seed(seed) if cluster is not None else seed  # every rank samples alike
     if seed is not None:
         mx.random.seed(seed)
     if cluster is None:
@@ -184,6 +183,7 @@ def generate(
     else:
         target, tok = cluster.load(resolve(model, _log))
         drafter = make_drafter(spec, target, tok, log=_log)
+        cluster.agree_seed(seed)  # every rank samples alike; and no rank starts before all have loaded
     planner = Agreed(adaptive=adaptive, cluster=cluster) if cluster is not None else None
     shown = cluster is None or cluster.lead
     ids = (

@@ -9,19 +9,23 @@ from mlx_spec.gen.load import load_folder
 from mlx_spec.gen.stream import generate
 from mlx_spec.named import make_drafter
 
-UNLIKE = "unlike"  # a run's suffix: the followers' own planners would plan otherwise (adaptive; rank 0 is not)
+# A run is a drafter spec, "@unlike": the followers' own planners would plan otherwise (adaptive; rank 0's is not),
+# "@sampled": at temperature 0.8 with a seed (a seeded row samples by the Gumbel-max rule: the same tokens as plain).
+UNLIKE, SAMPLED = "unlike", "sampled"
 
 
 def main(target: str, out: str, prompts: list[str], drafters: list[str], max_tokens: int, single: bool):
     """{run: [tokens per prompt]} and {run: [proposed, accepted]}; plain on one machine too where `single`."""
     cluster = Cluster.join("tensor")
     model, tok = cluster.load(target)
+    cluster.agree_seed(None)  # as the CLI does
     replies, accepted = {}, {}
     with cluster.guard():
         for run in drafters:
-            spec, _, unlike = run.partition(":" + UNLIKE)
-            drafter = make_drafter(spec, model, tok)
-            adaptive = bool(unlike) and not cluster.lead
+            spec, _, mode = run.partition("@")
+            drafter = make_drafter(spec, model, tok) if spec != "none" else None
+            adaptive = mode == UNLIKE and not cluster.lead
+            sampling = {"temp": 0.8, "seed": 7} if mode == SAMPLED else {}
             outs = [
                 generate(
                     model,
@@ -32,6 +36,7 @@ def main(target: str, out: str, prompts: list[str], drafters: list[str], max_tok
                     eos_token_ids=(),
                     adaptive=adaptive,
                     planner=Agreed(adaptive=adaptive, cluster=cluster),
+                    **sampling,
                 )
                 for p in prompts
             ]

@@ -145,9 +145,7 @@ def test_a_row_rewound_further_than_the_others_keeps_a_masked_gap_and_no_keys_mo
     for j, cache in ((0, rows.remove(0, len(kept[0]) + 1)), (1, mine), (2, rows.remove(2, len(kept[2]) + 1))):
         solo = new_cache(target)
         target(mx.array([kept[j] + [nxt[j, 0].item()]]), cache=solo)
-        assert all(
-            close(a.keys[..., : a.offset, :], b.keys[..., : b.offset, :], 1e-5) for a, b in zip(cache, solo)
-        )
+        assert all(close(a.keys[..., : a.offset, :], b.keys[..., : b.offset, :], 1e-5) for a, b in zip(cache, solo))
 
 
 def launch_bound(planner: Planner, places=(1, 2, 3, 4, 8, 16), sizes=(1, 2, 3, 4), seconds=0.01, copy=10.0):

@@ -1,5 +1,7 @@
 """Bench helpers: mlx-lm's acceptance rebuilt from its from_draft flags, the prompt sets, and rounds priced."""
 
+import pytest
+
 from mlx_spec.bench import rounds
 from mlx_spec.bench.common import first_mismatch, rounds_from_flags
 from mlx_spec.bench.prompts import PROSE_QUESTIONS, build
@@ -57,6 +59,7 @@ def test_prompt_sets_are_interleaved():
     assert prompts[2].text == PROSE_QUESTIONS[0] and "def has_close_elements" in prompts[1].text
 
 
+@pytest.mark.slow  # a benchmark run: every drafter kind
 def test_the_spec_benchmark_runs_every_drafter_kind_on_tiny_models(tiny_models, tmp_path):
     """Each config of `bench spec` (but mlx-lm's and the quantized drafts, which need the real pair) on a tiny
     target: every output token-identical to plain decoding, every ratio computed."""

@@ -40,7 +40,7 @@ class Rank:
 class Shared(Cluster):
     """A Cluster over a `Rank` whose collective returns the `Rank`'s values (rank 0's: what it was given)."""
 
-    def share(self, values, n):
+    def share(self, values, n, limit=math.inf):
         self.group.sent.append(list(values))
         return list(values) if self.lead else self.group.shared
 
@@ -88,29 +88,26 @@ DEADLINE = """
 import time
 from mlx_spec.cluster.group import Cluster, Deadline
 from test_cluster import Rank
-deadline = Deadline(Cluster(Rank(0)), 0.5)
-deadline.arm()
-if {disarm}:
-    deadline.disarm()
-time.sleep(3)
+with Deadline(Cluster(Rank(0)), 0.5):
+    time.sleep({wait})
 """
 
 
-@pytest.mark.parametrize("disarm", [False, True])
-def test_a_round_past_its_deadline_ends_the_process_with_the_groups_error(disarm):
+@pytest.mark.parametrize("wait", [3, 0])
+def test_a_wait_past_its_deadline_ends_the_process_with_the_groups_error(wait):
     start = time.monotonic()
     res = subprocess.run(
-        [sys.executable, "-c", DEADLINE.format(disarm=disarm)],
+        [sys.executable, "-c", DEADLINE.format(wait=wait)],
         capture_output=True,
         text=True,
         cwd=Path(__file__).parent,
         timeout=120,
     )
-    if disarm:
+    if not wait:
         assert res.returncode == 0 and res.stderr == "", res.stderr
         return
     assert res.returncode == 1 and time.monotonic() - start < 60
-    broke = "error: rank 0: the group broke: rank 1 failed or its link dropped (no round finished in 0.5 s)"
+    broke = "error: rank 0: the group broke: rank 1 failed or its link dropped (no word from the group in 0.5 s)"
     assert res.stderr == broke + "\n"
 
 
@@ -123,7 +120,8 @@ def target(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_every_drafter_sharded_over_two_ranks_equals_plain_sharded(target, tmp_path):
     out = tmp_path / "replies.json"
-    drafters = ["none", "ngram", "suffix", str(target), f"{target}:unlike"]  # the target drafts for itself, unsharded
+    # the target drafts for itself, loaded whole on each rank
+    drafters = ["none", "ngram", "suffix", str(target), f"{target}@unlike", "none@sampled", f"{target}@sampled"]
     prompt = PROMPTS[0] + PROMPTS[1] + PROMPTS[0]  # n-gram bait
     args = [str(target), str(out), json.dumps([prompt]), json.dumps(drafters), "12", "0"]
     res = subprocess.run(
@@ -134,11 +132,12 @@ def test_every_drafter_sharded_over_two_ranks_equals_plain_sharded(target, tmp_p
     )
     assert res.returncode == 0, res.stderr
     got = json.loads(out.read_text())
-    plain = got["replies"].pop("none")
-    assert len(plain[0]) == 12
-    assert got["replies"] == {d: plain for d in drafters[1:]}
+    replies = got["replies"]
+    plain, sampled = replies.pop("none"), replies.pop("none@sampled")
+    assert len(plain[0]) == len(sampled[0]) == 12 and sampled != plain
+    assert replies == {d: sampled if d.endswith("@sampled") else plain for d in drafters if not d.startswith("none")}
     proposed = {d: p for d, (p, _) in got["accepted"].items()}
-    assert all(proposed[d] > 0 for d in drafters[1:]), proposed  # every drafter's drafts were verified sharded
+    assert all(proposed[d] > 0 for d in replies), proposed  # every drafter's drafts were verified sharded
     assert got["accepted"][str(target)][1] > 0
 
 

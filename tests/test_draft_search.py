@@ -94,6 +94,7 @@ def test_a_paying_draft_model_gets_its_hybrid_where_a_context_drafter_beats_it(t
     assert result.recommended == "hybrid:good"
 
 
+@pytest.mark.slow
 def test_estimates_leave_time_for_several_full_measurements(tiny_models, home, monkeypatch):
     """On a planted clock: a full measurement takes 100 s, an estimate 50 s (a draft to build), the budget 600 s.
     Estimating stops at the reserve (min(4 full, half the budget) = 300 s), so 3 candidates get measured in

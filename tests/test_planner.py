@@ -399,3 +399,16 @@ def test_a_first_probe_that_catches_up_on_a_long_prompt_does_not_use_up_the_budg
     first = m.run(p, {"model": 6}, 1, behind={"model": 600})  # 20 steps of catch-up
     later = m.run(p, {"model": 6}, 300, behind={"model": 10})
     assert first[0].probe and sum(x.probe for x in later) >= 3
+
+
+def test_a_source_first_timed_over_a_long_catch_up_is_timed_again_caught_up_before_it_is_judged():
+    """A draft model's first probe feeds it the prompt: that round tells a draft step from a caught-up token only by
+    the prior's ratio, which a machine need not share (here a caught-up token costs a third of a draft step, not a
+    24th). A second probe, caught up, times a draft step before the model is judged, and the model that pays drafts
+    (judged on the first round alone, it looked seven times as dear and was never tried again)."""
+    p = Planner()
+    m = Machine(draft={"model": STEP * 0.3}, catch_up={"model": STEP * 0.1}, accept={"model": 0.9})
+    p.record(PLAIN, 1, STEP, [Outcome(m.accept)])
+    first = m.run(p, {"model": 15}, 1, behind={"model": 200})
+    plans = m.run(p, {"model": 15}, 60)
+    assert first[0].probe and plans[0].probe and sum(x.k for x in plans[-20:]) / 20 >= 3

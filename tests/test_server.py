@@ -300,6 +300,7 @@ def test_mlx_spec_serve_prints_its_url_once_it_listens_and_stops_on_ctrl_c(tiny_
     assert "Traceback" not in err and f"on {describe()}: open {url}" in err
 
 
+@pytest.mark.slow  # starts the CLI
 @pytest.mark.parametrize(
     "option, value, message",
     [

@@ -1,10 +1,10 @@
 """One decision a round for the whole group: rank 0's planner plans, the other ranks take its plan."""
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..gen.planner import Ask, Plan, Planner
-from .group import ROUND_LIMIT, Cluster, ClusterError, Deadline
+from .group import ROUND_LIMIT, Cluster, ClusterError
 
 _HEAD = 5  # k, size, probe, tree, queued; then per row: its source's code, tokens left, its lookup draft's length
 _NONE, _OFFER, _COSTLY = 0, 1, 2  # a row's source, by where its ask names it
@@ -13,25 +13,20 @@ _NONE, _OFFER, _COSTLY = 0, 1, 2  # a row's source, by where its ask names it
 @dataclass(kw_only=True)
 class Agreed(Planner):
     """A planner whose plans are rank 0's on every rank, shared by one small collective a round: ranks that measure
-    other timings still run the same passes. Each rank's own position is checked against rank 0's; a round (plan to
-    record) that does not finish within `limit` seconds ends the process with the group's error."""
+    other timings still run the same passes. Each rank's own position is checked against rank 0's; waiting over
+    `limit` seconds for the group's decision ends the process with the group's error."""
 
     cluster: Cluster
     limit: float = ROUND_LIMIT
-    deadline: Deadline = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self):
-        self.deadline = Deadline(self.cluster, self.limit)
 
     def plan(self, asks: Sequence[Ask], places: int | None = None, pad: bool = False, queued: bool = False) -> Plan:
         """Rank 0's plan for `asks` (rank 0 plans; the others wait for it)."""
-        self.deadline.arm()
         n = _HEAD + 3 * len(asks)
         if self.cluster.lead:
             plan = super().plan(asks, places, pad, queued)
-            self.cluster.share(encode(plan, asks), n)
+            self.cluster.share(encode(plan, asks), n, self.limit)
             return plan
-        shared = self.cluster.share([], n)
+        shared = self.cluster.share([], n, self.limit)
         rows = [shared[_HEAD + 3 * i : _HEAD + 3 * i + 3] for i in range(len(asks))]
         for i, (a, (_, left, offer)) in enumerate(zip(asks, rows)):
             if (a.left, a.offer[1]) != (left, offer):
@@ -40,16 +35,6 @@ class Agreed(Planner):
                     f"{a.offer[1]}-token lookup draft, rank 0's {left} and {offer}"
                 )
         return decode(shared[:_HEAD], [c for c, _, _ in rows], asks)
-
-    def record(self, *args, **kwargs) -> None:
-        """The round finished: as `Planner.record`, and the deadline is lifted."""
-        super().record(*args, **kwargs)
-        self.deadline.disarm()
-
-    def left(self, remaining: int) -> None:
-        """A row left (a generation closed mid-round records nothing): as `Planner.left`, and the deadline is lifted."""
-        super().left(remaining)
-        self.deadline.disarm()
 
 
 def encode(plan: Plan, asks: Sequence[Ask]) -> list[int]:

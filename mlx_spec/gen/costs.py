@@ -18,9 +18,10 @@ class _Fit:
 
     def __init__(self):
         self.f, self.d, self.c = [0.0] * 5, 0.0, 0.0
+        self.known = False  # a round whose catch-up costs less than its drafting, by the prior, was timed: d is seen
 
     def add(self, n: int, b: int, seconds: float) -> None:
-        f = self.f
+        f, self.known = self.f, self.known or b <= CATCH_UP_RATIO * n
         for i, v in enumerate((n * n, n * b, b * b, n * seconds, b * seconds)):
             f[i] = (1 - EMA) * f[i] + v
         r = CATCH_UP_RATIO
@@ -115,6 +116,10 @@ class Costs:
         c0, c1 = _line([(m, f.d) for m, f in fits.items()])
         c = min(fits.items(), key=lambda mf: abs(mf[0] - rows))[1].c
         return max(0.0, c0 + c1 * rows) * k + c * behind
+
+    def known(self, source: str) -> bool:
+        """Whether `source`'s draft steps were timed apart from its catch-ups (a round of mostly draft steps ran)."""
+        return any(f.known for (s, _), f in self.drafts.items() if s == source)
 
     def reach(self) -> int:
         """The most positions a pass may span: twice those timed so far, alone or in a costly source's round (past them

@@ -171,7 +171,8 @@ class Planner(Costs):
         return best, best_rate
 
     def _timed(self, key: str) -> bool:
-        return any(d[0] == key for d in self.drafts)
+        """Whether a source's drafting cost is known: until then it probes for free (`plan`, `_earn`)."""
+        return self.known(key)
 
     @staticmethod
     def _stats(ask: Ask, key: str, source: str) -> SourceStats:
