@@ -375,6 +375,24 @@ def test_a_hybrid_drafts_from_its_member_that_pays_as_much_as_the_member_alone()
     assert sum(s for s, _ in both) >= 0.93 * sum(s for s, _ in alone) and min(s for s, _ in both) > 1.15
 
 
+def test_a_model_that_must_catch_up_is_probed_within_probe_min_rounds_of_a_lookup_that_drafts_every_round():
+    """A draft model never timed that must catch up waits for a round nothing else drafts, or PROBE_MIN rounds passed
+    over: beside a lookup that pays a little every round it would wait for as long as the lookup drafts (41 rounds of
+    a simulated hybrid before it was tried)."""
+    p, accept, behind = Planner(), {}, 60
+    p.record(PLAIN, 1, STEP, [Outcome(accept)])
+    for i in range(40):
+        ask = Ask(accept, ("ngram", 3), "model", 15, behind, 1000)
+        plan = p.plan([ask], 1)
+        if plan.source(0) == "model":
+            break
+        assert plan.source(0) == "ngram"  # a lookup accepted one token in two: it pays a little over plain decoding
+        o = Outcome(accept, "ngram", plan.k, 1)
+        p.record(plan, 1, steep(plan.size), [o], asks=[ask])
+        behind += 2
+    assert plan.probe and plan.source(0) == "model" and i <= PROBE_MIN + 1
+
+
 def test_a_draining_batch_drafts_for_the_row_that_ends_last_not_for_one_that_ends_first():
     """Rows that drain (no new row takes a place): the batch runs until its last row ends, so drafting for a row that
     ends first only widens the passes; drafting for the row that ends last shortens the batch."""

@@ -10,6 +10,7 @@ import gzip
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import MlxSpecError
@@ -122,8 +123,13 @@ class ResultFile:
         self.data["machine"]["loadavg_end"] = os.getloadavg()
         self._write(self.path, json.dumps(self.data, indent=1, default=str))
 
-    def write_markdown(self, text: str) -> None:
-        self._write(self.md_path, text)
+    def publish(self, render: Callable[[dict], str]) -> str:
+        """The JSON and its page, rendered from the data as written (the load average the page shows included)."""
+        self.data["machine"]["loadavg_end"] = os.getloadavg()
+        md = render(self.data)
+        self._write(self.path, json.dumps(self.data, indent=1, default=str))
+        self._write(self.md_path, md)
+        return md
 
     def _write(self, path: Path, text: str) -> None:
         tmp = path.with_name(f".{path.name}.tmp")

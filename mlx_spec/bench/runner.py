@@ -53,8 +53,7 @@ def run_suite(
             from . import predict
 
             predict.run(s, result, log)
-            result.flush()
-            result.write_markdown(table.render(result.data))
+            result.publish(table.render)
             return result
         table.TableRun(s, result, log).run()
     except KeyboardInterrupt:

@@ -98,10 +98,7 @@ class TableRun:
             self.publish()
 
     def publish(self) -> str:
-        md = render(self.result.data)
-        self.result.flush()
-        self.result.write_markdown(md)
-        return md
+        return self.result.publish(render)
 
     def _row(
         self,

@@ -120,7 +120,7 @@ class Planner(Costs):
         costly = sorted({a.costly for a in asks if a.costly and a.cap})
         fresh = [s for s in costly if not self._timed(s)]
         for s in fresh:  # a costly source never timed drafts a one-token probe first; one that must catch up waits
-            if not any(a.behind for a in asks if a.costly == s):
+            if not any(a.behind for a in asks if a.costly == s) or self.idle.get(s, 0) >= PROBE_MIN:
                 return self._probe(s, asks, b, pad, queued)
         best, rate = self._best(asks, b, pad, queued, [s for s in costly if s not in fresh])
         for s in costly:
@@ -300,7 +300,8 @@ class Planner(Costs):
         earned = PROBE_BUDGET * (seconds if seconds is not None else plain)
         drafted = set(plan.sources) if plan.k else set()
         for s in sorted({a.costly for a in asks if a.costly and a.cap}):
-            if not self._timed(s):
+            if not self._timed(s):  # passed over before it was timed: it waits PROBE_MIN rounds at most
+                self.idle[s] = 0 if s in drafted else self.idle.get(s, 0) + 1
                 continue
             if plan.probe and not plan.tree and s in drafted:
                 yielded = (len(outcomes) + sum(o.accepted for o in outcomes)) / max(1, len(outcomes))
