@@ -15,7 +15,6 @@ from mlx_spec_apps.server.pair import Pair
 from mlx_spec_apps.server.pool import IDLE_EXTRA
 
 from mlx_spec.gen.costs import Costs
-from mlx_spec.gen.engine import Engine
 from mlx_spec.gen.planner import Planner
 
 CLIENTS = 8
@@ -257,8 +256,7 @@ def test_four_batched_requests_of_other_lengths_drafters_and_finishes_each_equal
         for i, (kind, body) in enumerate(asks):
             ask_one = lambda i=i, k=kind, b=body: results.update({i: post(srv.url, k, b)})  # noqa: E731
             threads.append(threading.Thread(target=ask_one))
-            threads[-1].start()
-            time.sleep(0.05)  # in order: the first starts alone, the others join the batch as they come
+        all_in(srv, pair.target, threads)
         for t in threads:
             t.join(90)
         h = wait_for(srv, lambda h: h["active"] == 0)
@@ -300,46 +298,54 @@ def test_a_batched_client_that_disconnects_leaves_the_batch_and_the_others_finis
         assert h["batched"] == 0 and h["failed"] == 0 and h["sessions"]["total"] == 2  # its session was freed
 
 
-def alone_then_together(srv, n, gap=0.0, stats=False):
-    """The first n prompts one at a time, then all at once (`gap` s apart; the second streamed), 30 tokens each:
-    (their replies alone, together, the health once idle); stats: each reply with its statistics."""
+def all_in(srv, gate: Slow, threads) -> None:
+    """Start the threads' requests behind the shut gate and open it once the server holds every one of them (active
+    or queued): they overlap whatever the machine's speed."""
+    gate.hold()
+    for t in threads:
+        t.start()
+    wait_for(srv, lambda h: h["active"] + h["queued"] == len(threads))
+    gate.release()
+
+
+def alone_then_together(srv, n, gate: Slow | None = None, stats=False):
+    """The first n prompts one at a time, then all at once (gate: let in together through it; the second streamed),
+    30 tokens each: (their replies alone, together, the health once idle); stats: each reply with its statistics."""
     alone = [ask(srv.url, p, stream=False, max_tokens=30, stats=stats) for p in PROMPTS[:n]]
     results = {}
     threads = [
         threading.Thread(target=lambda i=i: results.update({i: ask(srv.url, PROMPTS[i], i == 1, 30, stats)}))
         for i in range(n)
     ]
+    if gate is not None:
+        all_in(srv, gate, threads)
     for t in threads:
-        t.start()
-        time.sleep(gap)
+        if gate is None:
+            t.start()
     for t in threads:
         t.join(60)
     return alone, [results.get(i) for i in range(n)], wait_for(srv, lambda h: h["active"] == 0)
 
 
-def test_requests_on_a_hybrid_recurrent_model_batch_and_each_equal_their_solo_run(tmp_path, always_batch, monkeypatch):
+def test_requests_on_a_hybrid_recurrent_model_batch_and_each_equal_their_solo_run(tmp_path, always_batch):
     from conftest import make_model
 
     folder = str(make_model(tmp_path / "qwen3_next", "qwen3_next", seed=5, scale=4.0))
-    pair = Pair.load(folder, "suffix", num_draft=3)
-    real_round = Engine.round
-    monkeypatch.setattr(Engine, "round", lambda self: time.sleep(0.01) or real_round(self))  # rounds to watch
+    pair, gate = gated(Pair.load(folder, "suffix", num_draft=3))
     with Running(build_app(pair, max_concurrency=4, max_tokens=30)) as srv:
-        alone, together, h = alone_then_together(srv, 3, gap=0.05)
+        alone, together, h = alone_then_together(srv, 3, gate)
         assert sum(q["batched"] for q in h["requests"][-3:]) >= 2 and h["failed"] == 0
         assert together == alone
 
 
 @pytest.mark.parametrize("draft", ["self:0-1", "quant-self:int4"])
 def test_requests_drafting_with_a_view_of_the_target_draft_together_and_each_equal_their_solo_run(
-    tiny_models, always_batch, monkeypatch, draft
+    tiny_models, always_batch, draft
 ):
-    real_round = Engine.round
-    monkeypatch.setattr(Engine, "round", lambda self: time.sleep(0.01) or real_round(self))  # rounds to watch
-    pair = Pair.load(str(tiny_models["qwen2"]), draft, num_draft=3)
+    pair, gate = gated(Pair.load(str(tiny_models["qwen2"]), draft, num_draft=3))
     pair.adaptive = False  # every round drafts what its rows offer
     with Running(build_app(pair, max_concurrency=4, max_tokens=30)) as srv:
-        alone, together, h = alone_then_together(srv, 4, stats=True)
+        alone, together, h = alone_then_together(srv, 4, gate, stats=True)
         assert [t[0] for t in together] == [a[0] for a in alone] and h["failed"] == 0
         assert sum(q["batched"] for q in h["requests"][-4:]) >= 2
         assert max(t[1]["drafted_together"] for t in together) >= 2  # the view drafted for rows together
