@@ -379,18 +379,17 @@ def test_a_model_that_must_catch_up_is_probed_within_probe_min_rounds_of_a_looku
     """A draft model never timed that must catch up waits for a round nothing else drafts, or PROBE_MIN rounds passed
     over: beside a lookup that pays a little every round it would wait for as long as the lookup drafts (41 rounds of
     a simulated hybrid before it was tried)."""
-    p, accept, behind = Planner(), {}, 60
+    p, accept, behind, lookups = Planner(), {}, 60, 0
     p.record(PLAIN, 1, STEP, [Outcome(accept)])
-    for i in range(40):
+    while lookups < 40:
         ask = Ask(accept, ("ngram", 3), "model", 15, behind, 1000)
         plan = p.plan([ask], 1)
         if plan.source(0) == "model":
             break
         assert plan.source(0) == "ngram"  # a lookup accepted one token in two: it pays a little over plain decoding
-        o = Outcome(accept, "ngram", plan.k, 1)
-        p.record(plan, 1, steep(plan.size), [o], asks=[ask])
-        behind += 2
-    assert plan.probe and plan.source(0) == "model" and i <= PROBE_MIN + 1
+        p.record(plan, 1, steep(plan.size), [Outcome(accept, "ngram", plan.k, 1)], asks=[ask])
+        behind, lookups = behind + 2, lookups + 1
+    assert plan.probe and plan.source(0) == "model" and lookups <= PROBE_MIN
 
 
 def test_a_draining_batch_drafts_for_the_row_that_ends_last_not_for_one_that_ends_first():

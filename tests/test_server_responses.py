@@ -26,6 +26,19 @@ WEATHER = {
 }
 
 
+AGENTS = {  # a namespace of function tools, as Codex CLI sends its sub-agent tools
+    "type": "namespace",
+    "name": "agents",
+    "description": "Sub-agents.",
+    "tools": [
+        {"type": "function", "name": "spawn", "description": "Start one", "parameters": WEATHER["parameters"]},
+        {"type": "custom", "name": "note", "description": "Free text"},
+    ],
+}
+SPAWN = {"type": "function", "function": {"name": "agents__spawn", "description": "Sub-agents.\n\nStart one"}}
+SPAWN["function"]["parameters"] = WEATHER["parameters"]
+
+
 def chat_text(client, messages, **kw) -> str:
     return client.chat.completions.create(model="tiny", messages=messages, **kw).choices[0].message.content
 
@@ -68,6 +81,35 @@ def test_items_become_the_chat_conversation_with_calls_and_their_outputs():
     assert a.chat["max_tokens"] == 9
 
 
+def test_a_namespace_offers_its_functions_under_flat_names_and_hosted_tools_are_listed_not_offered():
+    body = {
+        "input": [
+            {"role": "user", "content": "Go"},
+            {"type": "function_call", "call_id": "c1", "name": "spawn", "namespace": "agents", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "namespace": "agents", "output": "done"},
+        ],
+        "tools": [WEATHER, {"type": "web_search", "external_web_access": False}, AGENTS],
+        "tool_choice": {"type": "function", "name": "spawn", "namespace": "agents"},
+    }
+    a = ask(body, Store())
+    assert [t["function"]["name"] for t in a.chat["tools"]] == ["get_weather", "agents__spawn"]
+    assert a.chat["tools"][1] == SPAWN  # the namespace's description first
+    assert a.chat["messages"][1]["tool_calls"][0]["function"]["name"] == "agents__spawn"
+    assert a.chat["tool_choice"] == {"type": "function", "function": {"name": "agents__spawn"}}
+    assert a.tools.left == [{"type": "web_search"}, {"type": "custom", "namespace": "agents", "name": "note"}]
+    reply = Reply("resp_x", "tiny", {}, a.tools)
+    events = reply.add([ToolCall("c2", "agents__spawn", "{}"), ToolCall("c3", "get_weather", "{}")])
+    reply.finish(Done("stop", {"prompt_tokens": 5, "generation_tokens": 9}))
+    spawned, weather = reply.final["output"]
+    assert (spawned["name"], spawned["namespace"]) == ("spawn", "agents") and "namespace" not in weather
+    assert [e["name"] for e in events if e["type"] == "response.function_call_arguments.done"] == [
+        "spawn",
+        "get_weather",
+    ]
+    assert reply.final["mlx_spec"]["tools_not_offered"] == a.tools.left
+    assert reply.turn()["tool_calls"][0]["function"]["name"] == "agents__spawn"  # a follow-up's history, as offered
+
+
 def test_previous_response_id_continues_the_kept_conversation():
     store = Store(size=2)
     call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
@@ -94,7 +136,13 @@ def test_previous_response_id_continues_the_kept_conversation():
         ({"input": [{"type": "web_search_call", "id": "w"}]}, "web_search_call"),
         ({"input": [{"role": "robot", "content": "x"}]}, "robot"),
         ({"input": []}, "input"),
-        ({"input": "x", "tools": [{"type": "web_search"}]}, "web_search"),
+        ({"input": "x", "tools": [{"type": "robot_arm"}]}, "robot_arm"),
+        ({"input": "x", "tools": ["web_search", {"type": ["x"]}]}, "tools[0]"),
+        ({"input": "x", "tools": [WEATHER], "tool_choice": {"type": ["x"]}}, "tool_choice"),
+        ({"input": "x", "tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}}, "web_search"),
+        ({"input": "x", "tools": [{"type": "web_search"}], "tool_choice": "required"}, "required"),
+        ({"input": "x", "tools": [{"type": "namespace", "name": "n", "tools": [{"type": "mcp"}]}]}, "mcp"),
+        ({"input": "x", "tools": [dict(AGENTS, name="a" * 60)]}, "1-64"),
         ({"input": "x", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "other"}}, "other"),
         ({"input": "x", "previous_response_id": "resp_gone"}, "resp_gone"),
         ({"input": "x", "instructions": ["a list"]}, "instructions"),
@@ -373,3 +421,58 @@ def test_an_agents_sdk_tool_loop_over_responses_runs_to_its_final_answer(tools_c
         return r.final_output
 
     assert asyncio.run(streamed()) == TOOL_ANSWER and seen == ["Paris", "Paris"]
+
+
+# ---- a namespaced function and a hosted tool, as Codex CLI sends them ----
+
+SPAWNED = '<tool_call>\n{"name": "agents__spawn", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def agents_client(tiny_models):
+    pair = scripted_tool_pair(tiny_models, reply="On it." + SPAWNED)
+    with Running(build_app(pair, max_concurrency=1, max_tokens=200)) as srv:
+        yield openai.OpenAI(base_url=srv.url + "v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_a_namespaced_call_comes_back_under_its_namespace_and_its_output_goes_back_in(agents_client):
+    client = agents_client
+    r = client.responses.create(model="tiny", input=ASKED, tools=[AGENTS])
+    call = r.output[1]
+    assert (call.type, call.name, call.namespace, json.loads(call.arguments)) == (
+        "function_call",
+        "spawn",
+        "agents",
+        {"city": "Paris"},
+    )
+    chat = client.chat.completions.create(model="tiny", messages=ASKED, tools=[SPAWN])
+    assert r.usage.input_tokens == chat.usage.prompt_tokens  # the prompt shows the function under its flat name
+    streamed = list(client.responses.create(model="tiny", input=ASKED, tools=[AGENTS], stream=True))
+    done = [e for e in streamed if e.type == "response.function_call_arguments.done"]
+    assert [e.name for e in done] == ["spawn"] and streamed[-1].response.output[1].namespace == "agents"
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": TOOL_RESULT}
+    history = ASKED + [o.model_dump(exclude_none=True) for o in r.output] + [output]
+    follow = client.responses.create(model="tiny", input=history, tools=[AGENTS])
+    assert follow.output_text == TOOL_ANSWER  # the call and its result were in the prompt
+    again = client.responses.create(model="tiny", previous_response_id=r.id, input=[output], tools=[AGENTS])
+    assert again.usage.input_tokens == follow.usage.input_tokens  # kept and sent back: the same conversation
+
+
+def test_a_hosted_tool_is_accepted_left_out_of_the_prompt_and_reported(tools_client):
+    plain = tools_client.responses.create(model="tiny", input=ASKED, tools=[WEATHER])
+    hosted = [{"type": "web_search"}, {"type": "image_generation", "output_format": "png"}]
+    r = tools_client.responses.create(model="tiny", input=ASKED, tools=[WEATHER, *hosted])
+    assert shape(r.output) == CALLED and r.usage.input_tokens == plain.usage.input_tokens
+    assert r.model_extra["mlx_spec"]["tools_not_offered"] == [{"type": "web_search"}, {"type": "image_generation"}]
+    assert "tools_not_offered" not in plain.model_extra["mlx_spec"]
+    with tools_client.responses.create(model="tiny", input=ASKED, tools=hosted, stream=True) as events:
+        first = next(iter(events))
+    assert first.type == "response.created"
+    assert first.response.model_extra["mlx_spec"]["tools_not_offered"] == [
+        {"type": "web_search"},
+        {"type": "image_generation"},
+    ]
+    with pytest.raises(openai.BadRequestError, match="web_search_preview"):
+        tools_client.responses.create(
+            model="tiny", input=ASKED, tools=[WEATHER, *hosted], tool_choice={"type": "web_search_preview"}
+        )

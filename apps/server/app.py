@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from sse_starlette.event import ServerSentEvent
 from sse_starlette.sse import EventSourceResponse
@@ -32,7 +33,7 @@ from .errors import ERROR, ApiError, bad_request
 from .pair import Pair
 from .scheduler import Delta, Done, Failed, Scheduler
 from .tools import Syntax, ToolCall, Tools, ToolText, parse_tools
-from .wire import Reply
+from .wire import Reply, live
 
 STATIC = Path(__file__).parent / "static"
 RUN = "mlx_spec.run"  # the request scope's key for its Run, which the log line reads
@@ -116,6 +117,33 @@ class ChatPrompt:
         if self.syntax is None or self.tools is None:
             return None
         return ToolText(self.syntax, self.tools.shown, inside=self.tools.forced)
+
+
+class Wire(Protocol):
+    """An API's reply as `Api.reply` drives it: content and calls in, the API's events out (any type: `sse` makes
+    one SSE event of each). `final` is the whole reply once `finish` has run."""
+
+    final: dict
+
+    def start(self) -> list[Any]:
+        """The events a stream opens with, before the first token."""
+        ...
+
+    def add(self, parts: list[str | ToolCall], live: dict | None = None) -> list[Any]:
+        """The events for the reply's next content and calls; `live`: the draft stats of the tokens they came from."""
+        ...
+
+    def finish(self, done: Done) -> list[Any]:
+        """The last events; the whole reply goes to `final`."""
+        ...
+
+    def sse(self, event: Any) -> dict:
+        """An event as `ServerSentEvent` fields."""
+        ...
+
+    def error(self, e: ApiError) -> dict:
+        """A failure mid-stream as an SSE event."""
+        ...
 
 
 def whole_text(parts: list[str | ToolCall]) -> tuple[str, list[ToolCall]]:
@@ -207,6 +235,36 @@ class Api:
         except BaseException:
             run.cancel()  # e.g. the server is shutting down
             raise
+
+    async def reply(
+        self, run: Run, prompt: ChatPrompt, wire: Wire, finished: Callable[[], None] = lambda: None
+    ) -> Response:
+        """The response over a chat run in another API's shape: the generated text split into content and calls
+        (`prompt.tool_text()`) and handed to `wire` as it comes; non-streamed, `wire.final` as JSON; streamed, every
+        event of `wire` as SSE. `finished()` runs once the reply is complete (to keep it, to set `run.finish`)."""
+        split = prompt.tool_text()
+        feed, flush = (split.feed, split.end) if split else ((lambda text: [text]), list)
+
+        def events(item: Delta | Done) -> list:
+            if isinstance(item, Delta):
+                return wire.add(feed("".join(t for t, _ in item.pieces)), live(item))
+            out = wire.add(flush()) + wire.finish(item)
+            finished()
+            return out
+
+        async def whole() -> dict:
+            async for item in run.items(watch=True):
+                events(item)
+            return wire.final
+
+        async def stream():
+            for e in wire.start():
+                yield wire.sse(e)
+            async for item in run.items():
+                for e in events(item):
+                    yield wire.sse(e)
+
+        return await self.answer(run, whole, stream if prompt.params.stream else None, wire.error)
 
     # --- /v1/chat/completions and /v1/completions ---
 

@@ -14,9 +14,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .errors import ApiError, bad_request
-from .scheduler import Delta, Done
+from .scheduler import Done
 from .tools import ToolCall
-from .wire import EXTRA, final_stats, joined, live
+from .wire import EXTRA, final_stats, joined
 
 ROLES = ("user", "assistant")
 SKIPPED = ("thinking", "redacted_thinking")  # an earlier turn's reasoning: Anthropic drops it from the context too
@@ -210,8 +210,8 @@ class Reply:
     """One reply's message object and its stream's events in order, each an (event name, data) pair: a text block
     opens at the first text since the start or a call, and closes before the next call."""
 
-    def __init__(self, id: str, model: str):
-        self.id, self.model = id, model
+    def __init__(self, id: str, model: str, prompt_tokens: int = 0):
+        self.id, self.model, self.prompt_tokens = id, model, prompt_tokens
         self.content: list[dict] = []
         self.text_open = False
         self.blank = ""  # whitespace outside a text block: it opens none unless text follows
@@ -229,9 +229,9 @@ class Reply:
             m[EXTRA] = final_stats(done.stats)
         return m
 
-    def start(self, prompt_tokens: int) -> list[tuple[str, dict]]:
+    def start(self) -> list[tuple[str, dict]]:
         """message_start (the prompt's length known, the cache's share not yet) and a ping, as Anthropic opens."""
-        m = dict(self.message(), content=[], usage={"input_tokens": prompt_tokens, "output_tokens": 0})
+        m = dict(self.message(), content=[], usage={"input_tokens": self.prompt_tokens, "output_tokens": 0})
         return [("message_start", {"type": "message_start", "message": m}), ("ping", {"type": "ping"})]
 
     def add(self, parts: list[str | ToolCall], live: dict | None = None) -> list[tuple[str, dict]]:
@@ -290,9 +290,13 @@ class Reply:
         last = {"type": "message_delta", "delta": delta, "usage": m["usage"], EXTRA: m[EXTRA]}
         return out + [("message_delta", last), ("message_stop", {"type": "message_stop"})]
 
+    def sse(self, event: tuple[str, dict]) -> dict:
+        """An (event name, data) pair as SSE."""
+        return {"event": event[0], "data": json.dumps(event[1])}
 
-def sse(event: tuple[str, dict]) -> dict:
-    return {"event": event[0], "data": json.dumps(event[1])}
+    def error(self, e: ApiError) -> dict:
+        """A failure mid-stream: Anthropic's `error` event."""
+        return self.sse(("error", error_body(e)))
 
 
 def authorize(api, request: Request) -> None:
@@ -331,36 +335,12 @@ def routes(api) -> list[Route]:
         prompt = api.chat_prompt(chat)
         prompt.params.stop = stops
         run = await api.start(request, prompt.ids, prompt.params, "msg")
-        reply = Reply(run.id.replace("-", "_", 1), api.pair.name)
-        split = prompt.tool_text()
-        feed, flush = (split.feed, split.end) if split else ((lambda text: [text]), list)
+        reply = Reply(run.id.replace("-", "_", 1), api.pair.name, len(prompt.ids))
 
-        def finish(done: Done) -> list[tuple[str, dict]]:
-            events = reply.add(flush()) + reply.finish(done)
+        def finished() -> None:
             run.finish = "tool_use" if reply.called else None
-            return events
 
-        def events(item: Delta | Done) -> list[tuple[str, dict]]:
-            if isinstance(item, Delta):
-                return reply.add(feed("".join(t for t, _ in item.pieces)), live(item))
-            return finish(item)
-
-        async def whole() -> dict:
-            async for item in run.items(watch=True):
-                events(item)
-            return reply.final
-
-        async def stream():
-            for e in reply.start(len(prompt.ids)):
-                yield sse(e)
-            async for item in run.items():
-                for e in events(item):
-                    yield sse(e)
-
-        def error(e: ApiError) -> dict:
-            return sse(("error", error_body(e)))
-
-        return await api.answer(run, whole, stream if prompt.params.stream else None, error)
+        return await api.reply(run, prompt, reply, finished)
 
     async def count_tokens(request: Request) -> Response:
         if request.method != "POST":

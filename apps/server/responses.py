@@ -18,14 +18,20 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .errors import ApiError, bad_request
-from .scheduler import Delta, Done
-from .tools import ToolCall
-from .wire import EXTRA, final_stats, joined, live
+from .scheduler import Done
+from .tools import NAME, ToolCall
+from .wire import EXTRA, final_stats, joined
 
 KEPT = 256  # responses kept for previous_response_id and GET: a few agents' recent turns; each holds its conversation
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")  # text parts as clients send them back (history or fresh input)
 SKIPPED = ("reasoning",)  # an earlier turn's hidden reasoning: this server writes none, and templates drop it anyway
+NOT_OFFERED = frozenset(  # OpenAI's other tool types (openai-python 3.57's `responses.Tool`): tools it hosts, which
+    # this server cannot run, and client tools whose calls are not function calls. Accepted, left out, and reported.
+    "web_search web_search_2025_08_26 web_search_preview web_search_preview_2025_03_11 file_search code_interpreter "
+    "image_generation mcp computer computer_use computer_use_preview tool_search programmatic_tool_calling custom "
+    "local_shell shell apply_patch".split()
+)
 
 
 def new_id(prefix: str) -> str:
@@ -109,6 +115,8 @@ def items(input, calls: set[str], where: str = "input") -> list[dict]:
             out.append({"role": role, "content": _text(item.get("content"), f"{at}.content")})
         elif kind == "function_call":
             call_id, name = _string(item, "call_id", at), _string(item, "name", at)
+            if item.get("namespace") is not None:
+                name = flat(_string(item, "namespace", at), name)
             function = {"name": name, "arguments": _string(item, "arguments", at, empty=True)}
             call = {"id": call_id, "type": "function", "function": function}
             calls.add(call_id)
@@ -130,41 +138,111 @@ def items(input, calls: set[str], where: str = "input") -> list[dict]:
     return out
 
 
-def tools(body: dict) -> list[dict] | None:
-    """Responses' flat function tools as chat completions' nested ones."""
-    given = body.get("tools")
+def flat(namespace: str, name: str) -> str:
+    """A namespaced function's name as the model sees it and calls it: `namespace__name`, as vLLM names it."""
+    return f"{namespace}__{name}"
+
+
+@dataclass
+class Offered:
+    """A request's `tools` as the model is offered them."""
+
+    chat: list[dict] = field(default_factory=list)  # chat completions' function tools, a namespace's under flat names
+    spaced: dict[str, tuple[str, str]] = field(default_factory=dict)  # flat name -> (namespace, name) for the client
+    left: list[dict] = field(default_factory=list)  # the tools not offered, as {type[, namespace][, name]}
+
+
+def _function(t: dict, at: str, namespace: dict | None = None) -> dict:
+    """A function tool ({type, name, description, parameters}) in chat completions' shape; in a namespace, under its
+    flat name, the namespace's description before its own."""
+    name, description = _string(t, "name", at), t.get("description")
+    if description is not None and not isinstance(description, str):
+        raise bad_request(f"{at}.description must be a string", param=f"{at}.description")
+    if namespace is not None:
+        name = flat(namespace["name"], name)
+        description = "\n\n".join(d for d in (namespace.get("description"), description) if isinstance(d, str) and d)
+    if not NAME.fullmatch(name):
+        raise bad_request(f"{at}: the name {json.dumps(name)} must be 1-64 letters, digits, '_' or '-'", param=at)
+    fn: dict = {"name": name}
+    if description:
+        fn["description"] = description
+    fn["parameters"] = t.get("parameters") or {"type": "object", "properties": {}}
+    return {"type": "function", "function": fn}
+
+
+def _kind(x) -> str | None:
+    """An object's `type`, where it has a string one."""
+    kind = x.get("type") if isinstance(x, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def _namespace(t: dict, at: str, out: Offered) -> None:
+    """A namespace's function tools into `out` under their flat names; its custom tools into `out.left`."""
+    space, inner = _string(t, "name", at), t.get("tools")
+    if not isinstance(inner, list) or not inner:
+        raise bad_request(f"{at}.tools must be a non-empty list of function tools", param=f"{at}.tools")
+    for j, u in enumerate(inner):
+        where = f"{at}.tools[{j}]"
+        if _kind(u) == "function":
+            out.chat.append(_function(u, where, t))
+            out.spaced[out.chat[-1]["function"]["name"]] = (space, u["name"])
+        elif _kind(u) == "custom":
+            out.left.append({"type": "custom", "namespace": space, "name": u.get("name")})
+        else:
+            raise bad_request(f"{where}: a namespace holds function tools, not {json.dumps(_kind(u))}", param=where)
+
+
+def tools(body: dict) -> Offered:
+    """Responses' tools as chat completions' function tools: flat function tools, and those of a `namespace` under
+    their flat names; the other known types (NOT_OFFERED) are left out and listed."""
+    given, out = body.get("tools"), Offered()
     if given is None or given == []:
-        return None
+        return out
     if not isinstance(given, list):
-        raise bad_request("'tools' must be a list of function tools", param="tools")
-    out = []
+        raise bad_request("'tools' must be a list of tools", param="tools")
     for i, t in enumerate(given):
-        at = f"tools[{i}]"
-        if not isinstance(t, dict) or t.get("type") != "function":
-            kind = t.get("type") if isinstance(t, dict) else t
-            raise bad_request(f"{at}: only function tools are supported, not {json.dumps(kind)}", param=at)
-        fn: dict = {"name": _string(t, "name", at)}
-        if t.get("description") is not None:
-            fn["description"] = t["description"]
-        fn["parameters"] = t.get("parameters") or {"type": "object", "properties": {}}
-        out.append({"type": "function", "function": fn})
+        at, kind = f"tools[{i}]", _kind(t)
+        if kind == "function":
+            out.chat.append(_function(t, at))
+        elif kind == "namespace":
+            _namespace(t, at, out)
+        elif kind in NOT_OFFERED:
+            out.left.append({"type": kind, **({"name": t["name"]} if isinstance(t.get("name"), str) else {})})
+        else:
+            raise bad_request(f"{at}: unknown tool type {json.dumps(kind)}", param=at)
     return out
 
 
-def tool_choice(body: dict, chat_tools: list[dict] | None):
-    """Responses' `tool_choice` as chat completions': a mode, or {type: function, name} named."""
+def tool_choice(body: dict, offered: Offered):
+    """Responses' `tool_choice` as chat completions': a mode, or {type: function, name[, namespace]} named. A choice
+    that forces a tool the model is not offered is a 400."""
     choice = body.get("tool_choice")
+    names = [t["function"]["name"] for t in offered.chat]
+    if choice == "required" and not names and offered.left:
+        raise bad_request(
+            "'tool_choice' is \"required\", but none of 'tools' is a function tool this server can offer the model",
+            param="tool_choice",
+        )
     if choice is None or choice in ("auto", "none", "required"):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        names = [t["function"]["name"] for t in chat_tools or []]
-        if choice["name"] not in names:
+    kind = _kind(choice)
+    if kind == "function" and isinstance(choice.get("name"), str):
+        name = choice["name"]
+        if choice.get("namespace") is not None:
+            name = flat(_string(choice, "namespace", "tool_choice"), name)
+        if name not in names:
             raise bad_request(
-                f"'tool_choice' names the function {json.dumps(choice['name'])}, which is not among 'tools' "
+                f"'tool_choice' names the function {json.dumps(name)}, which is not among 'tools' "
                 f"({', '.join(names) or 'none given'})",
                 param="tool_choice",
             )
-        return {"type": "function", "function": {"name": choice["name"]}}
+        return {"type": "function", "function": {"name": name}}
+    if kind in NOT_OFFERED:
+        raise bad_request(
+            f"'tool_choice' forces the {json.dumps(kind)} tool, which this server does not offer the model: it runs "
+            "function tools only",
+            param="tool_choice",
+        )
     raise bad_request(
         '\'tool_choice\' must be "auto", "none", "required" or {"type": "function", "name": ...}',
         param="tool_choice",
@@ -178,6 +256,7 @@ class Ask:
     chat: dict  # the /v1/chat/completions body of the same conversation, tools and options
     history: list[dict]  # the conversation without the instructions: what a follow-up continues
     echo: dict = field(default_factory=dict)  # the request's fields the response object repeats
+    tools: Offered = field(default_factory=Offered)  # the tools as offered: flat names and the ones left out
 
 
 def ask(body: dict, store: Store) -> Ask:
@@ -204,14 +283,14 @@ def ask(body: dict, store: Store) -> Ask:
         raise bad_request(
             f"'max_output_tokens' must be a positive integer, got {json.dumps(length)}", param="max_output_tokens"
         )
-    chat_tools = tools(body)
+    offered = tools(body)
     chat = {
         "messages": ([{"role": "system", "content": instructions}] if instructions else []) + history,
         "max_tokens": length,
     }
-    if chat_tools:
-        chat["tools"] = chat_tools
-    choice = tool_choice(body, chat_tools)
+    if offered.chat:
+        chat["tools"] = offered.chat
+    choice = tool_choice(body, offered)
     if choice is not None:
         chat["tool_choice"] = choice
     for key in ("temperature", "top_p", "top_k", "seed", "stream", "draft", "parallel_tool_calls"):
@@ -229,7 +308,7 @@ def ask(body: dict, store: Store) -> Ask:
         "store": body.get("store", True) is not False,
         "metadata": body.get("metadata") or {},
     }
-    return Ask(chat, history, echo)
+    return Ask(chat, history, echo, offered)
 
 
 def usage(stats: dict) -> dict:
@@ -246,10 +325,12 @@ def usage(stats: dict) -> dict:
 
 class Reply:
     """One response's objects: the response, its output items as they grow, and its stream's events in order (each
-    with its sequence number). Events carry copies: the items go on growing after an event is made."""
+    with its sequence number). Events carry copies: the items go on growing after an event is made. `tools`: the
+    request's as offered, to name namespaced calls as the client does and to report the tools left out."""
 
-    def __init__(self, id: str, model: str, echo: dict):
+    def __init__(self, id: str, model: str, echo: dict, tools: Offered | None = None):
         self.id, self.model, self.echo, self.created = id, model, echo, int(time.time())
+        self.tools = tools or Offered()
         self.seq = 0
         self.output: list[dict] = []
         self.open: dict | None = None  # the message item that text goes to
@@ -264,11 +345,13 @@ class Reply:
         r = {"id": self.id, "object": "response", "created_at": self.created, "model": self.model, "status": status}
         r.update(error=None, incomplete_details=None, output=copy.deepcopy(self.output), usage=None, **self.echo)
         r.update(text={"format": {"type": "text"}}, truncation="disabled", reasoning=None, user=None)
+        extra = {"tools_not_offered": self.tools.left} if self.tools.left else {}
         if done is not None:
             if status == "incomplete":
                 r["incomplete_details"] = {"reason": "max_output_tokens"}
-            r.update(usage=usage(done.stats), **{EXTRA: final_stats(done.stats)})
-        return r
+            r["usage"] = usage(done.stats)
+            extra.update(final_stats(done.stats))
+        return dict(r, **{EXTRA: extra}) if extra else r
 
     def event(self, type: str, **fields) -> dict:
         """The stream's next event."""
@@ -330,17 +413,19 @@ class Reply:
         ]
 
     def _call(self, call: ToolCall) -> list[dict]:
-        """A parsed function call: its item, its arguments in one delta, and its done events."""
+        """A parsed function call: its item (a namespaced function's under its own name and namespace), its arguments
+        in one delta, and its done events."""
         self.calls.append(call)
         out = self._close("completed")
-        item = {"id": new_id("fc"), "type": "function_call", "call_id": call.id, "name": call.name, "arguments": ""}
-        item["status"] = "in_progress"
+        space, name = self.tools.spaced.get(call.name, (None, call.name))
+        item = {"id": new_id("fc"), "type": "function_call", "call_id": call.id, "name": name, "arguments": ""}
+        item.update(({"namespace": space} if space else {}), status="in_progress")
         out.append(self._item(item))
         item.update(arguments=call.arguments, status="completed")
         at = {"item_id": item["id"], "output_index": len(self.output) - 1}
         return out + [
             self._stats(self.event("response.function_call_arguments.delta", **at, delta=call.arguments)),
-            self.event("response.function_call_arguments.done", **at, name=call.name, arguments=call.arguments),
+            self.event("response.function_call_arguments.done", **at, name=name, arguments=call.arguments),
             self.event("response.output_item.done", output_index=at["output_index"], item=copy.deepcopy(item)),
         ]
 
@@ -351,6 +436,14 @@ class Reply:
         out += self._close(status)
         self.final = self.response(status, done)
         return out + [self.event("response.completed", response=self.final)]
+
+    def sse(self, event: dict) -> dict:
+        """An event as SSE, named by its type as OpenAI names it."""
+        return {"event": event["type"], "data": json.dumps(event)}
+
+    def error(self, e: ApiError) -> dict:
+        """A failure mid-stream: OpenAI's `error` event."""
+        return self.sse(self.event("error", code=e.code, message=e.message, param=e.param))
 
     def turn(self) -> dict:
         """The reply as the chat message that a follow-up's conversation holds (as chat completions answers it)."""
@@ -363,11 +456,6 @@ class Reply:
         }
 
 
-def sse(e: dict) -> dict:
-    """An event as SSE, named by its type as OpenAI names it."""
-    return {"event": e["type"], "data": json.dumps(e)}
-
-
 def routes(api) -> list[Route]:
     """POST /v1/responses and GET /v1/responses/{id} over the app's core (`app.Api`), with their own kept responses."""
     store = Store()
@@ -377,38 +465,14 @@ def routes(api) -> list[Route]:
         a = ask(await api.body(request), store)
         prompt = api.chat_prompt(a.chat)
         run = await api.start(request, prompt.ids, prompt.params, "resp", param="input")
-        reply = Reply(run.id.replace("-", "_", 1), api.pair.name, a.echo)
-        split = prompt.tool_text()
-        feed, flush = (split.feed, split.end) if split else ((lambda text: [text]), list)
+        reply = Reply(run.id.replace("-", "_", 1), api.pair.name, a.echo, a.tools)
 
-        def finish(done: Done) -> list[dict]:
-            events = reply.add(flush()) + reply.finish(done)
+        def finished() -> None:
             run.finish = "tool_calls" if reply.calls else None
             if a.echo["store"]:
                 store.put(reply.id, Kept(a.history + [reply.turn()], reply.final))
-            return events
 
-        def events(item: Delta | Done) -> list[dict]:
-            if isinstance(item, Delta):
-                return reply.add(feed("".join(t for t, _ in item.pieces)), live(item))
-            return finish(item)
-
-        async def whole() -> dict:
-            async for item in run.items(watch=True):
-                events(item)
-            return reply.final
-
-        async def stream():
-            for e in reply.start():
-                yield sse(e)
-            async for item in run.items():
-                for e in events(item):
-                    yield sse(e)
-
-        def error(e: ApiError) -> dict:
-            return sse(reply.event("error", code=e.code, message=e.message, param=e.param))
-
-        return await api.answer(run, whole, stream if prompt.params.stream else None, error)
+        return await api.reply(run, prompt, reply, finished)
 
     async def retrieve(request: Request) -> Response:
         api.authorize(request)
