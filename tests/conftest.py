@@ -462,9 +462,9 @@ def spec_run(target, drafter, stats_seen, prompt=PROMPT, **kw):
 def check(target, drafter, kw, prompt=PROMPT, drafts=2, **engine):
     """(chi-square ok, stat, crit) of the engine's samples against the exact law; asserts that the first round
     drafted `drafts` positions (K=2) in every sample."""
-    from mlx_spec.gen.sampling import make_probs_fn
+    from mlx_spec.gen.sampling import Sampler
 
-    joint = exact_joint(target, make_probs_fn(**kw), prompt)
+    joint = exact_joint(target, Sampler(**kw).probs, prompt)
     seen = []
     counts = sample_pairs(spec_run(target, drafter, seen, prompt, **kw, **engine), SAMPLES)
     assert min(seen) == max(seen) == drafts, "every sample must verify two draft positions (K > 1)"

@@ -28,7 +28,7 @@ from mlx_spec.gen.generate import speculative_generate_step
 from mlx_spec.gen.joint import Rows, batchable
 from mlx_spec.gen.planner import PLAIN, Ask, Plan, Planner
 from mlx_spec.gen.rows import Row
-from mlx_spec.gen.sampling import GREEDY, Sampler, make_probs_fn
+from mlx_spec.gen.sampling import GREEDY, Sampler
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +213,7 @@ def test_a_batched_round_keeps_the_targets_law(target):
     fn, seen = sample_row0(target, kw)
     counts = sample_pairs(fn, SAMPLES)
     assert min(seen) == max(seen) == 2  # every sample verified two draft positions
-    ok, stat, crit = chi_square_pvalue_ok(counts, exact_joint(target, make_probs_fn(**kw), REPEATING), SAMPLES)
+    ok, stat, crit = chi_square_pvalue_ok(counts, exact_joint(target, Sampler(**kw).probs, REPEATING), SAMPLES)
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 
@@ -225,7 +225,7 @@ def test_a_broken_acceptance_rule_in_the_batch_fails_the_same_test(target, monke
     kw = dict(temp=1.0)
     fn, _ = sample_row0(target, kw, others=False)
     counts = sample_pairs(fn, SAMPLES // 4)
-    ok, stat, crit = chi_square_pvalue_ok(counts, exact_joint(target, make_probs_fn(**kw), REPEATING), SAMPLES // 4)
+    ok, stat, crit = chi_square_pvalue_ok(counts, exact_joint(target, Sampler(**kw).probs, REPEATING), SAMPLES // 4)
     assert not ok, f"always accepting passed: chi2 {stat:.1f} < {crit:.1f}"
 
 
@@ -259,7 +259,7 @@ def test_seeded_rows_keep_the_targets_law_and_a_rule_keyed_by_round_fails(target
     """Over seeds, a seeded row's tokens follow the target's law; noise drawn per round (the same at each position
     of a round) does not."""
     kw = dict(temp=1.0)
-    joint = exact_joint(target, make_probs_fn(**kw), REPEATING)
+    joint = exact_joint(target, Sampler(**kw).probs, REPEATING)
 
     def counts(n):
         out = {}

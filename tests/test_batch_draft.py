@@ -232,7 +232,7 @@ def test_sampled_model_drafts_beside_other_rows_keep_the_targets_law(spread, dra
     fn, seen = sample_model_row(target, draft, kw, kind)
     counts = sample_pairs(fn, SAMPLES)
     assert min(seen) == max(seen) == 2
-    ok, stat, crit = chi_square_pvalue_ok(counts, exact_joint(target, Sampler(**kw).probs_fn), SAMPLES)
+    ok, stat, crit = chi_square_pvalue_ok(counts, exact_joint(target, Sampler(**kw).probs), SAMPLES)
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 
@@ -242,7 +242,7 @@ def test_a_rule_that_resamples_from_the_target_on_rejection_fails_the_same_test(
     kw, target = dict(temp=1.0), spread
     fn, _ = sample_model_row(target, draft, kw, kind)
     counts = sample_pairs(fn, SAMPLES)
-    ok, stat, crit = chi_square_pvalue_ok(counts, exact_joint(target, Sampler(**kw).probs_fn), SAMPLES)
+    ok, stat, crit = chi_square_pvalue_ok(counts, exact_joint(target, Sampler(**kw).probs), SAMPLES)
     assert not ok, f"resampling from the target passed: chi2 {stat:.1f} < {crit:.1f}"
 
 

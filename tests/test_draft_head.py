@@ -5,10 +5,10 @@ import mlx.nn as nn
 import pytest
 from conftest import PROMPTS, close, plain_greedy, spec
 
-from mlx_spec.gen.drafters.head import SubsetHead
 from mlx_spec.gen.drafters.model import ModelDrafter
 from mlx_spec.gen.drafters.self_draft import SelfDrafter
 from mlx_spec.gen.registry import build, head_ids
+from mlx_spec.models.head import SubsetHead
 from mlx_spec.named import load_model
 
 

@@ -355,7 +355,7 @@ def test_sampled_head_drafts_keep_the_targets_law_and_a_rule_that_resamples_from
     else:
         fn, seen = beside(spread, kw)
         ok, stat, crit = chi_square_pvalue_ok(
-            sample_pairs(fn, SAMPLES), exact_joint(spread, Sampler(**kw).probs_fn), SAMPLES
+            sample_pairs(fn, SAMPLES), exact_joint(spread, Sampler(**kw).probs), SAMPLES
         )
         assert min(seen) == max(seen) == 2
     assert ok != broken, f"{'broken' if broken else 'exact'} rule, {where}: chi2 {stat:.1f} vs {crit:.1f}"

@@ -16,6 +16,7 @@ from mlx_spec.gen.drafters.self_draft import QuantSelfDrafter, SelfDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.load import vocab_width
 from mlx_spec.gen.session import Session
+from mlx_spec.models.cache import commit
 from mlx_spec.named import load_model
 
 ARCHS = ("qwen3_next", "mamba2", "qwen3_5")
@@ -92,7 +93,7 @@ def test_greedy_equals_plain_for_every_drafter(recurrent_models, attention_draft
 def test_a_broken_rewind_fails_the_same_test(recurrent_models, attention_draft, monkeypatch):
     """Control: restoring the state without running the accepted tokens again changes the output."""
     model, tok = recurrent_models["qwen3_next"]
-    monkeypatch.setattr(recurrent, "_replay", lambda *a: None)
+    monkeypatch.setattr("mlx_spec.models.cache._replay", lambda *a: None)
     prompt = tok.encode(PROMPTS[1])
     out, _ = spec(
         model, prompt, ModelDrafter(attention_draft, vocab_width(model)), max_tokens=24, num_draft=4, adaptive=False
@@ -119,7 +120,7 @@ def test_trim_then_regenerate_gives_the_same_tokens(recurrent_models, arch):
     model(mx.array(prompt + cont[:3])[None], cache=fresh)
     ref = model(mx.array(cont[3:])[None], cache=fresh)
     assert close(again, ref)
-    recurrent.commit(cache)  # history gone: no rewinding into what was committed
+    commit(cache)  # history gone: no rewinding into what was committed
     assert not rewind(cache, len(prompt))
 
 

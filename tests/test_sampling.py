@@ -24,7 +24,7 @@ from mlx_spec.gen.drafters.model import ModelDrafter
 from mlx_spec.gen.drafters.ngram import NGramDrafter
 from mlx_spec.gen.drafters.self_draft import QuantSelfDrafter, SelfDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
-from mlx_spec.gen.sampling import make_probs_fn
+from mlx_spec.gen.sampling import Sampler
 
 
 @pytest.fixture(scope="module")
@@ -94,10 +94,10 @@ def test_deterministic_drafter_sampling_matches_target(pair):
 
 
 def test_plain_mlx_lm_sampler_matches_the_same_law(pair):
-    """Our probs_fn is the law mlx-lm's sampler draws from (so 'plain' means mlx-lm's plain)."""
+    """Our `Sampler.probs` is the law mlx-lm's sampler draws from (so 'plain' means mlx-lm's plain)."""
     target, _ = pair
     kw = dict(temp=0.7, top_k=3)
-    joint = exact_joint(target, make_probs_fn(**kw))
+    joint = exact_joint(target, Sampler(**kw).probs)
     sampler = make_sampler(**kw)
     counts = sample_pairs(
         lambda: [int(t) for t, _ in generate_step(mx.array(PROMPT), target, max_tokens=N_TOKENS, sampler=sampler)],

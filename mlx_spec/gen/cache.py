@@ -6,6 +6,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache, trim_prompt_cache
 
 from ..device import builds_per_shape
+from ..models.cache import rewindable
 from . import hidden, recurrent, shapes
 from .tunables import PREFILL_STEP
 
@@ -45,7 +46,7 @@ def copy_prefix(cache: list, n: int, own: bool = True) -> list | None:
 
 def new_cache(model) -> list:
     """mlx-lm's cache for `model` (one object per layer), its recurrent layers rewindable."""
-    cache = recurrent.rewindable(make_prompt_cache(model))
+    cache = rewindable(make_prompt_cache(model))
     assert cache is not None  # an empty cache's length is known, so every layer rewinds
     return cache
 

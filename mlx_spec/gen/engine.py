@@ -183,15 +183,8 @@ class Engine:
                 wanted.setdefault(s, []).append(i)
         chunk = self.chunk if len(rows) > 1 else None
         for s, idx in wanted.items():
-            members = [
-                Member(
-                    next(p for p in rows[i].parts if p.name == s),
-                    rows[i].context,
-                    rows[i].sampler,
-                    self.cache.index(rows[i]),
-                )
-                for i in idx
-            ]
+            asked = [(rows[i], next(p for p in rows[i].parts if p.name == s)) for i in idx]
+            members = [Member(p, r.context, r.sampler, self.cache.index(r)) for r, p in asked]
             for i, d in zip(idx, self.drafting[s].propose(members, plan.k, self.cache, chunk, plan.tree)):
                 drafts[i] = d
         return drafts

@@ -7,7 +7,7 @@ from mlx_lm.generate import generation_stream
 
 from ..device import Peak
 from ..errors import GenerationError
-from . import recurrent
+from ..models.cache import rewindable
 from .cache import cache_tokens, new_cache, prefill_cache, rewind
 from .engine import Engine
 from .planner import Planner
@@ -53,7 +53,7 @@ def speculative_generate_step(
         accept=accept if accept is not None else {},
     )
     context = row.context
-    cache = recurrent.rewindable(prompt_cache) if prompt_cache is not None else new_cache(model)
+    cache = rewindable(prompt_cache) if prompt_cache is not None else new_cache(model)
     cached = None if cache is None else cache_tokens(cache) if prompt_cache is not None else 0
     if cache is None or cached is None or cached > len(context) - 1:
         raise GenerationError(

@@ -4,96 +4,10 @@ from collections.abc import Sequence
 from typing import Generic, TypeVar
 
 import mlx.core as mx
-from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from . import recurrent
+from ..models.cache import RaggedKVCache, RewindableCache, RewindableRows, commit
 from .cache import rewind
-from .recurrent import RewindableCache, RewindableRows
-
-
-class RaggedKVCache(BatchKVCache):
-    """A `BatchKVCache` whose rows may have gaps: `gaps[i, j]` is True where row i's column j holds a position the
-    row dropped (`drop`). The one place mlx-spec reads `BatchKVCache`'s internals (`_idx`: the columns in use)."""
-
-    gaps: mx.array | None = None
-
-    @classmethod
-    def of(cls, cache: KVCache) -> "RaggedKVCache":
-        """A joint cache of one row holding a copy of `cache`'s positions."""
-        return cls.merge([cache]) if cache.keys is not None else cls([0])
-
-    def _gaps(self, width: int) -> mx.array:
-        """The gaps over the first `width` columns (False past what is recorded)."""
-        g = (self.gaps if self.gaps is not None else mx.zeros((self.offset.shape[0], 0), dtype=mx.bool_))[:, :width]
-        return mx.pad(g, [(0, 0), (0, width - g.shape[1])]) if g.shape[1] < width else g
-
-    def drop(self, extra: list[int]) -> None:
-        """Row i gives up its last `extra[i]` positions: they become a gap at the end of its columns."""
-        e = mx.array(extra)
-        self.gaps = self._gaps(self._idx) | (mx.arange(self._idx)[None] >= self._idx - e[:, None])
-        self.offset = self.offset - e
-
-    def trim(self, n):
-        n = super().trim(n)
-        if self.gaps is not None:
-            self.gaps = self.gaps[:, : self._idx]
-        return n
-
-    def make_mask(self, N: int, return_array: bool = False, **kwargs):
-        mask = create_causal_mask(N, offset=self._idx, left_padding=self.left_padding, **kwargs)
-        return mask if self.gaps is None else mask & ~self._gaps(self._idx + N)[:, None, None, :]
-
-    def _columns(self, i: int) -> list[int]:
-        """Row i's columns that hold its positions, in order."""
-        start = int(self.left_padding[i])
-        gap: list[bool] = self._gaps(self._idx)[i].tolist()  # type: ignore[assignment]  # mlx: a scalar or a list
-        return [j for j in range(start, self._idx) if not gap[j]]
-
-    def extract(self, idx):
-        if self.gaps is None:
-            return super().extract(idx)
-        cache = KVCache()
-        cols = mx.array(self._columns(idx))
-        cache.keys = mx.contiguous(mx.take(self.keys[idx : idx + 1], cols, axis=2))
-        cache.values = mx.contiguous(mx.take(self.values[idx : idx + 1], cols, axis=2))
-        cache.offset = cache.keys.shape[2]
-        return cache
-
-    def filter(self, batch_indices):
-        if self.gaps is None:
-            return super().filter(batch_indices)
-        # Pack the rows kept: each row's positions right-aligned at the last column, no gaps.
-        cols = [self._columns(i) for i in batch_indices]
-        width = max(len(c) for c in cols)
-        index = mx.array([[0] * (width - len(c)) + c for c in cols])[:, None, :, None]  # (B, 1, width, 1)
-        rows = mx.array(batch_indices)
-        self.keys = mx.take_along_axis(self.keys[rows], index, axis=2)
-        self.values = mx.take_along_axis(self.values[rows], index, axis=2)
-        self.offset = self.offset[rows]
-        self.left_padding = mx.array([width - len(c) for c in cols])
-        self._idx, self.gaps = width, None
-
-    def put(self, i: int, cache: KVCache) -> None:
-        """Row i becomes `cache`'s positions (at most `_idx` of them), right-aligned; what row i held is gone."""
-        n = cache.offset
-        # mlx-lm leaves `keys` and `values` unannotated (None until the first update): a row holds them here
-        self.keys[i : i + 1, :, self._idx - n : self._idx, :] = cache.keys[..., :n, :]  # type: ignore[index]
-        self.values[i : i + 1, :, self._idx - n : self._idx, :] = cache.values[..., :n, :]  # type: ignore[index]
-        rows = mx.arange(self.offset.shape[0]) == i
-        self.left_padding = mx.where(rows, self._idx - n, self.left_padding)
-        self.offset = mx.where(rows, n, self.offset)
-        if self.gaps is not None:
-            self.gaps = self.gaps & ~rows[:, None]
-
-    def extend(self, other):
-        if self.gaps is None and other.gaps is None:
-            return super().extend(other)
-        a, b = self._idx, other._idx
-        mine, theirs = self._gaps(a), other._gaps(b)  # taken before the rows are joined (`_gaps` sizes by the rows)
-        super().extend(other)
-        m = self._idx
-        self.gaps = mx.concatenate([mx.pad(mine, [(0, 0), (m - a, 0)]), mx.pad(theirs, [(0, 0), (m - b, 0)])])
 
 
 def batchable(cache: Sequence) -> bool:
@@ -105,7 +19,7 @@ def batchable(cache: Sequence) -> bool:
 
 def _merge(cache: Sequence) -> list:
     """A joint cache of one row from a generation's cache (copied, never changed)."""
-    return [recurrent.joint(c) if isinstance(c, RewindableCache) else RaggedKVCache.of(c) for c in cache]
+    return [RewindableRows.of(c) if isinstance(c, RewindableCache) else RaggedKVCache.of(c) for c in cache]
 
 
 def _extract(joint: list, i: int, tokens: int) -> list:
@@ -207,7 +121,7 @@ class Rows(Generic[Owner]):
 
     def start_round(self) -> None:
         """What the cache holds now is final: a round's rewind goes back no further than this."""
-        recurrent.commit(self.layers)
+        commit(self.layers)
 
     def rewind(self, drop: Sequence[int]) -> None:
         """Drop each place's last `drop[i]` positions (of the passes since `start_round`): a recurrent layer replays

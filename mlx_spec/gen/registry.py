@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConvertError, GenerationError
-from ..make.importance import vocabulary_texts
+from ..make.importance import head_ids
 from ..make.layers import per_model
 from . import tunables
 from .drafters.base import Drafter
@@ -89,19 +89,6 @@ def default_num_draft(drafter: Drafter | Spec) -> int:
     return DEFAULT_K.get(kind, tunables.MODEL_K)
 
 
-_HEAD_IDS: dict[tuple, list[int]] = {}
-
-
-def head_ids(tokenizer, real: int) -> list[int]:
-    """A draft head's base vocabulary: the tokens of `make.importance.vocabulary_texts` and EOS, once per tokenizer."""
-    key = (getattr(tokenizer, "name_or_path", None) or id(tokenizer), real)
-    if key not in _HEAD_IDS:
-        ids = {t for text in vocabulary_texts() for t in tokenizer.encode(text)}
-        ids.update(getattr(tokenizer, "eos_token_ids", None) or [])
-        _HEAD_IDS[key] = sorted(t for t in ids if 0 <= t < real)
-    return _HEAD_IDS[key]
-
-
 def build(
     spec: Spec, target, tokenizer, *, load: Callable[[str], tuple] | None = None, subset_head: bool = True
 ) -> Drafter | None:
@@ -166,12 +153,8 @@ def _eagle3(folder: str, target, width: int, real: int) -> Drafter:
     from ..models import eagle3
     from .drafters.eagle3 import Eagle3Drafter
 
-    head = _shared(
-        "eagle3",
-        folder,
-        target,
-        lambda: eagle3.load(folder, embed=getattr(getattr(target, "model", None), "embed_tokens", None)),
-    )
+    embed = getattr(getattr(target, "model", None), "embed_tokens", None)
+    head = _shared("eagle3", folder, target, lambda: eagle3.load(folder, embed=embed))
     c, n = head.config, len(target.layers)
     hidden = getattr(getattr(target, "args", None), "hidden_size", None)
     reads = c.reads or eagle3.default_reads(n)

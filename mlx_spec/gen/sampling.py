@@ -1,15 +1,12 @@
 """Sampling: one temperature/top-p/top-k transform for plain decoding, drafts and verification; a row's rule."""
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
 from ..errors import GenerationError
 
-ProbsFn = Callable[[mx.array], mx.array]
 _MIX = 0x9E3779B97F4A7C15  # splitmix64's increment: (seed, position) -> a key of its own
 
 
@@ -21,25 +18,6 @@ def validate(temp: float, top_p: float = 0.0, top_k: int = 0) -> None:
         raise GenerationError(f"--top-p must be in [0, 1], got {top_p}")
     if top_k < 0:
         raise GenerationError(f"--top-k must be >= 0, got {top_k}")
-
-
-def make_probs_fn(temp: float = 0.0, top_p: float = 0.0, top_k: int = 0) -> ProbsFn | None:
-    """logits (..., V) -> the distribution mlx-lm's `make_sampler(temp, top_p, top_k)` samples from, by its own
-    filters in its order (None: greedy), so plain and speculative sampling draw from the same law."""
-    validate(temp, top_p, top_k)
-    if temp == 0:
-        return None
-
-    def probs_fn(logits: mx.array) -> mx.array:
-        logprobs = logits.astype(mx.float32)
-        logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
-        if 0 < top_p < 1.0:
-            logprobs = apply_top_p(logprobs, top_p)
-        if top_k > 0:
-            logprobs = apply_top_k(logprobs, top_k)
-        return mx.softmax(logprobs * (1.0 / temp), axis=-1)
-
-    return probs_fn
 
 
 def sample(probs: mx.array) -> mx.array:
@@ -60,15 +38,18 @@ class Sampler:
     def __post_init__(self):
         validate(self.temp, self.top_p, self.top_k)
 
-    @cached_property
-    def probs_fn(self) -> ProbsFn | None:
-        return make_probs_fn(self.temp, self.top_p, self.top_k)
-
     def probs(self, logits: mx.array) -> mx.array:
-        """The distribution (..., V) this rule samples from at `logits` (temp > 0: greedy samples from none)."""
-        if self.probs_fn is None:
+        """The distribution (..., V) mlx-lm's `make_sampler(temp, top_p, top_k)` samples from at `logits` (..., V), by
+        its own filters in its order, so plain and speculative sampling draw from the same law (temp > 0)."""
+        if self.temp == 0:
             raise GenerationError("a greedy rule samples from no distribution")
-        return self.probs_fn(logits)
+        logprobs = logits.astype(mx.float32)
+        logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
+        if 0 < self.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, self.top_p)
+        if self.top_k > 0:
+            logprobs = apply_top_k(logprobs, self.top_k)
+        return mx.softmax(logprobs * (1.0 / self.temp), axis=-1)
 
     @property
     def exact(self) -> bool:
@@ -97,3 +78,9 @@ class Sampler:
 
 
 GREEDY = Sampler()
+
+
+def make_probs_fn(temp: float = 0.0, top_p: float = 0.0, top_k: int = 0):
+    """logits (..., V) -> the distribution mlx-lm's `make_sampler(temp, top_p, top_k)` samples from (None: greedy)."""
+    rule = Sampler(temp, top_p, top_k)
+    return rule.probs if temp else None

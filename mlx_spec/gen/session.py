@@ -114,17 +114,11 @@ class Session:
         ids = list(prompt_ids)
         self._reuse(ids)
         cached = len(self.tokens)
-        rest = ids[cached:-1]
+        rest, parts = ids[cached:-1], self.drafter.parts if self.drafter is not None else ()
         step = step or max(1, len(rest))
         try:
             for i in range(0, len(rest), step):
-                prefill_cache(
-                    self.model,
-                    self.cache,
-                    rest[i : i + step],
-                    None,
-                    self.drafter.parts if self.drafter is not None else (),
-                )
+                prefill_cache(self.model, self.cache, rest[i : i + step], None, parts)
                 if i + step < len(rest):
                     yield False, cached
         except BaseException:
@@ -144,16 +138,8 @@ class Session:
         out: list[int] = []
         try:
             kwargs.setdefault("num_draft", self.num_draft)
-            for ev in stream_generate(
-                self.model,
-                self.tokenizer,
-                ids,
-                self.drafter,
-                prompt_cache=self.cache,
-                planner=self.planner,
-                accept=self.accept,
-                **kwargs,
-            ):
+            kwargs.update(prompt_cache=self.cache, planner=self.planner, accept=self.accept)
+            for ev in stream_generate(self.model, self.tokenizer, ids, self.drafter, **kwargs):
                 out.append(ev.token)
                 yield ev
         finally:

@@ -61,19 +61,7 @@ class Stats:
 
     def as_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "trace" or v is not None}
-        d.update(
-            {
-                k: getattr(self, k)
-                for k in (
-                    "prefill_tokens",
-                    "prompt_tps",
-                    "generation_tps",
-                    "acceptance_rate",
-                    "mean_accepted",
-                    "draft_share",
-                )
-            }
-        )
+        d.update({k: getattr(self, k) for k, v in vars(Stats).items() if isinstance(v, property)})
         return dict(d, acceptance_by_position=self.acceptance_by_position())
 
     def record(self, n: int, a: int) -> None:

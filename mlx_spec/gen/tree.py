@@ -152,18 +152,21 @@ def children(parents: Sequence[int]) -> dict[int, list[int]]:
     return out
 
 
+def _path(parents: Sequence[int], take) -> list[int]:
+    """The nodes from the row's last token down, each the first child (in order) that take(parent, child) accepts."""
+    kids, at = children(parents), -1
+    path: list[int] = []
+    while (nxt := next((c for c in kids.get(at, ()) if take(at, c)), None)) is not None:
+        path.append(nxt)
+        at = nxt
+    return path
+
+
 def accept_greedy(tokens: Sequence[int], parents: Sequence[int], targets: Sequence[int]) -> tuple[list[int], int]:
     """(the accepted path's nodes, the token the target adds after it); targets[0] follows the last token, targets[j +
     1] node j."""
-    kids, at = children(parents), -1
-    path: list[int] = []
-    while True:
-        t = targets[at + 1]
-        nxt = next((c for c in kids.get(at, ()) if tokens[c] == t), None)
-        if nxt is None:
-            return path, t
-        path.append(nxt)
-        at = nxt
+    path = _path(parents, lambda at, c: tokens[c] == targets[at + 1])
+    return path, targets[path[-1] + 1 if path else 0]
 
 
 def exact_targets(sampler, logits: mx.array, position: int, parents: Sequence[int]) -> mx.array:
@@ -203,11 +206,5 @@ def _without(q: mx.array, refused: mx.array) -> mx.array:
 
 def accept_sampling(accept: Sequence[bool], candidates: Sequence[int], parents: Sequence[int]) -> tuple[list[int], int]:
     """(the accepted path's nodes, the token after it) from what `sampling_targets` built, once read."""
-    kids, at = children(parents), -1
-    path: list[int] = []
-    while True:
-        nxt = next((c for c in kids.get(at, ()) if accept[c]), None)
-        if nxt is None:
-            return path, candidates[at + 1]
-        path.append(nxt)
-        at = nxt
+    path = _path(parents, lambda _, c: accept[c])
+    return path, candidates[path[-1] + 1 if path else 0]

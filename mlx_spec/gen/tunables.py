@@ -41,15 +41,10 @@ HINDSIGHT_MAX = 128  # ... and the most it judges: the last ones
 QUANT_SELF_FORMAT = "int4"  # QSpec's draft precision
 QUANT_SELF_GROUP = 64  # its affine group size: MLX's default (the FP modes fix their own)
 IMPORTANCE_TOKENS = 32  # prompt tokens self:importance ranks blocks on: about one multi-token pass of the target
-HEAD_IDS_STEP = 1024  # a draft head's subset is rounded up to a multiple of this: few shapes for the GPU to build
 NGRAM_SYNC_TAIL = 8  # indexed tail tokens the n-gram table re-checks per call to notice a rewritten context in O(1)
 SUFFIX_COUNT_WALK = 64  # suffix-link steps per token spent on occurrence counts: bounds a repetitive text's cost
 SUFFIX_MEMORY_TOKENS = 200_000  # tokens `suffix:shared` keeps (about 100 MB of automaton); past it the older half goes
 SUFFIX_MATCH_TAIL = 64  # context tokens matched against that memory each round (a longer match drafts no longer)
-
-# Rewinding recurrent layers
-RECURRENT_CALLS = 64  # calls of a layer kept for rewinding: more than a round makes (K draft passes + the verify)
-RECURRENT_RECORD = 256  # a longer call (a prefill chunk) is not kept: trimming into it reports failure
 
 # Learned drafters
 TREE_WIDTH = 4  # a draft tree's depth feeds its 4 likeliest nodes, each drafting its 4 likeliest children (EAGLE-2's

@@ -81,6 +81,19 @@ def vocabulary_texts() -> list[str]:
     ]
 
 
+_HEAD_IDS: dict[tuple, list[int]] = {}
+
+
+def head_ids(tokenizer, real: int) -> list[int]:
+    """A draft head's base vocabulary: the tokens of `vocabulary_texts` and EOS, once per tokenizer."""
+    key = (getattr(tokenizer, "name_or_path", None) or id(tokenizer), real)
+    if key not in _HEAD_IDS:
+        ids = {t for text in vocabulary_texts() for t in tokenizer.encode(text)}
+        ids.update(getattr(tokenizer, "eos_token_ids", None) or [])
+        _HEAD_IDS[key] = sorted(t for t in ids if 0 <= t < real)
+    return _HEAD_IDS[key]
+
+
 def _turn(sink: list):
     """A `Watched` block's hook: records how far the block's output turned from its input (mean cosine)."""
 

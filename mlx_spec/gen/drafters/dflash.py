@@ -2,18 +2,16 @@
 projected states of its context, and the block [last token, mask, ...] reads them; one pass for all rows."""
 
 from collections.abc import Sequence
-from typing import cast
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
 from ...device import builds_per_shape
 from .. import shapes
-from ..sampling import sample
 from ..tunables import PREFILL_STEP
 from .base import Draft, Drafting, Member
 from .eagle3 import Eagle3Drafter
-from .model import ModelDrafter, ModelDrafting
+from .model import ModelDrafter, ModelDrafting, draw
 
 
 class DFlashDrafter(Eagle3Drafter):
@@ -64,13 +62,7 @@ class DFlashDrafting(ModelDrafting[DFlashDrafter]):
     states in one pass, every row's block in a second."""
 
     def _draft(self, members: Sequence[Member], k: int, chunk: int | None, tree: int = 0) -> list[Draft]:
-        for member in members:
-            self._join(cast(DFlashDrafter, member.part))  # `takes` let in this drafter's kind only
-        if sum(o is None for o in self.rows.owners) * 2 > len(self.rows.owners):  # rows that left hold half: pack
-            self.rows.pack([len(o.fed) for o in self.rows.owners if o is not None])
-        part, places, module = self.part, self.rows.owners, self.part.model
-        asked = {id(m.part): m for m in members}
-        mine = [asked.get(id(o)) if o is not None else None for o in places]
+        part, module, (places, mine) = self.part, self.part.model, self._gather(members)
         counts, drop, ready = zip(*[_catch_up(o, m, chunk) for o, m in zip(places, mine)])
         if any(drop):
             self.rows.rewind(drop)
@@ -108,7 +100,9 @@ class DFlashDrafting(ModelDrafting[DFlashDrafter]):
         h = module.block(block, self.rows.layers, block_mask(self.rows.layers, size))
         self.rows.rewind([size] * len(members))
         logits = self.part.full(h[:, 1 : n + 1])  # (P, n, V): position j + 1 drafts token j
-        return (*_drafts(logits, members, ready), shapes.first_time(self.model, ("block", len(members), size)))
+        drawing = [m if r else None for m, r in zip(members, ready)]  # every position drawn on its own
+        tokens, probs = draw(drawing, mx.argmax(logits, axis=-1), logits, lambda x: x)
+        return tokens, probs, shapes.first_time(self.model, ("block", len(members), size))
 
     def _context(self, states: list[mx.array | None]) -> bool:
         """Feed each place its new context states (n, width) (None: none), right-padded, the padding dropped, in
@@ -146,23 +140,3 @@ def _catch_up(o, m: Member | None, chunk: int | None):
     if chunk is not None and todo > chunk:
         return chunk, drop, False
     return todo, drop, True
-
-
-def _drafts(logits: mx.array, members: list[Member | None], ready: Sequence[bool]):
-    """(tokens (P, n), each place's distributions (n, V) or None): each ready place's drafts from its logits (P, n, V)
-    by its member's rule (none: greedy), every position drawn on its own."""
-    tokens = mx.argmax(logits, axis=-1)
-    probs: list[mx.array | None] = [None] * len(members)
-    if not any(m is not None and r and m.sampler is not None and m.sampler.temp for m, r in zip(members, ready)):
-        return tokens, probs
-    rows = []
-    for i, (m, r) in enumerate(zip(members, ready)):
-        s = m.sampler if m is not None and r else None
-        if m is None or s is None or not s.temp:
-            rows.append(tokens[i])
-        elif s.seed is not None:
-            rows.append(s.pick(logits[i], len(m.context)))
-        else:
-            q = probs[i] = s.probs(logits[i])
-            rows.append(sample(q))
-    return mx.stack(rows).astype(mx.uint32), probs

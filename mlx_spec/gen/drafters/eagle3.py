@@ -154,17 +154,9 @@ class Eagle3Drafting(ModelDrafting[Eagle3Drafter]):
     def propose(
         self, members: Sequence[Member], k: int, target=None, chunk: int | None = None, tree: int = 0
     ) -> list[Draft]:
-        ready = [m for m in members if len(m.context) > 1]
-        out = (
-            dict(
-                zip(
-                    [id(m) for m in ready],
-                    super().propose([m._replace(context=m.context[1:]) for m in ready], k, target, chunk, tree),
-                )
-            )
-            if ready
-            else {}
-        )
+        ready = [m._replace(context=m.context[1:]) for m in members if len(m.context) > 1]
+        drafts = super().propose(ready, k, target, chunk, tree) if ready else []
         for m in ready:
             cast(Eagle3Drafter, m.part).forget()  # `takes` let in this head's drafters only
-        return [out.get(id(m), Draft.of([], source=self.part.name)) for m in members]
+        out = {id(m.part): d for m, d in zip(ready, drafts)}  # (a row's drafter is its own)
+        return [out.get(id(m.part), Draft.of([], source=self.part.name)) for m in members]

@@ -9,6 +9,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache
 
 from ...device import builds_per_shape
 from ...errors import GenerationError
+from ...models.head import SubsetHead
 from .. import recurrent, shapes
 from ..cache import new_cache
 from ..joint import Rows
@@ -16,7 +17,6 @@ from ..sampling import sample
 from ..tunables import HINDSIGHT_MAX, HINDSIGHT_MIN, PREFILL_STEP
 from ..tunables import NGRAM_SYNC_TAIL as SYNC_TAIL
 from .base import Draft, Drafter, Drafting, Member
-from .head import SubsetHead
 
 
 class ModelDrafter(Drafter):
@@ -158,17 +158,21 @@ class ModelDrafting(Drafting, Generic[D]):
                     o.cache, o.fed = None, []
             raise
 
-    def _draft(self, members: Sequence[Member], k: int, chunk: int | None, tree: int = 0) -> list[Draft]:
+    def _gather(self, members: Sequence[Member]) -> tuple[list, list[Member | None]]:
+        """The members' drafters joined, every place settled, packed where rows that left hold half: (the places'
+        drafters, None where a row left; each place's member, None where not asked)."""
         for member in members:
             self._join(cast(D, member.part))  # `takes` let in this model's drafters only
         for o in self.rows.owners:
             if o is not None:
                 o.settle()
-        if sum(o is None for o in self.rows.owners) * 2 > len(self.rows.owners):  # rows that left hold half: pack
+        if sum(o is None for o in self.rows.owners) * 2 > len(self.rows.owners):
             self.rows.pack([len(o.fed) for o in self.rows.owners if o is not None])
-        part, places = self.part, self.rows.owners
         asked = {id(m.part): m for m in members}
-        mine = [asked.get(id(o)) if o is not None else None for o in places]
+        return self.rows.owners, [asked.get(id(o)) if o is not None else None for o in self.rows.owners]
+
+    def _draft(self, members: Sequence[Member], k: int, chunk: int | None, tree: int = 0) -> list[Draft]:
+        part, (places, mine) = self.part, self._gather(members)
         feeds, drop, ready, judge = zip(*[_catch_up(o, m, chunk) for o, m in zip(places, mine)])
         if any(drop):
             try:
@@ -199,11 +203,8 @@ class ModelDrafting(Drafting, Generic[D]):
                 continue
             o.fed.extend(f)
             drafted = o.drafted = (tokens[i], k - 1) if r else None  # its own array: read once, with the verify pass
-            out[id(o)] = (
-                Draft(drafted[0], probs[i], part.name, len(f) - 1, seen.get(i), cold)
-                if drafted is not None
-                else Draft.of([], source=part.name, behind=len(f))
-            )
+            none = Draft.of([], source=part.name, behind=len(f))
+            out[id(o)] = Draft(drafted[0], probs[i], part.name, len(f) - 1, seen.get(i), cold) if drafted else none
         mx.async_eval([d.tokens for d in out.values() if len(d)])  # the device drafts while the host goes on
         return [out[id(m.part)] for m in members]
 
@@ -227,11 +228,8 @@ class ModelDrafting(Drafting, Generic[D]):
         size = shapes.padded(n) if builds_per_shape() and self.rows.paddable() else n
         x = mx.array([f + [f[-1] if f else 0] * (size - len(f)) for f in feeds], dtype=mx.uint32)  # (P, size)
         owners = self.rows.owners
-        h = self.part.forward(
-            x,
-            self.rows.layers,
-            self.part.given(owners, [len(o.fed) + skip if o is not None else 0 for o in owners], size),
-        )
+        starts = [len(o.fed) + skip if o is not None else 0 for o in owners]
+        h = self.part.forward(x, self.rows.layers, self.part.given(owners, starts, size))
         self.rows.rewind([size - len(f) for f in feeds])
         return h, shapes.first_time(self.model, (len(feeds), size))
 
@@ -252,33 +250,34 @@ def _catch_up(o: ModelDrafter | None, m: Member | None, chunk: int | None):
     return todo, drop, True, n if greedy and n >= HINDSIGHT_MIN else 0
 
 
+def draw(members: Sequence[Member | None], greedy: mx.array, h: mx.array, full, at: int = 0):
+    """(tokens (P, L), each place's distributions (L, V) or None): each place's `greedy` tokens (P, L), or its member's
+    draws from the logits full(h[i]) (L, V) by its rule, the first at context position len(context) + at."""
+    probs: list[mx.array | None] = [None] * len(members)
+    if not any(m is not None and m.sampler is not None and m.sampler.temp for m in members):
+        return greedy, probs
+    rows = []
+    for i, m in enumerate(members):
+        s = m.sampler if m is not None else None
+        if m is None or s is None or not s.temp:
+            rows.append(greedy[i])
+        elif s.seed is not None:
+            rows.append(s.pick(full(h[i]), len(m.context) + at))
+        else:
+            q = probs[i] = s.probs(full(h[i]))
+            rows.append(sample(q))
+    return mx.stack(rows).astype(mx.uint32), probs
+
+
 def draft_steps(part: ModelDrafter, state: mx.array, members: list[Member | None], k: int, cache: list):
     """(tokens (P, k), each place's distributions (k, V) or None): k drafts from each place's state (P, d or V) by its
     member's rule (none: greedy), each but the last fed back through `cache`."""
-    sampled = any(m is not None and m.sampler is not None and m.sampler.temp for m in members)
     tokens, dists = [], []
     for j in range(k):
-        step = part.greedy(state)
-        probs: list[mx.array | None] = [None] * len(members)
-        if sampled:
-            picks = []
-            for i, m in enumerate(members):
-                s = m.sampler if m is not None else None
-                if m is None or s is None or not s.temp:
-                    picks.append(step[i])
-                elif s.seed is not None:
-                    picks.append(s.pick(part.full(state[i : i + 1]), part.origin + len(m.context) + j)[0])
-                else:
-                    q = s.probs(part.full(state[i : i + 1]))
-                    picks.append(sample(q)[0])
-                    probs[i] = q[0]
-            step = mx.stack(picks).astype(mx.uint32)
+        step, probs = draw(members, part.greedy(state)[:, None], state[:, None], part.full, part.origin + j)
         tokens.append(step)
         dists.append(probs)
         if j + 1 < k:
-            state = part.forward(step[:, None], cache, state[:, None])[:, -1]
-    per = [
-        mx.stack([p for d in dists if (p := d[i]) is not None]) if dists[0][i] is not None else None
-        for i in range(len(members))
-    ]
-    return mx.stack(tokens, axis=1), per
+            state = part.forward(step, cache, state[:, None])[:, -1]
+    per = [mx.concatenate([d[i] for d in dists]) if dists[0][i] is not None else None for i in range(len(members))]
+    return mx.concatenate(tokens, axis=1), per

@@ -1,19 +1,18 @@
 """The target drafts for itself in its own cache: through a subset of its layers, or a quantized copy (QSpec)."""
 
-import weakref
 from collections.abc import Sequence
-from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from ...errors import ConvertError, GenerationError, UnsupportedError
 from ...make.importance import block_similarity, most_important
-from ...make.layers import INDEX_DEPENDENT, keep_layer_indices, with_blocks
+from ...make.layers import INDEX_DEPENDENT, keep_layer_indices, per_model, with_blocks
 from ...make.quant import quantized_copy
+from ...models.cache import RaggedKVCache, rewindable
 from .. import recurrent
 from ..cache import rewind
-from ..joint import RaggedKVCache, Rows
+from ..joint import Rows
 from ..tunables import IMPORTANCE_TOKENS, QUANT_SELF_GROUP
 from .base import Draft, Drafting, Member
 from .model import ModelDrafter, draft_steps
@@ -52,7 +51,7 @@ class SelfDrafter(ModelDrafter):
         """Share the target's per-layer caches; nothing to prefill (the target's prefill is ours)."""
         if target_cache is None:
             raise GenerationError("the self drafter needs the target's cache: reset(prompt, target_cache)")
-        self.target_cache = recurrent.rewindable(target_cache)
+        self.target_cache = rewindable(target_cache)
         if self.target_cache is None:
             raise GenerationError(f"{self.name} drafter: the target's recurrent cache cannot be rewound")
         super().reset(prompt)
@@ -119,27 +118,21 @@ class ImportanceSelfDrafter(SelfDrafter):
         super().reset(prompt, target_cache)
 
 
-_COPIES: dict[tuple[int, str], tuple[weakref.ref, object]] = {}  # (id(target), format) -> (target, its copy)
-
-
-def _forget_copy(key: tuple[int, str], _ref: weakref.ref) -> None:
-    _COPIES.pop(key, None)
+_COPIES: dict[tuple[int, str], object] = {}  # (id(target), format) -> its copy, while the target lives
 
 
 def shared_copy(model, fmt: str):
     """`model` quantized to `fmt`, made once per live target and format: its quant-self drafters share the weights."""
-    key = (id(model), fmt)
-    hit = _COPIES.get(key)
-    if hit is None or hit[0]() is not model:
+
+    def make():
         if any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules()):
             raise GenerationError("quant-self: the target is already quantized; draft from a float target")
         try:
-            copy = quantized_copy(model, fmt, QUANT_SELF_GROUP)
+            return quantized_copy(model, fmt, QUANT_SELF_GROUP)
         except ConvertError as e:
             raise GenerationError(f"quant-self:{fmt}: {e}") from None
-        hit = (weakref.ref(model, partial(_forget_copy, key)), copy)
-        _COPIES[key] = hit
-    return hit[1]
+
+    return per_model(_COPIES, model, (id(model), fmt), make)
 
 
 class QuantSelfDrafter(SelfDrafter):

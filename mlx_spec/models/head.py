@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..tunables import HEAD_IDS_STEP as IDS_STEP
+IDS_STEP = 1024  # a draft head's subset is rounded up to a multiple of this: few shapes for the GPU to build
 
 
 def _head(model):

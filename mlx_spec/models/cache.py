@@ -1,0 +1,313 @@
+"""Caches mlx-lm lacks, kept beside the models as mlx-lm keeps its own (`mlx_lm.models.cache`): a batch KV cache
+whose rows may have gaps, and recurrent layers' caches (gated delta nets, Mamba, LFM2's convolutions) that rewind,
+which mlx-lm cannot trim: a trim restores a recorded call's starting state and replays the token mixer on the part kept.
+"""
+
+import functools
+import inspect
+import weakref
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, KVCache
+
+MAX_CALLS = 64  # calls of a layer kept for rewinding: more than a round makes (K draft passes + the verify)
+MAX_RECORD = 256  # a longer call (a prefill chunk) is not kept: trimming into it reports failure
+# (mixer, norm) attribute pairs of recurrent blocks in mlx-lm: qwen3_next / qwen3_5, mamba / mamba2, lfm2.
+MIXERS = (("linear_attn", "input_layernorm"), ("mixer", "norm"), ("conv", "operator_norm"))
+_HELD: "weakref.WeakKeyDictionary[ArraysCache, int]" = weakref.WeakKeyDictionary()  # tokens a wrapped state holds
+
+
+def _through(name: str):
+    """An attribute read and written on the wrapped cache."""
+    return property(lambda self: getattr(self.inner, name), lambda self, v: setattr(self.inner, name, v))
+
+
+class RewindableCache(ArraysCache):
+    """A recurrent layer's cache as the engine sees it: an mlx-lm `ArraysCache`'s state, its tokens, its calls."""
+
+    cache, left_padding, lengths = _through("cache"), _through("left_padding"), _through("lengths")
+
+    def __init__(self, inner: ArraysCache, offset=0):
+        self.inner, self.offset = inner, offset
+        self._calls: list[tuple] = []  # (states before, layer, x, mask, offset) of each call since the last commit
+
+    def _held(self) -> None:
+        _HELD[self.inner] = self.offset  # a later generation over the caller's cache knows what it holds
+
+    def record(self, layer, x, mask) -> None:
+        """A call of `layer` on input x is about to run from the state held now."""
+        if x.shape[1] > MAX_RECORD:
+            self._calls.clear()
+        else:
+            self._calls.append((list(self.cache), layer, x, mask, self.offset + x.shape[1]))
+            del self._calls[:-MAX_CALLS]
+
+    def advance(self, n: int) -> None:
+        """The layer's mixer took n tokens (mlx-lm's recurrent mixers call this after each update)."""
+        super().advance(n)
+        self.offset = self.offset + n
+        self._held()
+
+    def commit(self) -> None:
+        """Forget the history: what is held now is final (frees the recorded inputs and old states)."""
+        self._calls.clear()
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        """Drop the last `n` tokens; returns how many were dropped (fewer if the history does not reach)."""
+        done = 0
+        while done < n and self._calls and self._calls[-1][4] == self.offset:  # (not where a pass went unrecorded)
+            state, layer, x, mask, _ = self._calls.pop()
+            self.cache = list(state)
+            length = x.shape[1]
+            self.offset -= length
+            keep = length - (n - done)
+            if keep <= 0:
+                done += length
+                continue
+            x, mask = x[:, :keep], (mask[..., :keep] if mask is not None else None)
+            _replay(layer, x, mask, self)  # advances the offset by keep
+            self._calls.append((list(state), layer, x, mask, self.offset))
+            done = n
+        self._held()
+        return done
+
+
+class RewindableRows(RewindableCache):
+    """A joint recurrent cache, one row per generation, each with its offset and rewound by its own count; each row
+    keeps the call it was last rewound in (until `commit`), so a row taken out can still be trimmed within it."""
+
+    def __init__(self, inner: ArraysCache, offset: mx.array):
+        super().__init__(inner, offset)
+        # each row's (call, index in it, tokens of it kept) to replay on extraction; None: its state is final
+        self._rows: list[tuple | None] = [None] * offset.size
+
+    def _held(self) -> None:
+        pass  # the state is the engine's own
+
+    @property
+    def batch_size(self) -> int:
+        return self.offset.size  # (mlx-lm's counts 1 while every state is still None)
+
+    def commit(self) -> None:
+        self._calls.clear()
+        self._rows = [None] * len(self._rows)
+
+    def trim_rows(self, drop: list[int]) -> None:
+        """Drop row i's last `drop[i]` positions, across recorded calls: each row's state is restored to before the
+        call its kept part ends in and that part replayed, the rows keeping as many of a call in one replay."""
+        left, parts, index = list(drop), [self.cache], list(range(len(drop)))
+        count, last = len(drop), True
+        self._rows = [None] * len(drop)
+        while self._calls and (last or any(left)):
+            call = before, layer, x, mask, _ = self._calls.pop()
+            width = x.shape[1]
+            groups: dict[int, list[int]] = {}
+            for i, d in enumerate(left):
+                if last and not d:
+                    self._rows[i] = (call, i, width)  # keeps all: the state after the pass
+                elif 0 < d <= width:
+                    groups.setdefault(width - d, []).append(i)
+                    left[i] = 0
+                elif d > width:
+                    left[i] = d - width
+            for keep, rows in groups.items():
+                idx = mx.array(rows)
+                part = ArraysCache(len(before))
+                # mlx-lm leaves ArraysCache.cache unannotated: [None] * size until the first update
+                part.cache = [mx.zeros_like(a[idx]) if s is None else s[idx] for s, a in zip(before, self.cache)]  # type: ignore[misc]
+                if keep:
+                    _replay(layer, x[idx, :keep], _take(mask, rows, keep), part)
+                parts.append(part.cache)
+                for j, i in enumerate(rows):
+                    index[i], self._rows[i] = count + j, (call, i, keep) if keep else None
+                count += len(rows)
+            last = False
+        if any(left):
+            raise ValueError("a row cannot be rewound past the calls recorded since the last rewind or commit")
+        if len(parts) > 1:  # each row's state: the last pass's (a row that kept all) or its replay's
+            where = mx.array(index)
+            self.cache = [mx.concatenate([p[e] for p in parts])[where] for e in range(len(self.cache))]
+        self.offset = self.offset - mx.array(drop)
+        self._calls.clear()
+
+    def filter(self, batch_indices) -> None:
+        super().filter(mx.array(batch_indices))
+        self.offset = self.offset[mx.array(batch_indices)]
+        self._rows = [self._rows[i] for i in batch_indices]
+
+    def extend(self, other) -> None:
+        super().extend(other)
+        self.offset = mx.concatenate([self.offset, other.offset])
+        self._rows += other._rows
+
+    @classmethod
+    def of(cls, cache: RewindableCache) -> "RewindableRows":
+        """A joint cache of one row holding `cache`'s state (`cache` itself is not changed)."""
+        inner = ArraysCache(len(cache.cache))
+        inner.cache = list(cache.cache)
+        return cls(inner, mx.array([cache.offset]))
+
+    def extract(self, idx: int) -> RewindableCache:
+        """Row idx as a generation's own rewindable cache, trimmable within the call it was last rewound in."""
+        inner = ArraysCache(len(self.cache))
+        inner.cache = [None if s is None else s[idx : idx + 1] for s in self.cache]
+        out = RewindableCache(inner, self.offset[idx].item())
+        row = self._rows[idx]
+        if row is not None:
+            (before, layer, x, mask, _), i, k = row
+            state = [None if s is None else s[i : i + 1] for s in before]
+            out._calls.append((state, layer, x[i : i + 1, :k], _take(mask, [i], k), out.offset))
+        return out
+
+
+def _take(mask, rows: list[int], keep: int):
+    """The given rows' first `keep` positions of a recorded (rows, positions) mask."""
+    return None if mask is None else mask[mx.array(rows)][..., :keep]
+
+
+def _replay(layer, x, mask, cache) -> None:
+    """Run `layer`'s token mixer on `x` from the restored state: the cache ends at the state after `x`."""
+    run, inputs = layer, x  # an unknown block: the whole block, its output dropped
+    for mixer_name, norm_name in MIXERS:
+        mixer, norm = getattr(layer, mixer_name, None), getattr(layer, norm_name, None)
+        if callable(mixer) and callable(norm):
+            run, inputs = mixer, norm(x)
+            break
+    masked = "mask" in _signature(type(run).__call__).parameters
+    run(inputs, **({"mask": mask} if masked else {}), cache=cache)
+
+
+@functools.cache
+def _signature(fn) -> inspect.Signature:
+    return inspect.signature(fn)
+
+
+class Recorder(nn.Module):
+    """A recurrent block that records each call over a rewindable cache, then runs unchanged."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def __call__(self, x, *args, **kwargs):
+        bound = _signature(type(self.block).__call__).bind(self.block, x, *args, **kwargs).arguments
+        cache = bound.get("cache")
+        if isinstance(cache, RewindableCache):
+            cache.record(self.block, x, bound.get("mask"))
+        return self.block(x, *args, **kwargs)
+
+    def __getattr__(self, name):
+        if name == "block" or name in self:  # an mlx Module keeps its children in itself, a dict
+            return super().__getattr__(name)
+        return getattr(self["block"], name)  # what the model reads of its blocks (e.g. `is_linear`)
+
+
+def rewindable(cache: list) -> list | None:
+    """The engine's view of a cache, recurrent entries wrapped to rewind; None where a state's length is unknown."""
+    if all(not isinstance(c, ArraysCache) or isinstance(c, RewindableCache) for c in cache):
+        return cache
+    out = []
+    for c in cache:
+        if isinstance(c, ArraysCache) and not isinstance(c, RewindableCache):
+            held = _HELD.get(c, 0 if c.empty() else None)
+            if held is None:
+                return None
+            c = RewindableCache(c, held)
+        out.append(c)
+    return out
+
+
+def commit(cache: list) -> None:
+    """What every rewindable layer of `cache` holds now is final (its history is freed)."""
+    for c in cache:
+        if isinstance(c, RewindableCache):
+            c.commit()
+
+
+class RaggedKVCache(BatchKVCache):
+    """A `BatchKVCache` whose rows may have gaps: `gaps[i, j]` is True where row i's column j holds a position the
+    row dropped (`drop`). The one place mlx-spec reads `BatchKVCache`'s internals (`_idx`: the columns in use)."""
+
+    gaps: mx.array | None = None
+
+    @classmethod
+    def of(cls, cache: KVCache) -> "RaggedKVCache":
+        """A joint cache of one row holding a copy of `cache`'s positions."""
+        return cls.merge([cache]) if cache.keys is not None else cls([0])
+
+    def _gaps(self, width: int) -> mx.array:
+        """The gaps over the first `width` columns (False past what is recorded)."""
+        g = (self.gaps if self.gaps is not None else mx.zeros((self.offset.shape[0], 0), dtype=mx.bool_))[:, :width]
+        return mx.pad(g, [(0, 0), (0, width - g.shape[1])]) if g.shape[1] < width else g
+
+    def drop(self, extra: list[int]) -> None:
+        """Row i gives up its last `extra[i]` positions: they become a gap at the end of its columns."""
+        e = mx.array(extra)
+        self.gaps = self._gaps(self._idx) | (mx.arange(self._idx)[None] >= self._idx - e[:, None])
+        self.offset = self.offset - e
+
+    def trim(self, n):
+        n = super().trim(n)
+        if self.gaps is not None:
+            self.gaps = self.gaps[:, : self._idx]
+        return n
+
+    def make_mask(self, N: int, return_array: bool = False, **kwargs):
+        mask = create_causal_mask(N, offset=self._idx, left_padding=self.left_padding, **kwargs)
+        return mask if self.gaps is None else mask & ~self._gaps(self._idx + N)[:, None, None, :]
+
+    def _columns(self, i: int) -> list[int]:
+        """Row i's columns that hold its positions, in order."""
+        start = int(self.left_padding[i])
+        gap: list[bool] = self._gaps(self._idx)[i].tolist()  # type: ignore[assignment]  # mlx: a scalar or a list
+        return [j for j in range(start, self._idx) if not gap[j]]
+
+    def extract(self, idx):
+        if self.gaps is None:
+            return super().extract(idx)
+        cache = KVCache()
+        cols = mx.array(self._columns(idx))
+        cache.keys = mx.contiguous(mx.take(self.keys[idx : idx + 1], cols, axis=2))
+        cache.values = mx.contiguous(mx.take(self.values[idx : idx + 1], cols, axis=2))
+        cache.offset = cache.keys.shape[2]
+        return cache
+
+    def filter(self, batch_indices):
+        if self.gaps is None:
+            return super().filter(batch_indices)
+        # Pack the rows kept: each row's positions right-aligned at the last column, no gaps.
+        cols = [self._columns(i) for i in batch_indices]
+        width = max(len(c) for c in cols)
+        index = mx.array([[0] * (width - len(c)) + c for c in cols])[:, None, :, None]  # (B, 1, width, 1)
+        rows = mx.array(batch_indices)
+        self.keys = mx.take_along_axis(self.keys[rows], index, axis=2)
+        self.values = mx.take_along_axis(self.values[rows], index, axis=2)
+        self.offset = self.offset[rows]
+        self.left_padding = mx.array([width - len(c) for c in cols])
+        self._idx, self.gaps = width, None
+
+    def put(self, i: int, cache: KVCache) -> None:
+        """Row i becomes `cache`'s positions (at most `_idx` of them), right-aligned; what row i held is gone."""
+        n = cache.offset
+        # mlx-lm leaves `keys` and `values` unannotated (None until the first update): a row holds them here
+        self.keys[i : i + 1, :, self._idx - n : self._idx, :] = cache.keys[..., :n, :]  # type: ignore[index]
+        self.values[i : i + 1, :, self._idx - n : self._idx, :] = cache.values[..., :n, :]  # type: ignore[index]
+        rows = mx.arange(self.offset.shape[0]) == i
+        self.left_padding = mx.where(rows, self._idx - n, self.left_padding)
+        self.offset = mx.where(rows, n, self.offset)
+        if self.gaps is not None:
+            self.gaps = self.gaps & ~rows[:, None]
+
+    def extend(self, other):
+        if self.gaps is None and other.gaps is None:
+            return super().extend(other)
+        a, b = self._idx, other._idx
+        mine, theirs = self._gaps(a), other._gaps(b)  # taken before the rows are joined (`_gaps` sizes by the rows)
+        super().extend(other)
+        m = self._idx
+        self.gaps = mx.concatenate([mx.pad(mine, [(0, 0), (m - a, 0)]), mx.pad(theirs, [(0, 0), (m - b, 0)])])
