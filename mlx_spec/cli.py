@@ -181,7 +181,9 @@ def generate(
     if cluster is None:
         target, tok, drafter = load_pair(model, spec, log=_log)
     else:
-        target, tok = cluster.load(resolve(model, _log))
+        folder = resolve(model, _log)
+        spec = cluster.drafter(spec, folder)  # refused before the target loads where it cannot run sharded
+        target, tok = cluster.load(folder)
         drafter = make_drafter(spec, target, tok, log=_log)
         cluster.agree_seed(seed)  # every rank samples alike; and no rank starts before all have loaded
     planner = Agreed(adaptive=adaptive, cluster=cluster) if cluster is not None else None

@@ -12,13 +12,16 @@ import threading
 import time
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
-from conftest import PROMPTS, make_model
+from conftest import PROMPTS, make_model, one_line_error, randomized, run_cli
+from mlx.utils import tree_flatten
 
 from mlx_spec.cluster import Agreed, Cluster, ClusterError
 from mlx_spec.cluster.agree import encode
 from mlx_spec.errors import GenerationError
 from mlx_spec.gen.planner import PLAIN, Ask, Plan, Planner
+from mlx_spec.gen.registry import parse
 
 RANKS = Path(__file__).with_name("cluster_ranks.py")
 LAUNCH = Path(sys.executable).with_name("mlx.launch")
@@ -84,6 +87,26 @@ def test_a_lost_peer_is_one_error_naming_both_ranks():
             raise ZeroDivisionError
 
 
+def test_a_drafter_reading_states_runs_over_a_tensor_group_and_mtp_reads_the_targets_own_checkpoint():
+    tensor = Cluster(Rank(0))
+    assert tensor.drafter(parse("eagle3:/heads/h"), "/models/m") == parse("eagle3:/heads/h")
+    assert tensor.drafter(parse("mtp"), "/models/m") == parse("mtp:/models/m")
+    assert tensor.drafter(parse("hybrid:mtp"), "/models/m") == parse("hybrid:mtp:/models/m")
+    assert tensor.drafter(parse("ngram"), "/models/m") == parse("ngram")
+
+
+def test_under_a_pipeline_a_drafter_reading_states_is_refused_in_one_line_before_the_target_loads(target):
+    for spec in ("eagle3:/heads/h", "mtp", "hybrid:dflash:/d"):
+        with pytest.raises(ClusterError, match="a pipeline leaves each block's on the one rank that runs it"):
+            Cluster(Rank(1), "pipeline").drafter(parse(spec), "/models/m")
+    assert Cluster(Rank(1), "pipeline").drafter(parse("suffix"), "/models/m") == parse("suffix")
+    args = ["generate", "--model", str(target), "--draft", "eagle3:/no/head", "--shard", "pipeline", "--no-chat"]
+    assert one_line_error(run_cli(*args)) == (
+        "error: --shard pipeline: 'eagle3:/no/head' reads the target's hidden states, and a pipeline leaves each "
+        "block's on the one rank that runs it (gathering them is not built); use --shard tensor"
+    )
+
+
 DEADLINE = """
 import time
 from mlx_spec.cluster.group import Cluster, Deadline
@@ -117,13 +140,11 @@ def target(tmp_path_factory) -> Path:
     return make_model(tmp_path_factory.mktemp("cluster") / "qwen2", "qwen2", seed=0, layers=2, scale=4.0)
 
 
-@pytest.mark.slow
-def test_every_drafter_sharded_over_two_ranks_equals_plain_sharded(target, tmp_path):
-    out = tmp_path / "replies.json"
-    # the target drafts for itself, loaded whole on each rank
-    drafters = ["none", "ngram", "suffix", str(target), f"{target}@unlike", "none@sampled", f"{target}@sampled"]
+def launch(target: Path, out: Path, drafters: list[str], max_tokens: int = 12, alone: bool = False) -> dict:
+    """`cluster_ranks.py` over 2 ranks with `target` sharded by tensor: rank 0's {"replies", "accepted", "drafts"}
+    (and each run's on the target loaded whole, "RUN alone", where `alone`); rank 1's drafts are in `out`.1."""
     prompt = PROMPTS[0] + PROMPTS[1] + PROMPTS[0]  # n-gram bait
-    args = [str(target), str(out), json.dumps([prompt]), json.dumps(drafters), "12", "0"]
+    args = [str(target), str(out), json.dumps([prompt]), json.dumps(drafters), str(max_tokens), str(int(alone))]
     res = subprocess.run(
         [sys.executable, str(LAUNCH), "-n", "2", "--backend", "ring", "--", sys.executable, str(RANKS), *args],
         capture_output=True,
@@ -131,7 +152,14 @@ def test_every_drafter_sharded_over_two_ranks_equals_plain_sharded(target, tmp_p
         timeout=600,
     )
     assert res.returncode == 0, res.stderr
-    got = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_every_drafter_sharded_over_two_ranks_equals_plain_sharded(target, tmp_path):
+    # the target drafts for itself, loaded whole on each rank
+    drafters = ["none", "ngram", "suffix", str(target), f"{target}@unlike", "none@sampled", f"{target}@sampled"]
+    got = launch(target, tmp_path / "replies.json", drafters)
     replies = got["replies"]
     plain, sampled = replies.pop("none"), replies.pop("none@sampled")
     assert len(plain[0]) == len(sampled[0]) == 12 and sampled != plain
@@ -139,6 +167,87 @@ def test_every_drafter_sharded_over_two_ranks_equals_plain_sharded(target, tmp_p
     proposed = {d: p for d, (p, _) in got["accepted"].items()}
     assert all(proposed[d] > 0 for d in replies), proposed  # every drafter's drafts were verified sharded
     assert got["accepted"][str(target)][1] > 0
+
+
+@pytest.fixture(scope="module")
+def learned(target, tmp_path_factory) -> dict[str, Path]:
+    """Random EAGLE-3 and DFlash drafters over the tiny qwen2, and a tiny Qwen3.5 (untied output layer, which mlx-lm
+    splits by vocabulary over a tensor group) whose checkpoint carries random MTP layers, as folders."""
+    from mlx_lm.models import qwen3_5
+    from test_dflash import write_drafter
+    from test_eagle3 import random_head
+    from test_mtp import hf_layout, random_mtp
+
+    from mlx_spec.gen.load import load_folder
+    from mlx_spec.make import heads
+
+    root = tmp_path_factory.mktemp("learned")
+    whole = load_folder(target)[0]
+    d, vocab = whole.args.hidden_size, whole.args.vocab_size
+    heads.save(random_head(2, vocab, 96, d, [0, 1, 1]), root / "eagle3")
+    write_drafter(root / "dflash", whole, (0, 1), scale=2.5)
+    qwen = make_model(root / "qwen3_5", "qwen3_5", seed=5, scale=4.0)
+    config = dict(json.loads((qwen / "config.json").read_text()), tie_word_embeddings=False)
+    (qwen / "config.json").write_text(json.dumps(config))
+    model = randomized(qwen3_5.Model, qwen3_5.ModelArgs.from_dict(config), 5, 4.0)
+    weights = hf_layout(dict(tree_flatten(model.parameters())), "qwen3_5")
+    weights.update(hf_layout(dict(tree_flatten(random_mtp(model, 3).parameters())), "qwen3_5", "mtp."))
+    mx.save_safetensors(str(qwen / "model.safetensors"), weights)
+    return {"eagle3": root / "eagle3", "dflash": root / "dflash", "qwen3_5": qwen}
+
+
+@pytest.mark.slow
+def test_drafters_reading_the_targets_states_sharded_over_two_ranks_equal_plain_sharded(target, learned, tmp_path):
+    """EAGLE-3 and DFlash over the sharded qwen2, MTP over the sharded Qwen3.5 (its output layer split, the MTP
+    module borrowing it): greedy and seeded sampled replies equal plain sharded decoding's, drafts were verified, and
+    both ranks drafted what the drafter drafts over the target loaded whole."""
+    runs = {
+        target: [f"eagle3:{learned['eagle3']}", f"dflash:{learned['dflash']}"],
+        learned["qwen3_5"]: ["mtp"],
+    }
+    for model, drafters in runs.items():
+        drafters = drafters + [f"{d}@sampled" for d in drafters]
+        got = launch(model, tmp_path / "replies.json", ["none", "none@sampled", *drafters], alone=True)
+        replies, accepted, drafts = got["replies"], got["accepted"], got["drafts"]
+        plain, sampled = replies["none"], replies["none@sampled"]
+        assert len(plain[0]) == 12 and sampled != plain
+        for d in drafters:
+            assert replies[d] == (sampled if d.endswith("@sampled") else plain), d
+        assert all(accepted[d][0] > 0 for d in drafters), accepted
+        # every rank drafted alike, and as the drafter does over the target loaded whole: it read whole states
+        follower = json.loads((tmp_path / "replies.json.1").read_text())
+        for d in drafters:
+            assert drafts[d] == follower[d], f"{d}: rank 1 drafted otherwise than rank 0"
+            assert drafts[d] == drafts[f"{d} alone"], f"{d}: the drafts differ from those over the whole target"
+
+
+LAW_SAMPLES = 400  # replies a law run draws over 2 ranks (each costs a few loopback round trips); with them the
+# broken rule's chi-square was 88 against a bound of 31 here, the exact rule's 12
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["alike", "apart", "resample"])
+def test_sampled_over_two_ranks_the_reply_keeps_the_targets_law_and_ranks_drawing_apart_or_a_wrong_rule_fail(
+    how, tmp_path
+):
+    """A random EAGLE-3 head drafting K=2 for a tiny V-token target sharded by tensor, sampled at temperature 1, each
+    reply's generator seeded alike on every rank: the chi-square test against the target's exact law passes. Ranks
+    seeded apart (they draft and judge differently) break the group; a residual that forgets the draft's law fails
+    the chi-square test."""
+    out = tmp_path / "law.json"
+    res = subprocess.run(
+        [sys.executable, str(LAUNCH), "-n", "2", "--backend", "ring", "--", sys.executable, str(RANKS), "law"]
+        + [str(out), how, str(LAW_SAMPLES)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    got = json.loads(out.read_text())
+    if how == "apart":
+        assert "rank 1 diverged from rank 0" in res.stderr and "the group broke" in got["error"], res.stderr
+        return
+    assert got["verified"] == [2, 2], "every reply must verify two draft positions (K > 1)"
+    assert got["ok"] == (how == "alike"), f"{how}: chi2 {got['stat']:.1f} vs {got['crit']:.1f}"
 
 
 def free_ports(n: int) -> list[int]:

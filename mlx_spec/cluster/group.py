@@ -1,5 +1,5 @@
-"""A rank's place in the group: joining, loading the sharded target, sharing rank 0's integers, and the one error
-that names the rank when the group breaks."""
+"""A rank's place in the group: joining, loading the sharded target (and the drafter as it runs on one), sharing rank
+0's integers, and the one error that names the rank when the group breaks."""
 
 import contextlib
 import math
@@ -13,8 +13,11 @@ from pathlib import Path
 from typing import cast
 
 import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import gather_last_axis
 
 from ..errors import MlxSpecError
+from ..gen import registry
 
 SHARDS = ("tensor", "pipeline")  # mlx-lm's two ways to split a model: its weights in every layer, or its layers
 # Seconds a rank waits for the others' round decision before it takes the group for broken: the ranks do the same work
@@ -54,15 +57,34 @@ class Cluster:
         return self.rank == 0
 
     def load(self, folder: str | Path):
-        """(model, tokenizer) of a model folder, split over the group by mlx-lm's `sharded_load`."""
+        """(model, tokenizer) of a model folder, split over the group by mlx-lm's `sharded_load`, its output layer
+        gathering its own logits where mlx-lm split it (`whole_head`)."""
         from mlx_lm.utils import sharded_load
 
-        tensor = self.shard == "tensor"
+        groups = (None, self.group) if self.shard == "tensor" else (self.group, None)  # (pipeline, tensor)
         with self.guard():
             try:
-                return sharded_load(str(folder), None if tensor else self.group, self.group if tensor else None)[:2]
+                model, tok = sharded_load(str(folder), *groups)[:2]
             except ValueError as e:  # mlx-lm's word for a model without that kind of sharding
                 raise ClusterError(f"{folder}: cannot shard by {self.shard}: {e}") from None
+        whole_head(model)
+        return model, tok
+
+    def drafter(self, spec: registry.DrafterSpec, folder: str | Path) -> registry.DrafterSpec:
+        """`spec` as it runs over the target of `folder` sharded: 'mtp' reads the target's own checkpoint (the sharded
+        loader records no folder); a drafter reading the target's states is refused under a pipeline."""
+        inner = spec.inner if spec.kind == "hybrid" else spec
+        if inner is None or inner.kind not in registry.LEARNED:
+            return spec
+        if self.shard != "tensor":  # a tensor group's blocks end in an all_sum: their outputs are whole on every rank
+            raise ClusterError(
+                f"--shard {self.shard}: '{spec}' reads the target's hidden states, and a pipeline leaves each block's "
+                "on the one rank that runs it (gathering them is not built); use --shard tensor"
+            )
+        if inner.kind == "mtp" and not inner.arg:
+            inner = registry.DrafterSpec("mtp", str(folder))
+            return registry.DrafterSpec("hybrid", str(inner), inner) if spec.kind == "hybrid" else inner
+        return spec
 
     def share(self, values: Sequence[int], n: int, limit: float = math.inf) -> list[int]:
         """Rank 0's `n` integers on every rank (one all_sum: the other ranks add zeros), on the default stream, so it
@@ -100,6 +122,30 @@ class Cluster:
         others = [r for r in range(self.size) if r != self.rank]
         who = f"rank {others[0]}" if len(others) == 1 else f"one of ranks {others}"
         return f"rank {self.rank}: the group broke: {who} failed or its link dropped"
+
+
+class Gathered(nn.Module):
+    """An output layer split by vocabulary over the group whose logits come back whole on every rank (one all_gather
+    a call)."""
+
+    def __init__(self, layer: nn.Module, group: mx.distributed.Group):
+        super().__init__()
+        self.layer = layer
+        object.__setattr__(self, "group", group)  # not a module attribute
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return gather_last_axis(self.layer(x), self.group)  # (..., V / ranks) on each rank -> (..., V)
+
+
+def whole_head(model) -> None:
+    """Where mlx-lm split a sharded model's output layer (Qwen3.5's untied head, gathered in the model's own call),
+    gather it in the layer instead: the target's logits are the same, and the MTP and DFlash drafters, which borrow
+    that layer, get every token's logit."""
+    text = getattr(model, "language_model", model)
+    group = getattr(text, "sharding_group", None)
+    if group is not None and isinstance(getattr(text, "lm_head", None), nn.Module):
+        text.lm_head = Gathered(text.lm_head, group)
+        text.sharding_group = None  # gathered once, in the layer
 
 
 class Deadline:
