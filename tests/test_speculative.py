@@ -500,6 +500,22 @@ def test_quant_self_bad_formats(target, fmt, match):
         QuantSelfDrafter(target[0], fmt, target[0].args.vocab_size)
 
 
+def test_quant_self_refuses_a_wrapped_target_rather_than_quantize_it_in_place(target):
+    """A wrapper that forwards attributes (as a test's slowed target does) cannot be copied by container: quantizing
+    "a copy" of it quantized the target itself."""
+
+    class Wrapper:
+        def __init__(self, model):
+            self.model_ = model
+
+        def __getattr__(self, name):
+            return getattr(self.__dict__["model_"], name)
+
+    with pytest.raises(GenerationError, match="the model itself"):
+        QuantSelfDrafter(Wrapper(target[0]), "int8", target[0].args.vocab_size)
+    assert not hasattr(target[0].model.layers[0].mlp.up_proj, "bits")
+
+
 class Reads:
     """Counts the host's waits for the device: every `mx.eval`, and every `.item()`/`.tolist()` of an array that no
     earlier wait evaluated (reading an evaluated array waits for nothing)."""

@@ -134,6 +134,8 @@ def _structure(module):
 def quantized_copy(model, fmt: str, group_size: int):
     """`model` with every linear and embedding layer quantized to the MLX kernel format `fmt` (group_size: affine
     formats'), its other weights shared and `model` itself untouched (the quant-self drafter's copy)."""
+    if not isinstance(model, nn.Module):  # its containers could not be copied: nn.quantize would reach the model's own
+        raise ConvertError(f"needs the model itself (an mlx.nn.Module), got a {type(model).__name__}")
     bits, mode = parse_quantize(fmt)
     if mode not in ("affine", *FP_MODES):
         raise ConvertError(f"needs an MLX kernel format (int2-int8, {', '.join(FP_MODES)})")
