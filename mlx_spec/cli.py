@@ -160,13 +160,17 @@ def generate(
     shard: str | None = typer.Option(
         None, help="Split the target over the ranks `mlx.launch` starts: tensor or pipeline (rank 0 prints)"
     ),
+    link_latency_us: float | None = typer.Option(
+        None, help="With --shard: a simulated slower link, a wait of this many µs after each collective"
+    ),
 ):
     """Stream text from a model, plain or speculative (the output is the target's either way)."""
     import contextlib
 
     import mlx.core as mx
 
-    from .cluster import Agreed, Cluster
+    from .cluster import Agreed, Cluster, ClusterError
+    from .cluster.link import Link, Marked
     from .device import describe
     from .gen import registry
     from .gen.stream import stream_generate
@@ -176,6 +180,8 @@ def generate(
     _hint()
     spec = registry.parse(draft)  # once: every layer below takes the parsed spec
     cluster = Cluster.join(shard) if shard is not None else None
+    if link_latency_us is not None and cluster is None:
+        raise ClusterError("--link-latency-us simulates the link between ranks: it needs --shard")
     if seed is not None:
         mx.random.seed(seed)
     if cluster is None:
@@ -186,7 +192,10 @@ def generate(
         target, tok = cluster.load(folder)
         drafter = make_drafter(spec, target, tok, log=_log)
         cluster.agree_seed(seed)  # every rank samples alike; and no rank starts before all have loaded
+    link = Link(link_latency_us * 1e-6) if link_latency_us is not None else None
     planner = Agreed(adaptive=adaptive, cluster=cluster) if cluster is not None else None
+    if cluster is not None and link is not None:
+        planner = Marked(adaptive=adaptive, cluster=cluster, link=link)
     shown = cluster is None or cluster.lead
     ids = (
         tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
@@ -194,7 +203,10 @@ def generate(
         else tok.encode(prompt)
     )
     ev = None
-    with cluster.guard() if cluster is not None else contextlib.nullcontext():
+    with (
+        cluster.guard() if cluster is not None else contextlib.nullcontext(),
+        link.installed() if link is not None else contextlib.nullcontext(),
+    ):
         for ev in stream_generate(
             target,
             tok,
@@ -213,6 +225,13 @@ def generate(
     if not shown:
         return
     typer.echo("")
+    if link is not None:
+        t = link.tally
+        typer.echo(
+            f"link:       simulated, {link_latency_us:g} µs waited after each of {t.collectives} collectives "
+            f"({t.waited:.3f} s waited, {t.measured:.3f} s in the collectives themselves)",
+            err=True,
+        )
     if verbose and ev is not None:
         typer.echo(format_stats(ev.stats, drafter is not None), err=True)
         typer.echo(f"device:     {describe()}", err=True)
@@ -282,6 +301,11 @@ def serve(
         help="Bytes of KV cache kept for prompt prefixes that conversations share (a system prompt and tools), "
         "least recently used out first (0: none)",
     ),
+    shard: str | None = typer.Option(
+        None,
+        help="Split the target over the ranks `mlx.launch` starts: tensor or pipeline (rank 0 serves, one request at "
+        "a time; the others follow)",
+    ),
 ):
     """Serve the web chat at / and an OpenAI-compatible API at /v1, speculating for every concurrent request."""
     from mlx_spec_apps.server.main import serve as run
@@ -310,6 +334,7 @@ def serve(
         fixed_draft=fixed_draft,
         batch=batch,
         prefix_cache_bytes=prefix_cache_bytes,
+        shard=shard,
         log=_log,
     )
 

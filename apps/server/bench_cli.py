@@ -59,6 +59,16 @@ def serve(
     _log(f"wrote {run.json_path} and {run.md_path}")
 
 
+def _run_agent(*args, **kwargs):
+    from .agent_bench import run_agent
+
+    return run_agent(*args, **kwargs)
+
+
 def register(bench: typer.Typer) -> None:
-    """Add `serve` to the bench's commands (`mlx_spec.bench.app`); `mlx_spec.cli` calls it when it mounts the bench."""
+    """Add `serve` to the bench's commands (`mlx_spec.bench.app`) and the `agent` suite kind to `bench run`;
+    `mlx_spec.cli` calls it when it mounts the bench."""
+    from mlx_spec.bench import runner
+
     bench.command("serve")(serve)
+    runner.FACES["agent"] = _run_agent

@@ -7,13 +7,16 @@ from collections.abc import Callable
 
 import uvicorn
 
+from mlx_spec.cluster import Cluster, ClusterError
 from mlx_spec.device import describe
 from mlx_spec.named import Log
 
 from .app import build_app
 from .app import log as request_log
 from .defaults import DEFAULT_HOST, DEFAULT_MAX_CONCURRENCY, DEFAULT_PORT, PREFIX_CACHE_BYTES
+from .lockstep import Lockstep, load_pair
 from .pair import Pair
+from .scheduler import Scheduler
 
 SHUTDOWN_GRACE_S = 5  # open streams get this long to end when the server stops
 
@@ -59,16 +62,28 @@ def serve(
     fixed_draft: bool = False,
     batch: bool = True,
     prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
+    shard: str | None = None,
     log: Log = _quiet,
 ) -> None:
     """Serve the pair until Ctrl-C; the URL (port 0: the port picked) goes to stdout once it listens, a line per
-    request to stderr. max_tokens: a reply's length when a request gives none (None: up to the end of the context)."""
+    request to stderr. max_tokens: a reply's length when a request gives none (None: up to the end of the context).
+    shard: the target split over the ranks `mlx.launch` started ("tensor" or "pipeline"); rank 0 serves, the others
+    follow its steps and serve nothing."""
     if not request_log.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
         request_log.addHandler(handler)
         request_log.setLevel(logging.INFO)
-    pair = Pair.load(model, draft, num_draft=num_draft, fixed=fixed_draft, log=log)
+    lockstep = None
+    if shard is None:
+        pair = Pair.load(model, draft, num_draft=num_draft, fixed=fixed_draft, log=log)
+    else:
+        cluster = Cluster.join(shard)
+        pair = load_pair(cluster, model, draft, num_draft=num_draft, fixed=fixed_draft, log=log)
+        cluster.agree_seed(None)  # every rank samples alike; and no rank starts before all have loaded
+        lockstep = Lockstep(cluster)
+        if not lockstep.lead:
+            return follow(pair, lockstep, prefix_cache_bytes)
     app = build_app(
         pair,
         api_key=api_key,
@@ -77,6 +92,8 @@ def serve(
         batch=batch,
         prefix_cache_bytes=prefix_cache_bytes,
     )
+    if lockstep is not None:
+        app.state.scheduler.shard(lockstep)
     config = _config(app, host, port)
     sock = config.bind_socket()
     url, device = _url(host, sock), describe()
@@ -89,6 +106,15 @@ def serve(
         print(url, flush=True)
 
     _Server(config, ready).run(sockets=[sock])
+
+
+def follow(pair: Pair, lockstep: Lockstep, prefix_cache_bytes: int) -> None:
+    """A rank other than 0: no HTTP; replay rank 0's steps until it stops (a broken group: a ClusterError)."""
+    scheduler = Scheduler(pair, 1, batch=False, prefix_bytes=prefix_cache_bytes)
+    scheduler.shard(lockstep)
+    scheduler.follow()
+    if lockstep.broken is not None:
+        raise ClusterError(lockstep.broken)
 
 
 class Running:

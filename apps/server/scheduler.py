@@ -3,9 +3,11 @@
 MLX must not compute from several threads at once, so every forward pass happens here. Each active job has its own
 `Session` and is a row of an engine (`batching.py`): requests share one, whose every round advances all of them in one
 forward pass, and a request that cannot sit beside others has its own, the engines taking turns. A cancelled job is
-closed before the next round, so it stops within one round, and its session (with its caches) is freed.
+closed before the next round, so it stops within one round, and its session (with its caches) is freed. On a target
+sharded across ranks (`shard`), rank 0 shares each turn of this loop and the other ranks replay it (`lockstep.py`).
 """
 
+import contextlib
 import logging
 import threading
 import time
@@ -22,6 +24,7 @@ from mlx_spec.gen.stats import Stats
 from .batching import Batcher
 from .defaults import PREFIX_CACHE_BYTES
 from .errors import ApiError
+from .lockstep import Lockstep, Step
 from .pair import Pair
 from .params import Params
 from .pool import IDLE_EXTRA, SessionPool
@@ -59,6 +62,10 @@ class Failed:
 
 class QueueFull(Exception):
     """No room in the waiting queue."""
+
+
+class _Broken(Exception):
+    """The group under a sharded target broke during a round: the model thread stops."""
 
 
 @dataclass
@@ -127,12 +134,26 @@ class Scheduler:
         self._recent: deque[Job] = deque(maxlen=RECENT)
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self.lockstep: Lockstep | None = None
+
+    def shard(self, lockstep: Lockstep) -> None:
+        """Run over a sharded target: every rank replays rank 0's steps, so one request runs at a time (which rows
+        share a pass is not shared yet), each engine planning with rank 0's plans; a broken group fails every
+        request with a 503."""
+        self.lockstep, self.max_concurrency = lockstep, 1
+        self.batcher.batch = False  # a row's engine of its own, chosen alike on every rank
+        self.batcher.solo = lockstep.planner(self.pair.adaptive)
+        lockstep.on_broke = self._broke
 
     # --- the request side (any thread) ---
 
     def submit(self, job: Job) -> None:
-        """Queue a job; QueueFull when every slot is taken and `max_queue` jobs wait already."""
+        """Queue a job; QueueFull when every slot is taken and `max_queue` jobs wait already, a 503 when the group
+        under a sharded target broke."""
         with self._cv:
+            if self.lockstep is not None and self.lockstep.broken is not None:
+                self.counts["rejected"] += 1
+                raise self._down(self.lockstep.broken)
             free = max(0, self.max_concurrency - len(self._active))  # slots the thread has yet to fill
             if len(self._waiting) >= self.max_queue + free:
                 self.counts["rejected"] += 1
@@ -159,8 +180,14 @@ class Scheduler:
         """Counters for /health."""
         with self._cv:
             jobs = list(self._active) + list(self._recent)
+            broken = self.lockstep.broken if self.lockstep is not None else None
+            sharded = None
+            if self.lockstep is not None:
+                ranks = self.lockstep.cluster.size
+                sharded = {"ranks": ranks, "one_request_at_a_time": True, "error": broken}
             return {
-                "status": "ok" if self._thread and self._thread.is_alive() else "stopped",
+                "status": "broken" if broken else "ok" if self._thread and self._thread.is_alive() else "stopped",
+                "sharded": sharded,
                 "active": len(self._active),
                 "queued": len(self._waiting),
                 "max_concurrency": self.max_concurrency,
@@ -194,34 +221,65 @@ class Scheduler:
             # are still joinable when the process exits and C++ aborts it ("terminate called ...").
             mx.clear_streams()
 
+    def follow(self) -> None:
+        """A rank other than 0: replay rank 0's steps on this thread until rank 0 stops."""
+        self._run()
+
+    def _next_step(self) -> Step:
+        """The loop's next step: the jobs admitted and cancelled (rank 0 shares it; the other ranks take rank 0's)."""
+        if self.lockstep is not None and not self.lockstep.lead:
+            step = self.lockstep.follow()
+            for i, ids, params in step.admitted:  # rank 0's request, its replies going nowhere
+                job = Job(i, ids, params, lambda _item: None, state="active", started=time.monotonic())
+                self._active.append(job)
+            return step
+        with self._cv:
+            while not self._stopping and not self._active and not self._waiting:
+                self._cv.wait()
+            step = Step(stop=self._stopping)
+            while not self._stopping and self._waiting and len(self._active) < self.max_concurrency:
+                job = self._waiting.popleft()
+                job.state, job.started = "active", time.monotonic()
+                self._active.append(job)
+                step.admitted.append((job.id, job.ids, job.params))
+            step.cancelled = {j.id for j in self._active if j.cancel_requested}
+        if self.lockstep is not None:
+            self.lockstep.share(step)
+        return step
+
     def _serve_jobs(self) -> None:
-        while True:
-            with self._cv:
-                while not self._stopping and not self._active and not self._waiting:
-                    self._cv.wait()
-                if self._stopping:
-                    break
-                while self._waiting and len(self._active) < self.max_concurrency:
-                    job = self._waiting.popleft()
-                    job.state, job.started = "active", time.monotonic()
-                    self._active.append(job)
-                turn = list(self._active)
-            for job in turn:
-                try:
-                    self._advance(job)
-                except Exception as e:  # a bug in the bookkeeping: fail this request, keep the thread alive
-                    log.exception("request %s failed", job.id)
-                    self._finish(job, "failed", Failed(ApiError(500, f"{type(e).__name__}: {e}", type="server_error")))
-            if len(self.batcher):
-                self._rounds()
+        while self.lockstep is None or self.lockstep.broken is None:  # a broken group: `_broke` failed every request
+            try:
+                step = self._next_step()
+            except Exception as e:
+                if self.lockstep is None or self.lockstep.broke(e) is None:
+                    raise
+                return
+            if step.stop:
+                break
+            with self.lockstep.watch() if self.lockstep is not None else contextlib.nullcontext():
+                for job in list(self._active):
+                    try:
+                        self._advance(job, job.id in step.cancelled)
+                    except Exception as e:  # a bug in the bookkeeping: fail this request, keep the thread alive
+                        log.exception("request %s failed", job.id)
+                        err = ApiError(500, f"{type(e).__name__}: {e}", type="server_error")
+                        self._finish(job, "failed", Failed(err))
+                if len(self.batcher):
+                    try:
+                        self._rounds()
+                    except _Broken:
+                        return
+        if self.lockstep is not None and self.lockstep.broken is not None:
+            return
         gone = Failed(ApiError(503, "the server is shutting down", type="server_error"))
         for job in list(self._active) + list(self._waiting):
             self._finish(job, "cancelled", gone)
 
-    def _advance(self, job: Job) -> None:
+    def _advance(self, job: Job, cancelled: bool) -> None:
         """A job's turn: a new job takes a session and queues to join an engine; a cancelled one is closed (a
         job's tokens come from its engine's rounds)."""
-        if job.cancel_requested:
+        if cancelled:
             return self._finish(job, "cancelled", None)
         if job.session is not None:
             return
@@ -237,11 +295,13 @@ class Scheduler:
     def _rounds(self) -> None:
         """A prefill chunk of a joining job, then one round of every engine, then each job's events in order."""
         for job, e in self.batcher.step_joins():
+            self._check_group(e)
             self._fail(job, e)
         for engine in self.batcher.engines:
             try:
                 events = self.batcher.round(engine)
             except Exception as e:  # a bug: fail this engine's requests, keep serving the others
+                self._check_group(e)
                 log.exception("a round failed")
                 for job in self.batcher.clear(engine):
                     self._fail(job, e)
@@ -249,6 +309,32 @@ class Scheduler:
             for job, ev in events:
                 if job.state == "active":  # a stop string may have ended it at an earlier token of this round
                     self._handle(job, ev)
+
+    def _check_group(self, e: Exception) -> None:
+        """Raise _Broken where `e` broke the group under a sharded target (`_broke` failed every request)."""
+        if self.lockstep is not None and self.lockstep.broke(e) is not None:
+            raise _Broken() from e
+
+    def _down(self, msg: str) -> ApiError:
+        return ApiError(
+            503, f"the sharded model is down: {msg}; restart every rank", type="server_error", code="group_broke"
+        )
+
+    def _broke(self, msg: str) -> None:
+        """The group broke (any thread): every request waiting or generating ends with a 503, new ones get one.
+        The model thread may be stuck in a collective that never returns: it is left there."""
+        log.error("stopped generating: %s", msg)
+        with self._cv:
+            jobs = list(self._active) + list(self._waiting)
+            self._active.clear()
+            self._waiting.clear()
+            for job in jobs:
+                job.state = "failed"
+                self.counts["failed"] += 1
+                self._recent.append(job)
+            self._cv.notify()
+        for job in jobs:
+            job.send(Failed(self._down(msg)))
 
     def _fail(self, job: Job, e: Exception) -> None:
         if isinstance(e, MlxSpecError):

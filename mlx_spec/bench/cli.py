@@ -225,6 +225,14 @@ def report(
         from .rounds import report as priced
 
         typer.echo(priced(data, rows=_list(rows or ""), prompt_set=prompt_set))
+    elif data["suite"]["kind"] == "agent":
+        from .agent import render as agent_page
+
+        typer.echo(agent_page(data))
+    elif data["suite"]["kind"] == "cluster":
+        from .cluster import render as cluster_page
+
+        typer.echo(cluster_page(data))
     else:
         from .table import render
 

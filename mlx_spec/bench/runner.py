@@ -8,13 +8,17 @@ from .common import machine_info
 from .results import ResultFile
 
 Log = Callable[[str], None]
+# suite kinds whose runs a face above the bench owns, by kind: `agent` (apps/server/bench_cli.py registers it)
+FACES: dict[str, Callable[..., ResultFile]] = {}
 
 
 def listing() -> list[tuple[str, str, str]]:
     """(name, kind, description) of every built-in suite."""
+    from . import agent
+
     out = []
     for path in suites.builtin():
-        s = suites.load(str(path))
+        s = agent.load(str(path)) if agent.is_agent(str(path)) else suites.load(str(path))
         out.append((s.name, s.kind, s.description))
     return out
 
@@ -30,9 +34,22 @@ def run_suite(
     """Run (or resume) a suite; the result file is written after every measurement and returned at the end.
     model: run the suite's rows on this target instead of the suite's own (every target's drafts, once each);
     head: the head folder a suite naming HEAD measures."""
+    from . import agent
     from . import head as heads
 
+    if agent.is_agent(name_or_path):
+        if "agent" not in FACES:
+            raise suites.SuiteError("an agent suite drives the server: run it with `mlx-spec bench run`")
+        return FACES["agent"](name_or_path, out, resume=resume, log=log, model=model)
     s = suites.load(name_or_path)
+    if s.kind == "cluster":  # every rank runs it, each writing its own file: no resuming
+        from . import cluster
+
+        if resume:
+            raise suites.SuiteError("a cluster suite cannot be resumed: run it again")
+        if model is not None:
+            s.targets = suites.retarget(s.targets, model)
+        return cluster.run(s, out, log)
     training = heads.point(s, head)
     if model is not None:
         s.targets = suites.retarget(s.targets, model)

@@ -19,7 +19,8 @@ PROMPT_SETS = ("humaneval", "edit", "prose", "prefix", "ptq")
 # compression: drafts made from the target by each of convert's methods, at each K of `k`;
 # quality: plain sampling of each target over `temps` x `top_ks` (memory, speed, duplicate content words)
 # predict: the speed-up a draft would give each target, from costs measured here and the first target's acceptance
-KINDS = ("table", "roofline", "ngram", "compression", "quality", "predict")
+# cluster: plain sharded decoding against each draft over `mlx.launch`'s ranks at each simulated link latency
+KINDS = ("table", "roofline", "ngram", "compression", "quality", "predict", "cluster")
 TOP = {
     "description",
     "kind",
@@ -38,6 +39,7 @@ TOP = {
     "temps",
     "top_ks",
     "bandwidth_gb",
+    "latencies_us",
 }
 TARGET = {"model", "drafts"}
 SWEEP = {"k", "n"}
@@ -94,6 +96,7 @@ class Suite:
     temps: tuple[float, ...] = ()  # quality: the temperatures ...
     top_ks: tuple[int, ...] = ()  # ... and top-k values of its grid
     bandwidth_gb: float = BANDWIDTH_GB  # roofline: GB read per pass of the bandwidth measurement
+    latencies_us: tuple[float, ...] = ()  # cluster: the simulated link latencies, µs waited after each collective
     prompts: dict[str, int] = field(default_factory=lambda: {"humaneval": 1, "edit": 1, "prose": 1})
     targets: list[Target] = field(default_factory=list)
 
@@ -118,6 +121,8 @@ class Suite:
             "top_ks": list(self.top_ks),
             "targets": [{"model": str(t.model), "drafts": list(t.drafts)} for t in self.targets],
         }
+        if self.kind == "cluster":
+            d["latencies_us"] = list(self.latencies_us)
         if self.bandwidth_gb != BANDWIDTH_GB:  # only when set, so runs made before the field existed still resume
             d["bandwidth_gb"] = self.bandwidth_gb
         return d
@@ -222,6 +227,10 @@ def load(name_or_path: str) -> Suite:
     s.sweeps = _sweeps(data, kind, where)
     s.ks, s.methods = _compression(data, kind, where)
     s.temps, s.top_ks = _quality(data, kind, where)
+    if kind == "cluster":
+        if not _numbers(data.get("latencies_us"), float, 0.0):
+            raise SuiteError(f"{where}: 'latencies_us' must be a list of latencies >= 0, e.g. [50, 100, 300]")
+        s.latencies_us = tuple(float(x) for x in data["latencies_us"])
     if s.top_p > 1.0:
         raise SuiteError(f"{where}: 'top_p' must be at most 1, got {s.top_p}")
     prompts = data.get("prompts", s.prompts)
@@ -244,7 +253,7 @@ def load(name_or_path: str) -> Suite:
         if not isinstance(t, dict):
             raise SuiteError(f"{tw}: must be a table")
         _unknown(t, TARGET, tw)
-        if kind not in ("table", "predict") and t.get("drafts"):
+        if kind not in ("table", "predict", "cluster") and t.get("drafts"):
             why = {
                 "ngram": "its rows come from 'sweeps'",
                 "compression": "its drafts are made from the target",
@@ -278,6 +287,7 @@ KIND_FIELDS = {
     "ngram": ("sweeps",),
     "compression": ("k", "methods"),
     "quality": ("temps", "top_ks"),
+    "cluster": ("latencies_us",),
 }
 
 

@@ -7,7 +7,7 @@ import os
 import secrets
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -35,6 +35,9 @@ class Cluster:
 
     group: mx.distributed.Group
     shard: str = "tensor"
+    # What a wait past its limit does with the group's error (None: print it and end the process); a server answers
+    # 503 from then on instead.
+    on_broke: Callable[[str], None] | None = None
 
     @classmethod
     def join(cls, shard: str = "tensor") -> "Cluster":
@@ -169,6 +172,8 @@ class Deadline:
             self._timer = None
 
     def _expire(self) -> None:
-        broke = f"error: {self.cluster.broke()} (no word from the group in {self.limit:g} s)"
-        print(broke, file=sys.stderr, flush=True)
+        broke = f"{self.cluster.broke()} (no word from the group in {self.limit:g} s)"
+        if self.cluster.on_broke is not None:
+            return self.cluster.on_broke(broke)
+        print(f"error: {broke}", file=sys.stderr, flush=True)
         os._exit(1)

@@ -1,0 +1,217 @@
+"""`mlx-spec bench run agent`: agent sessions replayed turn by turn against a server per configuration and
+mlx_lm.server, timed by the client, recorded so `bench report` rebuilds the page."""
+
+import contextlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import TOOL_TEMPLATE, long_context, one_line_error, run_cli
+
+from mlx_spec.bench import agent, agent_sessions
+from mlx_spec.bench.agent_sessions import SessionSpec
+
+HEAD = 'kind = "agent"\n[[targets]]\nmodel = "m"\n'
+SESSIONS = [("aider-whole", "bisect", 2, 30), ("aider-diff", "bisect", 2, 30), ("tools", "bisect", 4, 30)]
+
+
+def tiny_suite(path: Path, target, draft, mlx_lm_server: bool) -> Path:
+    lines = [
+        'description = "tiny"',
+        'kind = "agent"',
+        "max_tokens = 8",
+        f"mlx_lm_server = {json.dumps(mlx_lm_server)}",
+        "prefix_cache_gb = 0.05",
+        "",
+        "[[targets]]",
+        f"model = {json.dumps(str(target))}",
+        f"drafts = {json.dumps([f'hybrid:{draft}', str(draft), 'suffix'])}",
+    ]
+    for fmt, file, turns, n in SESSIONS:
+        lines += ["", "[[sessions]]", f'format = "{fmt}"', f'file = "{file}"', f"turns = {turns}", f"lines = {n}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tool_target(tiny_models, tmp_path_factory):
+    """The tiny target with Qwen2.5's tool template, cut down, and room for aider's long prompts."""
+    from transformers import AutoTokenizer
+
+    dst = long_context(tiny_models["qwen2"], tmp_path_factory.mktemp("agent") / "target", context=32768)
+    tok = AutoTokenizer.from_pretrained(str(dst))
+    tok.chat_template = TOOL_TEMPLATE
+    tok.save_pretrained(str(dst))
+    return dst
+
+
+# ---- the sessions: real formats, each turn carrying the recorded turns before it
+
+
+def test_aider_sessions_carry_the_recorded_edit_and_the_file_as_it_stands_after_it():
+    whole, diff = agent_sessions.build(
+        [SessionSpec("aider-whole", "bisect", 2), SessionSpec("aider-diff", "bisect", 2)]
+    )
+    _path, source = agent_sessions.stdlib_source("bisect")
+    first, second = whole
+    assert first.messages[0]["role"] == "system" and "*file listing*" in first.messages[0]["content"]
+    assert source in first.messages[-3]["content"] and first.messages[-1]["content"].endswith(
+        agent_sessions.aider.WHOLE_REMINDER
+    )
+    edited = second.messages[-3]["content"]  # the file as aider sends it after the first edit
+    assert "# insort_right: part of" in edited and source not in edited
+    done = second.messages[len(first.messages) - 3 : -3]  # the first request, the recorded reply, "I updated ..."
+    assert [m["role"] for m in done] == ["user", "assistant", "user", "assistant"]
+    assert done[2]["content"] == "I updated the files."
+    block = re.search(r"<<<<<<< SEARCH\n(.*?)\n=======\n(.*?)\n>>>>>>> REPLACE", diff[1].messages[-6]["content"], re.S)
+    assert block is not None and block.group(1) in source  # a search/replace block that applies to the file
+    assert source.replace(block.group(1), block.group(2), 1) in diff[1].messages[-3]["content"]
+
+
+def test_a_tool_session_replays_the_recorded_calls_and_their_results_with_shared_schemas():
+    ((a,),), ((b,),) = [agent_sessions.build([SessionSpec("tools", m, 1)]) for m in ("bisect", "glob")]
+    assert a.tools == b.tools == agent_sessions.TOOLS and a.messages[0] == b.messages[0]  # one system prompt
+    turns = agent_sessions.build([SessionSpec("tools", "bisect", 4)])[0]
+    read, edit = turns[1].messages[-2:], turns[2].messages[-2:]
+    call = read[0]["tool_calls"][0]
+    assert call["function"]["name"] == "read_file" and read[1]["tool_call_id"] == call["id"]
+    assert read[1]["content"] == agent_sessions.stdlib_source("bisect")[1]
+    args = json.loads(edit[0]["tool_calls"][0]["function"]["arguments"])
+    assert args["old_string"] in read[1]["content"] and edit[1]["content"].startswith("Edited")
+    assert turns[3].messages[-1]["role"] == "user" and "bisect_right" in turns[3].messages[-1]["content"]
+    assert [t.index for t in turns] == [0, 1, 2, 3] and all(
+        t.messages[: len(turns[0].messages)] == turns[0].messages for t in turns
+    )
+
+
+def test_the_order_of_configurations_rotates_by_one_each_turn():
+    configs = ["none", "suffix", "ngram", "mlx_lm.server"]
+    orders = [agent_bench().order(configs, t) for t in range(8)]
+    assert orders[0] == configs and orders[1] == ["suffix", "ngram", "mlx_lm.server", "none"]
+    for c in configs:  # every configuration goes first, and last, once in every len(configs) turns
+        assert [o[0] for o in orders[:4]].count(c) == 1 and [o[-1] for o in orders[4:]].count(c) == 1
+
+
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        (HEAD + 'drafts = ["suffix"]\n', "[[sessions]]"),
+        (
+            HEAD + 'drafts = ["none"]\n[[sessions]]\nformat = "tools"\nfile = "glob"\n',
+            "'drafts'",
+        ),
+        (
+            HEAD + 'drafts = ["suffix"]\n[[sessions]]\nformat = "cline"\nfile = "x"\n',
+            "'format'",
+        ),
+        ('kind = "agent"\nmax_tokns = 3\n', "'max_tokns'"),
+    ],
+)
+def test_an_agent_suite_with_a_mistake_is_one_line_naming_the_file_and_field(tmp_path, text, field):
+    path = tmp_path / "mine.toml"
+    path.write_text(text)
+    with pytest.raises(agent.SuiteError) as e:
+        agent.load(str(path))
+    assert str(path) in str(e.value) and field in str(e.value)
+    assert agent.is_agent(str(path)) and agent.load("agent").configs[0] == "none"
+
+
+# ---- the client's clock: TTFT at the first streamed text, not at the first byte nor at the end
+
+
+class Lines:
+    """A streamed response whose every line advances the fake clock by one."""
+
+    def __init__(self, lines, clock):
+        self.lines, self.clock, self.status_code = lines, clock, 200
+
+    def iter_lines(self):
+        for line in self.lines:
+            self.clock[0] += 1
+            yield line
+
+
+def test_ttft_is_the_first_streamed_text_and_decode_speed_the_tokens_between_it_and_the_last(monkeypatch):
+    mod = agent_bench()
+    clock = [0.0]
+    monkeypatch.setattr(mod.time, "perf_counter", lambda: clock[0])
+    chunk = lambda delta, **kw: "data: " + json.dumps({"choices": [{"delta": delta, "finish_reason": None}], **kw})  # noqa: E731
+    lines = [
+        chunk({"role": "assistant", "content": ""}),  # 1: the role, at once
+        ": keep-alive",  # 2: while the prompt prefills
+        chunk({"content": "def"}),  # 3: the first token
+        chunk({"content": " f"}),
+        chunk({"tool_calls": [{"function": {"name": "read_file", "arguments": "{}"}}]}),  # 5: the last text
+        "data: " + json.dumps({"choices": [{"delta": {}, "finish_reason": "tool_calls"}], "mlx_spec": {"proposed": 2}}),
+        "data: " + json.dumps({"choices": [], "usage": {"completion_tokens": 5, "prompt_tokens": 9}}),
+        "data: [DONE]",
+    ]
+
+    class Client:
+        @contextlib.contextmanager
+        def stream(self, *_a, **_k):
+            yield Lines(lines, clock)
+
+    r = mod.stream(Client(), "http://x/", {})
+    assert (r.ttft, r.last, r.total) == (3, 5, 8)
+    assert r.decode_tps == 4 / 2 and r.text == "def f" and r.calls == [{"name": "read_file", "arguments": "{}"}]
+    assert r.finish == "tool_calls" and r.stats == {"proposed": 2}
+
+
+def agent_bench():
+    from mlx_spec_apps.server import agent_bench as mod
+
+    return mod
+
+
+# ---- end to end, over real sockets
+
+
+@pytest.mark.slow  # four servers in this process and mlx_lm.server in a child, 8 turns each
+def test_a_tiny_agent_suite_runs_every_turn_of_every_configuration_interleaved(tool_target, tiny_models, tmp_path):
+    import mlx_spec.cli  # noqa: F401  (mounts the bench: registers the agent kind with the runner)
+    from mlx_spec.bench import runner
+
+    path = tiny_suite(tmp_path / "agent-tiny.toml", tool_target, tiny_models["qwen2_draft"], mlx_lm_server=True)
+    result = runner.run_suite(str(path), str(tmp_path / "runs"))
+    data = json.loads(result.path.read_text())
+    configs = ["none", f"hybrid:{tiny_models['qwen2_draft']}", str(tiny_models["qwen2_draft"]), "suffix"]
+    configs.append("mlx_lm.server")
+    turns = [t.id for s in agent_sessions.build(agent.load(str(path)).sessions) for t in s]
+    assert data["complete"] and len(turns) == 8
+    assert sorted((r["config"], r["prompt"]) for r in data["records"]) == sorted((c, t) for c in configs for t in turns)
+    sent = sorted(data["records"], key=lambda r: r["seq"])
+    for i, t in enumerate(turns):  # turn by turn: every configuration answers a turn before any answers the next
+        block = sent[i * len(configs) : (i + 1) * len(configs)]
+        assert {r["prompt"] for r in block} == {t}
+        assert [r["config"] for r in block] == configs[i % 5 :] + configs[: i % 5]
+    for r in data["records"]:
+        assert 0 < r["ttft"] <= r["total"] and r["n_tokens"] > 0 and r["prompt_tokens"] > 0
+        if r["config"] not in ("none", "mlx_lm.server"):
+            assert r["identical"], (r["config"], r["prompt"])  # lossless: drafted replies are plain's
+    plain = {r["prompt"]: r for r in data["records"] if r["config"] == "none"}
+    assert any(r["cached_tokens"] for r in plain.values())  # later turns reuse the conversation's prefix
+    theirs, ours = data["mlx_lm_blas"], mlx_spec_blas_path()  # mlx_lm.server ran on the BLAS this process loaded
+    assert (theirs and Path(theirs).resolve()) == (ours and Path(ours).resolve())
+    page = result.md_path.read_text()
+    assert "| Target" in page and "aider-whole vs plain" in page and "tools vs mlx_lm.server" in page
+    assert all(len(m["sha256"]) == 64 for m in data["models"].values())  # which weights were measured
+    r = run_cli("bench", "report", str(result.path), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == page.strip()  # the page again, from the records alone
+    r = run_cli("bench", "compare", str(result.path), str(result.path), timeout=300)
+    assert r.returncode == 0 and "| suffix" in r.stdout, r.stderr  # two agent runs compare row by row
+
+
+def mlx_spec_blas_path():
+    from mlx_spec import blas
+
+    return blas.path
+
+
+@pytest.mark.slow
+def test_an_agent_run_refuses_to_resume_in_one_line(tool_target, tiny_models, tmp_path):
+    path = tiny_suite(tmp_path / "a.toml", tool_target, tiny_models["qwen2_draft"], mlx_lm_server=False)
+    r = run_cli("bench", "run", str(path), "--resume", str(tmp_path / "x.json"), timeout=300)
+    assert "cannot resume" in one_line_error(r)
