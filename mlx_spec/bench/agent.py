@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .agent_sessions import FORMATS, SessionSpec
-from .common import machine_line
+from .common import page_head
 from .report import aligned_table
 from .suite import ModelRef, SuiteError, find
 
@@ -215,13 +215,7 @@ def render(data: dict) -> str:
     configs = [PLAIN, *s["targets"][0]["drafts"], *([MLX_LM_SERVER] if s["mlx_lm_server"] else [])]
     sessions = ", ".join(f"{x['format']} {x['file']} ({x['turns']} turns)" for x in s["sessions"])
     lines = [
-        f"# Benchmark suite `{s['name']}`",
-        "",
-        s["description"],
-        "",
-        f"`{' '.join(data['command'])}`",
-        "",
-        f"- machine: {machine_line(data['machine'])}",
+        *page_head(data).splitlines(),
         f"- sessions: {sessions}; at most {s['max_tokens']} tokens a turn, greedy, streamed; configurations "
         f"{', '.join(configs)}, each on its own server (its own prefix cache), turn by turn, the order rotating",
         "- a speed-up is the wall time (request sent to the stream's end, measured by the client) of the baseline "

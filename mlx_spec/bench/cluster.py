@@ -209,13 +209,11 @@ def predicted(data: dict, summary: list[dict]) -> list[list[str]]:
 
 def render(data: dict) -> str:
     """The measured table (simulated links) and the predicted one."""
-    from .common import machine_line
+    from .common import page_head
 
     summary = data["summary"] = summarize(data)
     c = data["cluster"]
-    head = (
-        f"# Benchmark suite `{data['suite']['name']}`\n\n{data['suite']['description']}\n\n"
-        f"`{' '.join(data['command'])}`\n\n- machine: {machine_line(data['machine'])}\n"
+    head = page_head(data) + (
         f"- {c['ranks']} ranks, target sharded by tensor; link latency **simulated** (a wait after each collective: "
         f"{', '.join(f'{x:g}' for x in c['latencies_us'])} µs)\n\n"
     )

@@ -370,6 +370,15 @@ def md_table(header: Sequence[str], rows: Iterable[Sequence]) -> str:
     return "\n".join(lines)
 
 
+def page_head(data: dict) -> str:
+    """The first lines of a suite's page: its name, description, command and machine."""
+    s = data["suite"]
+    return (
+        f"# Benchmark suite `{s['name']}`\n\n{s['description']}\n\n`{' '.join(data['command'])}`\n\n"
+        f"- machine: {machine_line(data['machine'])}\n"
+    )
+
+
 def machine_line(m: dict) -> str:
     """One line of machine facts for the top of a markdown report."""
     return (

@@ -364,12 +364,9 @@ def render(data: dict) -> str:
     kind = data["suite"]["kind"]
     if kind == "predict":
         from . import predict
-        from .common import machine_line
+        from .common import page_head
 
-        return (
-            f"# Benchmark suite `{data['suite']['name']}`\n\n{data['suite']['description']}\n\n"
-            f"`{' '.join(data['command'])}`\n\n- machine: {machine_line(data['machine'])}\n\n" + predict.markdown(data)
-        )
+        return page_head(data) + "\n" + predict.markdown(data)
     data["summary"] = summarize(data)
     if kind == "roofline":
         from . import roofline
@@ -516,18 +513,12 @@ def _rounds_table(data: dict) -> str:
 def markdown(data: dict) -> str:
     """The M3 Max table (target alone first, then each draft), then the spread, acceptance and lossless check."""
     from ..named import short_name, table_name
-    from .common import machine_line
+    from .common import page_head
 
     s = data["suite"]
     greedy = s["temp"] == 0
     head = [
-        f"# Benchmark suite `{s['name']}`",
-        "",
-        s["description"],
-        "",
-        f"`{' '.join(data['command'])}`",
-        "",
-        f"- machine: {machine_line(data['machine'])}",
+        *page_head(data).splitlines(),
         f"- {sum(s['prompts'].values())} prompts ({', '.join(f'{v} {k}' for k, v in s['prompts'].items() if v)}), "
         f"{s['repeats']} repeat(s), at most {s['max_tokens']} new tokens, "
         + (
