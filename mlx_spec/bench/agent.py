@@ -17,7 +17,7 @@ from pathlib import Path
 from .agent_sessions import FORMATS, SessionSpec
 from .common import page_head
 from .report import aligned_table
-from .suite import ModelRef, SuiteError, find
+from .suite import ModelRef, SuiteError, _number, _unknown, find
 
 PLAIN = "none"  # the target alone on mlx-spec's server: the baseline of every ratio
 MLX_LM_SERVER = "mlx_lm.server"  # mlx-lm's own server on the same model folder, its prompt cache on
@@ -67,15 +67,7 @@ def is_agent(name_or_path: str) -> bool:
 
 
 def _int(data: dict, key: str, where: str, default: int, lo: int) -> int:
-    v = data.get(key, default)
-    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-        raise SuiteError(f"{where}: '{key}' must be an integer of at least {lo}, got {v!r}")
-    return v
-
-
-def _unknown(data: dict, known: set, where: str) -> None:
-    if extra := sorted(set(data) - known):
-        raise SuiteError(f"{where}: unknown field '{extra[0]}' (known: {', '.join(sorted(known))})")
+    return _number(data, key, int, lo, where, default)
 
 
 def load(name_or_path: str, model: str | None = None) -> AgentSuite:
