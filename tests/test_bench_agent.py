@@ -2,6 +2,7 @@
 mlx_lm.server, timed by the client, recorded so `bench report` rebuilds the page."""
 
 import contextlib
+import itertools
 import json
 import re
 from pathlib import Path
@@ -85,6 +86,129 @@ def test_a_tool_session_replays_the_recorded_calls_and_their_results_with_shared
     )
 
 
+# ---- long shared prefixes: the same task at ~1k and ~16k tokens of context
+
+
+def chars(messages: list[dict]) -> int:
+    """The characters a prompt's messages carry: their text and their tool calls' arguments."""
+    return sum(
+        len(m.get("content") or "") + sum(len(c["function"]["arguments"]) for c in m.get("tool_calls", []))
+        for m in messages
+    )
+
+
+def padding(turn) -> list[dict]:
+    """A turn's padding messages: aider's read-only files and the reply to them, or the read_file calls and their
+    results before the first request."""
+    if turn.kind == "tools":
+        return list(itertools.takewhile(lambda m: m["role"] != "user", turn.messages[1:]))
+    i = next(i for i, m in enumerate(turn.messages) if m["content"].startswith(agent_sessions.aider.READ_ONLY_PREFIX))
+    return turn.messages[i : i + 2]
+
+
+@pytest.mark.parametrize(
+    "fmt, file, turns", [("aider-whole", "bisect", 2), ("aider-diff", "bisect", 2), ("tools", "bisect", 4)]
+)
+@pytest.mark.parametrize("context", [1000, 15000])
+def test_context_pads_every_turn_s_shared_prefix_with_other_modules_to_about_the_asked_size(fmt, file, turns, context):
+    spec = SessionSpec(fmt, file, turns, context=context)
+    (padded,), (again,) = agent_sessions.build([spec]), agent_sessions.build([spec])  # two runs
+    (plain,) = agent_sessions.build([SessionSpec(fmt, file, turns)])
+    assert padded[0].session == f"{fmt}:{file}:ctx{context}" != plain[0].session  # one task, two sessions
+    assert json.dumps([t.messages for t in padded]) == json.dumps([t.messages for t in again])  # the same bytes
+    pad = padding(padded[0])
+    shared = padded[0].messages.index(pad[-1]) + 1  # the system prompt (and aider's examples), then the padding
+    assert all(t.messages[:shared] == padded[0].messages[:shared] for t in padded[1:])  # every turn's prefix
+    if fmt == "tools":  # what the agent read before the first request: calls answered by their results
+        assert padded[0].messages[0]["role"] == "system" and padded[0].messages[len(pad) + 1]["role"] == "user"
+        assert [m["role"] for m in pad] == ["assistant", "tool"] * (len(pad) // 2)
+        assert all(c["tool_call_id"] == a["tool_calls"][0]["id"] for a, c in zip(pad[::2], pad[1::2]))
+    else:  # aider's /read files: after the examples, before the conversation so far
+        assert pad[1]["content"] == agent_sessions.aider.READ_ONLY_REPLY
+        i = padded[1].messages.index(pad[1])
+        assert padded[1].messages[i + 1]["content"].startswith("In lib/bisect.py")  # the first task, done
+    for p, q in zip(padded, plain):  # the prompt grows by about `context` tokens of characters, and by nothing else
+        assert (
+            abs(chars(p.messages) - chars(q.messages) - context * agent_sessions.CHARS_PER_TOKEN) < 0.1 * 3.2 * context
+        )
+        assert [m for m in p.messages if m not in pad] == q.messages
+    _path, source = agent_sessions.stdlib_source("functools")  # the list's first module, from its start
+    assert "lib/functools.py" in json.dumps(pad) and source[:2000] in "".join(m["content"] for m in pad)
+
+
+def test_the_padding_is_other_modules_than_the_session_s_own_and_a_context_too_large_fails_in_one_line():
+    (turn,) = agent_sessions.build([SessionSpec("tools", "functools", 1, context=2000)])[0]
+    paths = [json.loads(m["tool_calls"][0]["function"]["arguments"])["path"] for m in padding(turn)[::2]]
+    assert paths[0] == "lib/contextlib.py" and "lib/functools.py" not in paths  # the list's first, left out
+    (aider,) = agent_sessions.build([SessionSpec("aider-whole", "functools", 1, context=2000)])[0]
+    assert (
+        "lib/functools.py" not in padding(aider)[0]["content"]
+        and "\nlib/contextlib.py\n```\n" in padding(aider)[0]["content"]
+    )
+    with pytest.raises(agent_sessions.MlxSpecError, match="more than the modules that pad it hold") as e:
+        agent_sessions.build([SessionSpec("tools", "bisect", 1, context=10**6)])
+    assert "\n" not in str(e.value)
+
+
+MACHINE = {"cpu": "cpu", "machine": "x86_64", "cpu_count": 2, "blas_status": "ok", "mlx": "0", "mlx_device": "cpu"}
+MACHINE |= {"mlx_lm": "0", "mlx_spec": "0", "git_rev": "abc", "loadavg_start": [0.0]}
+
+
+def fake_record() -> dict:
+    """A run of two sessions (the same task at 0 and ~15k tokens of context), plain and suffix, three turns each:
+    the first uncached, the later two on the cached prefix; suffix decodes twice as fast, the padded session's turns
+    start later."""
+    sessions = [{"format": "tools", "file": "fnmatch", "turns": 3, "lines": 0, "context": c} for c in (0, 15000)]
+    suite = {"name": "agent-long", "description": "d", "kind": "agent", "max_tokens": 128, "mlx_lm_server": False}
+    suite |= {"prefix_cache_gb": 1.2, "targets": [{"model": "m", "drafts": ["suffix"]}], "sessions": sessions}
+    records = []
+    for session, prompt, ttft in (("tools:fnmatch", 400, 0.5), ("tools:fnmatch:ctx15000", 15400, 1.0)):
+        for turn in range(3):
+            for config, tps in (("none", 10.0), ("suffix", 20.0)):
+                records.append(
+                    {
+                        "config": config,
+                        "prompt": f"{session}/{turn}",
+                        "session": session,
+                        "turn": turn,
+                        "set": "tools",
+                        "prompt_tokens": prompt + 100 * turn,
+                        "cached_tokens": prompt + 100 * turn - 50 if turn else 0,
+                        "n_tokens": 20,
+                        "ttft": 30.0 if turn == 0 else ttft * turn,  # the uncached first turn: a 30 s prefill
+                        "total": 32.0,
+                        "decode_tps": tps * (0.9 if "ctx" in session else 1),
+                        "identical": None if config == "none" else True,
+                        "stats": {},
+                    }
+                )
+    return {
+        "suite": suite,
+        "command": ["mlx-spec", "bench", "run", "agent-long"],
+        "machine": MACHINE,
+        "records": records,
+        "complete": True,
+    }
+
+
+def test_the_page_compares_each_session_s_cached_turns_and_decode_speed_per_configuration():
+    data = fake_record()
+    page = agent.render(data)
+    suffix = next(e for e in data["summary"] if e["config"] == "suffix")["by_session"]["tools:fnmatch:ctx15000"]
+    assert suffix["prompt_tokens_median"] == 15500 and suffix["cached_turns"] == 2
+    assert suffix["cached_ttft_median"] == 1.5  # turns 1 and 2 (1.0, 2.0); the uncached first turn's 30 s left out
+    assert suffix["decode_tps_median"] == 18.0 and suffix["decode_vs_plain"] == 2.0
+    rows = [line.split("|")[1:-1] for line in page.splitlines() if line.startswith("| tools:fnmatch")]
+    assert [[c.strip() for c in r] for r in rows] == [
+        ["tools:fnmatch", "none", "500", "0.75", "10.00", "-"],
+        ["tools:fnmatch", "suffix", "500", "0.75", "20.00", "2.00x"],
+        ["tools:fnmatch:ctx15000", "none", "15500", "1.50", "9.00", "-"],
+        ["tools:fnmatch:ctx15000", "suffix", "15500", "1.50", "18.00", "2.00x"],
+    ]
+    assert "~15000 tokens of other modules' source" in page
+    assert agent.render(json.loads(json.dumps(data))) == page  # `bench report`: the page from the record alone
+
+
 def test_the_order_of_configurations_rotates_by_one_each_turn():
     configs = ["none", "suffix", "ngram", "mlx_lm.server"]
     orders = [agent_bench().order(configs, t) for t in range(8)]
@@ -106,6 +230,8 @@ def test_the_order_of_configurations_rotates_by_one_each_turn():
             "'format'",
         ),
         ('kind = "agent"\nmax_tokns = 3\n', "'max_tokns'"),
+        (HEAD + 'drafts = ["suffix"]\n[[sessions]]\nformat = "tools"\nfile = "glob"\ncontext = -1\n', "'context'"),
+        (HEAD + 'drafts = ["suffix"]\n[[sessions]]\nformat = "tools"\nfile = "glob"\ncontext = "16k"\n', "'context'"),
     ],
 )
 def test_an_agent_suite_with_a_mistake_is_one_line_naming_the_file_and_field(tmp_path, text, field):
@@ -113,7 +239,7 @@ def test_an_agent_suite_with_a_mistake_is_one_line_naming_the_file_and_field(tmp
     path.write_text(text)
     with pytest.raises(agent.SuiteError) as e:
         agent.load(str(path))
-    assert str(path) in str(e.value) and field in str(e.value)
+    assert str(path) in str(e.value) and field in str(e.value) and "\n" not in str(e.value)
     assert agent.is_agent(str(path)) and agent.load("agent").configs[0] == "none"
 
 

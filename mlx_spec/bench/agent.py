@@ -22,7 +22,7 @@ from .suite import ModelRef, SuiteError, _number, _unknown, find
 PLAIN = "none"  # the target alone on mlx-spec's server: the baseline of every ratio
 MLX_LM_SERVER = "mlx_lm.server"  # mlx-lm's own server on the same model folder, its prompt cache on
 TOP = {"description", "kind", "max_tokens", "mlx_lm_server", "prefix_cache_gb", "targets", "sessions"}
-SESSION = {"format", "file", "turns", "lines"}
+SESSION = {"format", "file", "turns", "lines", "context"}
 PREFIX_CACHE_GB = 1.0  # per server: one 16k-token conversation of a 1.5B float32 target, and the shared prefix
 
 
@@ -115,7 +115,8 @@ def load(name_or_path: str, model: str | None = None) -> AgentSuite:
             raise SuiteError(f"{sw}: 'format' must be one of {', '.join(FORMATS)}, got {x.get('format')!r}")
         if not isinstance(x.get("file"), str):
             raise SuiteError(f"{sw}: 'file' must name a standard-library module, e.g. \"textwrap\"")
-        s.sessions.append(SessionSpec(x["format"], x["file"], _int(x, "turns", sw, 2, 1), _int(x, "lines", sw, 0, 0)))
+        turns, lines, context = _int(x, "turns", sw, 2, 1), _int(x, "lines", sw, 0, 0), _int(x, "context", sw, 0, 0)
+        s.sessions.append(SessionSpec(x["format"], x["file"], turns, lines, context))
     return s
 
 
@@ -129,9 +130,35 @@ def _ratio(base: list[dict], mine: list[dict]) -> float | None:
     return sum(x for x, _ in pairs) / sum(y for _, y in pairs) if pairs else None
 
 
+def _median(values: list) -> float | None:
+    v = [x for x in values if x is not None]
+    return statistics.median(v) if v else None
+
+
+def _by_session(mine: list[dict], plain: list[dict]) -> dict:
+    """Per session (the same task at each context): median prompt tokens, the cached turns' median TTFT (turns
+    whose prefix the server had cached: `cached_tokens` > 0), median decode tokens/s and its ratio to plain's."""
+    out = {}
+    for session in dict.fromkeys(r["session"] for r in mine):
+        m = [r for r in mine if r["session"] == session]
+        decode = _median([r.get("decode_tps") or None for r in m])
+        base = _median([r.get("decode_tps") or None for r in plain if r["session"] == session])
+        cached = [r for r in m if (r.get("cached_tokens") or 0) > 0]
+        out[session] = {
+            "turns": len(m),
+            "prompt_tokens_median": _median([r.get("prompt_tokens") for r in m]),
+            "cached_turns": len(cached),
+            "cached_ttft_median": _median([r["ttft"] for r in cached]),
+            "decode_tps_median": decode,
+            "decode_vs_plain": decode / base if decode and base else None,
+        }
+    return out
+
+
 def summarize(data: dict) -> list[dict]:
     """Per configuration and turn kind: wall-time speed-up over plain and over mlx_lm.server on the same turns,
-    median TTFT, decode tokens/s, and how many replies equal plain's."""
+    median TTFT, decode tokens/s, and how many replies equal plain's; per session (`_by_session`): prompt tokens,
+    the cached turns' TTFT, decode tokens/s and its ratio to plain's."""
     records = data["records"]
     kinds = list(dict.fromkeys(r["set"] for r in records))
     by = {c: [r for r in records if r["config"] == c] for c in dict.fromkeys(r["config"] for r in records)}
@@ -154,6 +181,7 @@ def summarize(data: dict) -> list[dict]:
             "config": config,
             "turns": len(mine),
             "by_kind": {},
+            "by_session": _by_session(mine, by.get(PLAIN, [])),
         }
         for kind in kinds + ["all"]:
             m = of(config, kind)
@@ -177,6 +205,40 @@ def summarize(data: dict) -> list[dict]:
 
 def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
+
+
+def _f(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+SESSION_NOTE = (
+    "- per session, medians over its turns: prompt tokens as the server counted them; cached TTFT over the turns "
+    "whose prefix the server had cached (`cached_tokens` > 0); decode vs plain: the row's decode tok/s over plain's "
+    "on the same session"
+)
+
+
+def session_table(data: dict) -> str:
+    """Session | Draft | prompt tokens, cached turns' TTFT, decode tokens/s and its ratio to plain's: the same task
+    at each context, side by side (issue 46's 16k targets)."""
+    rows = []
+    for session in dict.fromkeys(r["session"] for r in data["records"]):
+        for e in data["summary"]:
+            x = e["by_session"].get(session)
+            if x is None:
+                continue
+            rows.append(
+                [
+                    session,
+                    e["config"],
+                    _f(x["prompt_tokens_median"], 0),
+                    _f(x["cached_ttft_median"]),
+                    _f(x["decode_tps_median"]),
+                    "-" if e["config"] == PLAIN else _x(x["decode_vs_plain"]),
+                ]
+            )
+    head = ["Session", "Draft", "prompt tokens", "cached TTFT s", "decode tok/s", "decode vs plain"]
+    return aligned_table(head, rows)
 
 
 def render(data: dict) -> str:
@@ -205,7 +267,12 @@ def render(data: dict) -> str:
         ]
         rows.append(row)
     configs = [PLAIN, *s["targets"][0]["drafts"], *([MLX_LM_SERVER] if s["mlx_lm_server"] else [])]
-    sessions = ", ".join(f"{x['format']} {x['file']} ({x['turns']} turns)" for x in s["sessions"])
+    sessions = ", ".join(
+        f"{x['format']} {x['file']} ({x['turns']} turns"
+        + (f", ~{x['context']} tokens of other modules' source" if x.get("context") else "")
+        + ")"
+        for x in s["sessions"]
+    )
     lines = [
         *page_head(data).splitlines(),
         f"- sessions: {sessions}; at most {s['max_tokens']} tokens a turn, greedy, streamed; configurations "
@@ -218,4 +285,5 @@ def render(data: dict) -> str:
         lines.append(f"- mlx_lm.server's BLAS: {data['mlx_lm_blas'] or 'none preloaded'}")
     if not data.get("complete"):
         lines += ["", "**Incomplete run**: the rows below cover what was measured."]
-    return "\n".join(lines) + "\n\n" + aligned_table(head, rows) + "\n"
+    lines += ["", aligned_table(head, rows), "", SESSION_NOTE, "", session_table(data)]
+    return "\n".join(lines) + "\n"

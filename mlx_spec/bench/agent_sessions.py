@@ -9,12 +9,17 @@
 
 The model's own reply to a turn is measured and recorded; the next turn carries the recorded one, so every
 configuration sees the same prompts. Each task adds a comment line above one top-level function of the file.
+
+A session's `context` pads its prompt with other standard-library source the way agents carry it, so one task runs
+at ~1k and ~16k tokens of context: aider's read-only files (`/read`), or a tool loop's earlier `read_file` calls and
+their results; either is part of every turn's shared prefix.
 """
 
 import hashlib
 import json
 import re
 import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,16 +68,23 @@ TOOLS = [
 @dataclass(frozen=True)
 class SessionSpec:
     """One session of a suite: its format, the standard-library module it edits, its turns (`lines`: only the
-    module's first lines, for tiny test models; 0: all of it)."""
+    module's first lines, for tiny test models; 0: all of it), and about how many tokens of other modules' source
+    pad its prompt (`context`; 0: none)."""
 
     format: str
     file: str
     turns: int
     lines: int = 0
+    context: int = 0
 
     @property
     def name(self) -> str:
-        return f"{self.format}:{self.file}" + (f":{self.lines}" if self.lines else "")
+        """`aider-whole:colorsys`, `tools:fnmatch:30` (its first 30 lines), `aider-whole:colorsys:ctx15000`."""
+        return (
+            f"{self.format}:{self.file}"
+            + (f":{self.lines}" if self.lines else "")
+            + (f":ctx{self.context}" if self.context else "")
+        )
 
 
 @dataclass(frozen=True)
@@ -106,6 +118,63 @@ def fingerprint(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+# The modules that pad a session's context, taken in this order (the session's own module left out) until the
+# padding reaches `context` tokens: the same suite sends the same bytes every run (on one Python).
+CONTEXT_MODULES = (
+    "functools",
+    "contextlib",
+    "dataclasses",
+    "pprint",
+    "statistics",
+    "fractions",
+    "enum",
+    "argparse",
+    "difflib",
+    "typing",
+)
+# The padding's size is an estimate in characters (Python source with Qwen2.5's tokenizer: about 3.2 characters a
+# token); a record's `prompt_tokens` is the count the server measured.
+CHARS_PER_TOKEN = 3.2
+
+
+def _cut(text: str, room: int) -> str:
+    """The first lines of text whose length is closest to `room` characters."""
+    out = 0
+    for line in text.splitlines(keepends=True):
+        if out + len(line) > room:
+            return text[: out + len(line)] if out + len(line) - room < room - out else text[:out]
+        out += len(line)
+    return text
+
+
+def context_sources(spec: SessionSpec, fixed: int, per_file: Callable[[str], int]) -> list[tuple[str, str]]:
+    """(path, text) of the modules that pad a session to about `spec.context` tokens, the last cut at a line:
+    `fixed` characters the padding adds once, `per_file(path)` those it adds around each file's text."""
+    budget = round(spec.context * CHARS_PER_TOKEN) - fixed
+    out: list[tuple[str, str]] = []
+    own = spec.file.replace(".", "/")
+    for module in CONTEXT_MODULES:
+        if budget <= 0:
+            return out
+        if module == own:
+            continue
+        path, full = stdlib_source(module)
+        room = budget - per_file(path)
+        if room <= 0:
+            return out
+        text = _cut(full, room)
+        out.append((path, text))
+        budget -= per_file(path) + len(text)
+        if len(text) < len(full):
+            return out  # cut: as close to the estimate as a line allows
+    if budget > 0:
+        raise MlxSpecError(
+            f"session {spec.name}: a context of {spec.context} tokens is more than the modules that pad it hold "
+            f"(about {(round(spec.context * CHARS_PER_TOKEN) - budget) / CHARS_PER_TOKEN:.0f})"
+        )
+    return out
+
+
 DEF = re.compile(r"^def (\w+)\(", re.MULTILINE)
 
 
@@ -131,13 +200,22 @@ def request(name: str, path: str) -> str:
 
 
 def aider_turns(spec: SessionSpec, path: str, text: str) -> list[Turn]:
-    """aider's requests (`base_coder.format_chat_chunks`): system, examples, done, the file, the request."""
+    """aider's requests (`base_coder.format_chat_chunks`): system, examples, read-only files, done, the file, the
+    request."""
     system, examples, reminder = aider.FORMATS[spec.format]
     head = [{"role": "system", "content": system + "\n" + reminder}, *examples, *aider.SWITCHED]
+    block = lambda p, t: f"\n{p}\n{aider.FENCE[0]}\n{t}{aider.FENCE[1]}\n"  # noqa: E731  (a file as aider sends it)
+    fixed = len(aider.READ_ONLY_PREFIX) + len(aider.READ_ONLY_REPLY)
+    read_only = context_sources(spec, fixed, lambda p: len(block(p, "")))
+    if read_only:
+        head += [
+            {"role": "user", "content": aider.READ_ONLY_PREFIX + "".join(block(p, t) for p, t in read_only)},
+            {"role": "assistant", "content": aider.READ_ONLY_REPLY},
+        ]
     done: list[dict] = []
     out = []
     for i, name in enumerate(tasks(text, spec.turns)):
-        files = aider.FILES_PREFIX + f"\n{path}\n{aider.FENCE[0]}\n{text}{aider.FENCE[1]}\n"
+        files = aider.FILES_PREFIX + block(path, text)
         ask = request(name, path)
         messages = [
             *head,
@@ -164,7 +242,7 @@ def aider_turns(spec: SessionSpec, path: str, text: str) -> list[Turn]:
     return out
 
 
-def _call(session: int, n: int, name: str, arguments: dict) -> dict:
+def _call(session: int, n: int | str, name: str, arguments: dict) -> dict:
     return {
         "id": f"call_{session}_{n}",
         "type": "function",
@@ -173,10 +251,17 @@ def _call(session: int, n: int, name: str, arguments: dict) -> dict:
 
 
 def tool_turns(spec: SessionSpec, path: str, text: str, number: int) -> list[Turn]:
-    """A tool loop: per task the request, then the read's result, then the edit's; `spec.turns` of them."""
+    """A tool loop: the files already read (`spec.context`), then per task the request, the read's result, the
+    edit's; `spec.turns` of them."""
     messages: list[dict] = [{"role": "system", "content": TOOLS_SYSTEM}]
     out: list[Turn] = []
     calls = 0
+    for k, (p, t) in enumerate(context_sources(spec, 0, lambda p: len(json.dumps({"path": p})))):
+        call = _call(number, f"ctx{k}", "read_file", {"path": p})  # the task's calls keep their ids
+        messages += [
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "name": "read_file", "content": t},
+        ]
     for name in tasks(text, (spec.turns + 2) // 3):
         messages.append({"role": "user", "content": request(name, path)})
         new_text, old, new = comment_edit(text, name)

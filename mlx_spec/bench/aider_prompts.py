@@ -232,6 +232,12 @@ Any other messages in the chat may contain outdated versions of the files' conte
 """
 FILES_REPLY = "Ok, any changes I propose will be to those files."
 EDITS_APPLIED = "I updated the files."  # files_content_gpt_edits_no_repo: what aider says after an edit, outside git
+# read_only_files_prefix and the reply after it (base_coder.get_readonly_files_messages): files added with /read,
+# sent after the examples and before the conversation, so every turn's prefix carries them
+READ_ONLY_PREFIX = """Here are some READ ONLY files, provided for your reference.
+Do not edit these files!
+"""
+READ_ONLY_REPLY = "Ok, I will use these files as references."
 
 FORMATS = {
     "aider-whole": (WHOLE_SYSTEM, WHOLE_EXAMPLES, WHOLE_REMINDER),

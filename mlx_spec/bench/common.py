@@ -47,10 +47,11 @@ def git_revision() -> str | None:
 
 def machine_info() -> dict:
     """Facts that change the numbers: cores, BLAS under MLX, the GPU and its driver, library versions, code revision."""
-    from importlib.metadata import version
 
     import mlx.core as mx
     import mlx_lm
+
+    from .. import __version__
 
     rev, dev = git_revision(), device.info()
     return {
@@ -65,7 +66,7 @@ def machine_info() -> dict:
         "blas_env": os.environ.get(blas.ENV_VAR),
         "mlx": mx.__version__,  # type: ignore[attr-defined]  # mlx's stubs leave it out
         "mlx_lm": mlx_lm.__version__,
-        "mlx_spec": version("mlx-spec"),
+        "mlx_spec": __version__,
         "mlx_device": str(mx.default_device()),
         "mlx_backend": dev.backend,  # metal, cuda or cpu
         "gpu": dev.name if dev.kind == "gpu" else None,

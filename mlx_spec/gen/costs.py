@@ -73,8 +73,10 @@ class Costs:
 
     def cost(self, places: int, size: int) -> float | None:
         """Seconds of a target pass over `places` rows of `size` positions: measured; else interpolated between the
-        sizes measured at as many places, or that of the nearest one (`reach` bounds how far a guess goes); else
-        predicted by positions from every pass measured; None before any pass was timed."""
+        sizes measured at as many places, past the largest extrapolated at the slope every pass measured shows (a
+        costly source's part of a round is what the round took beyond this: priced flat there, a long draft's part
+        absorbed the positions and looked cheap), below the smallest taken at its cost (`reach` bounds how far a
+        guess goes); else predicted by positions from every pass measured; None before any pass was timed."""
         if (places, size) in self.costs:
             return self.costs[(places, size)]
         same = sorted((s, c) for (p, s), c in self.costs.items() if p == places)
@@ -82,8 +84,10 @@ class Costs:
         if below and above:
             (sa, ca), (sb, cb) = below[-1], above[0]
             return ca + (cb - ca) * (size - sa) / (sb - sa)
-        if below or above:  # a pass is taken to cost what the nearest size timed at as many places cost, until timed
-            return (below[-1] if below else above[0])[1]
+        if below and not above:  # past the largest size timed: its cost, and each position more at the measured slope
+            return below[-1][1] + self._slope * places * (size - below[-1][0])
+        if above:  # below the smallest size timed: taken to cost what it costs, until timed
+            return above[0][1]
         if not self._curve:
             return None
         x, (x0, y0), (xn, yn) = places * size, self._curve[0], self._curve[-1]

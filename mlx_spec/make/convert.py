@@ -4,9 +4,9 @@ import json
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from importlib.metadata import version
 from pathlib import Path
 
+from .. import __version__
 from ..errors import ConvertError, MlxSpecError, SourceError, UnsupportedError
 from .calibrated import quantize_calibrated, samples
 from .importance import (
@@ -366,7 +366,7 @@ def convert_folder(
             "source": prior["source"] if prior else str(source),
             "source_sha256": prior["source_sha256"] if prior else source_sha256,
             "operations": ops,
-            "version": version("mlx-spec"),
+            "version": __version__,
             **({"recipe": recipe} if recipe else {}),
         }
         with atomic_dir(out, force=force) as tmp:
