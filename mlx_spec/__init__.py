@@ -11,7 +11,6 @@ Importing it has two side effects, and only these: on Linux it opens an optimize
 """
 
 from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
 from . import backend as _backend
@@ -20,10 +19,7 @@ from . import blas as _blas
 _blas.setup()  # must run before anything imports mlx.core
 _backend.setup()  # before MLX's first attention call: cuDNN plans per shape are not for a pass a round
 
-try:
-    __version__ = version("mlx-spec")  # pyproject's, as installed
-except PackageNotFoundError:  # run from a checkout on PYTHONPATH, not installed (the GPU machine's way)
-    __version__ = "0.0.0+checkout"
+from .version import __version__  # noqa: E402  (after the BLAS and backend setup, as every import here)
 
 # name -> the module that defines it. Loaded on first access (PEP 562), so the import stays light and the package's
 # root loads none of its layers until asked.

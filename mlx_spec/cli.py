@@ -249,6 +249,11 @@ def chat(
     top_k: int = TOP_K,
     seed: int | None = SEED,
     adaptive: bool = ADAPTIVE,
+    shard: str | None = typer.Option(
+        None,
+        help="Split the target over the ranks `mlx.launch` starts: tensor or pipeline (rank 0 reads and prints; a "
+        "reply runs to its end, Ctrl-C ends the chat)",
+    ),
 ):
     """Chat in the terminal; after each reply: tokens/s, drafts and acceptance, a speed-up estimate. /help: commands."""
     from mlx_spec_apps.chat.repl import run
@@ -268,6 +273,7 @@ def chat(
         seed=seed,
         adaptive=adaptive,
         log=_log,
+        shard=shard,
     )
 
 

@@ -37,7 +37,7 @@ def test_importing_it_only_sets_up_blas_and_the_cuda_attention_setting():
     )
     env = {k: v for k, v in os.environ.items() if k != "MLX_CUDA_USE_CUDNN_SDPA"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
-    assert out.split(None, 2) == ["0", "True", "['mlx_spec.backend', 'mlx_spec.blas']\n"]
+    assert out.split(None, 2) == ["0", "True", "['mlx_spec.backend', 'mlx_spec.blas', 'mlx_spec.version']\n"]
 
 
 def test_a_user_converts_loads_and_generates_by_the_top_level_names(tmp_path):

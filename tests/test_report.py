@@ -66,6 +66,7 @@ def test_the_committed_results_page_is_what_bench_report_makes_of_the_records(mo
     monkeypatch.chdir(ROOT)  # the page names the folder and links its records as the README's command does
     page = results_page("notebooks/runs", "docs/results.md")
     assert "](../notebooks/runs/" in page and ".json.gz)" in page  # it read the repository's compressed records
+    assert "| ngram K=7 fixed |" in page and "| ngram K=7 onoff |" in page  # an ablation's rows tell their rule
     assert Path("docs/results.md").read_text() == page, (
         "docs/results.md is stale: `mlx-spec bench report notebooks/runs --out docs/results.md`"
     )

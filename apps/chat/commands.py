@@ -78,8 +78,9 @@ def compare(chat: Chat, arg: str, echo: Echo) -> None:
         raise CommandError("no reply to compare yet")
     if last.draft == "none":
         raise CommandError("the last reply was plain decoding already: /draft on, ask again, then /compare")
-    echo(f"regenerating the last reply ({len(last.tokens)} tokens) with plain decoding ... (Ctrl-C stops)")
-    seen, stopped = drain(chat.compare())
+    stops = "" if chat.sharded else " (Ctrl-C stops)"
+    echo(f"regenerating the last reply ({len(last.tokens)} tokens) with plain decoding ...{stops}")
+    seen, stopped = drain(chat.compare(), stoppable=not chat.sharded)
     if stopped or not seen:
         echo("compare stopped")
         return
@@ -123,6 +124,10 @@ COMMANDS: dict[str, tuple[Callable, str, str]] = {
     "save": (save, "FILE", "write the transcript with each reply's stats as JSON"),
     "help": (help_, "", "this list"),
 }
+
+
+# Commands that only read the chat and write to rank 0's screen or disk: under --shard the other ranks skip them.
+LOCAL = ("stats", "save", "help")
 
 
 def dispatch(chat: Chat, line: str, echo: Echo) -> None:

@@ -75,6 +75,7 @@ class Chat:
     parked: tuple | None = None  # (drafter, spec) put aside by /draft off, for /draft on
     draft_quantization: str = "N/A"
     seen: Seen = field(default_factory=Seen)
+    sharded: bool = False  # the target is split over ranks that run every round together: a reply runs to its end
 
     def __post_init__(self):
         self.draft_quantization = named.quantization(named.draft_model(self.session.drafter, self.session.model))

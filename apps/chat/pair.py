@@ -2,9 +2,10 @@
 
 from pathlib import Path
 
-from mlx_spec.errors import SourceError
+from mlx_spec.cluster import Cluster
+from mlx_spec.errors import MlxSpecError, SourceError
 from mlx_spec.make import recipes
-from mlx_spec.make.resolve import is_cached
+from mlx_spec.make.resolve import is_cached, resolve
 from mlx_spec.named import (
     DEFAULT_DRAFT,
     DEFAULT_MODEL,
@@ -48,15 +49,26 @@ def load(model: str, draft, *, log: Log):
         raise SourceError(f"{side}{e}; {pair_that_works(model)}") from None
 
 
+def load_sharded(cluster: Cluster, model: str, draft, *, log: Log):
+    """(target, tokenizer, drafter) with the target split over the group (a draft model loads whole on every rank);
+    a drafter that cannot run over this split is refused before the target loads."""
+    folder = resolve(model, log)
+    spec = cluster.drafter(draft, folder)
+    target, tokenizer = cluster.load(folder)
+    return target, tokenizer, make_drafter(spec, target, tokenizer, log=log)
+
+
 class DraftLoader:
     """Builds drafters for `/draft SPEC`, keeping the last draft model loaded so switching back is instant."""
 
-    def __init__(self, target, tokenizer, *, log: Log):
-        self.target, self.tokenizer, self.log = target, tokenizer, log
+    def __init__(self, target, tokenizer, *, log: Log, sharded: bool = False):
+        self.target, self.tokenizer, self.log, self.sharded = target, tokenizer, log, sharded
         self.loaded: dict[str, tuple] = {}  # {draft model spec: (model, tokenizer)}; one at most: drafts are big
 
     def build(self, spec):
         """The drafter for `spec` (None for 'none'); raises MlxSpecError with a one-line message."""
+        if self.sharded:
+            raise MlxSpecError(f"/draft {spec}: not under --shard; start the chat again with --draft {spec}")
         name = draft_model_spec(spec)
         if name and name not in self.loaded:
             self.loaded = {name: load_model(name, self.log)[:2]}

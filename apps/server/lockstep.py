@@ -17,8 +17,7 @@ from mlx_spec.named import Log, load_model
 from .pair import Pair
 from .params import Params
 
-_HEAD = 2  # a step's op, its payload's length in bytes (one int32 each)
-_RUN, _STOP = 1, 2
+_RUN, _STOP = 1, 2  # a step to run, or the server stopping
 # Seconds rank 0 gives one step (a prefill chunk of PREFILL_STEP tokens and one round of one request) before it takes
 # the group for broken: a peer that went silent with its sockets open leaves rank 0 waiting in a pass, not only in a
 # shared decision, and MLX's ring cannot time out either.
@@ -75,12 +74,9 @@ class Lockstep:
         return Agreed(adaptive=adaptive, cluster=self.cluster, limit=self.limit)
 
     def share(self, step: Step) -> None:
-        """Rank 0: send the step to the other ranks (two collectives: its head, then its payload if any)."""
-        payload = encode(step)
+        """Rank 0: send the step to the other ranks (`Cluster.send`: its length, then its payload if any)."""
         with self.guard():
-            self.cluster.share([_STOP if step.stop else _RUN, len(payload)], _HEAD, self.limit)
-            if payload:
-                self.cluster.share(list(payload), len(payload), self.limit)
+            self.cluster.send(None if step.stop else encode(step), self.limit, self.limit)
 
     def watch(self):
         """On rank 0, a bound of STEP_LIMIT seconds on the step run inside (past it the group is broken); nothing on
@@ -90,9 +86,8 @@ class Lockstep:
     def follow(self) -> Step:
         """The other ranks: rank 0's next step (waiting as long as rank 0 is idle)."""
         with self.guard():
-            op, n = self.cluster.share([], _HEAD, math.inf)
-            payload = bytes(self.cluster.share([], n, self.limit)) if n else b""
-        return decode(op, payload)
+            payload = self.cluster.send(None, math.inf, self.limit)
+        return decode(_STOP, b"") if payload is None else decode(_RUN, payload)
 
     def guard(self):
         """The cluster's guard: a lost peer or a rank that diverged is one ClusterError naming the ranks."""

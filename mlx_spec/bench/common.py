@@ -51,7 +51,7 @@ def machine_info() -> dict:
     import mlx.core as mx
     import mlx_lm
 
-    from .. import __version__
+    from ..version import __version__
 
     rev, dev = git_revision(), device.info()
     return {

@@ -374,7 +374,7 @@ def _table_rows(data: dict) -> tuple[list[str], list[list[str]]]:
     for s in data["summary"]:
         if s["draft"] == "none":
             continue
-        drafter = s["draft"] + (f" K={s['k']}" if s.get("k") else "")
+        drafter = s["draft"] + (f" K={s['k']}" if s.get("k") else "") + (f" {s['planner']}" if s.get("planner") else "")
         target = Path(s["target"]).name if "/" in s["target"] else s["target"]
         if s.get("status") != "ok" or not s.get("compared"):
             rows.append([target, drafter, "-", *("-" for _ in sets), "-", s.get("reason") or "not measured"])

@@ -98,6 +98,14 @@ class Cluster:
         with Deadline(self, limit):
             return cast(list[int], mx.distributed.all_sum(mine, group=self.group).tolist())  # an int32 vector's
 
+    def send(self, data: bytes | None, wait: float = math.inf, limit: float = ROUND_LIMIT) -> bytes | None:
+        """Rank 0's bytes on every rank (None: rank 0 has nothing more to send), in two collectives: their length
+        (the other ranks wait up to `wait` seconds for it: rank 0 may be idle), then the bytes (up to `limit`)."""
+        n = self.share([-1 if data is None else len(data)], 1, wait)[0]
+        if n < 0:
+            return None
+        return bytes(self.share(list(data or b""), n, limit)) if n else b""
+
     def agree_seed(self, seed: int | None) -> int:
         """Rank 0's seed (its random pick where none was given; int32, as shared), seeding MLX's generator alike on
         every rank."""

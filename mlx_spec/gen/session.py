@@ -39,11 +39,18 @@ class Session:
     """Turn after turn over one growing conversation, each prefilling only what the caches do not hold yet."""
 
     def __init__(
-        self, model, tokenizer, drafter: Drafter | None = None, *, num_draft: int | None = None, adaptive: bool = True
+        self,
+        model,
+        tokenizer,
+        drafter: Drafter | None = None,
+        *,
+        num_draft: int | None = None,
+        adaptive: bool = True,
+        planner: Planner | None = None,
     ):
         self.model, self.tokenizer = model, tokenizer
         self.reset()
-        self.planner = Planner(adaptive)
+        self.planner = planner if planner is not None else Planner(adaptive)  # a sharded target's: rank 0's plans
         self.accept: dict = {}  # the conversation's acceptance of each draft source, kept across turns
         self.set_drafter(drafter, num_draft)
 

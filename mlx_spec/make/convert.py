@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .. import __version__
 from ..errors import ConvertError, MlxSpecError, SourceError, UnsupportedError
+from ..version import __version__
 from .calibrated import quantize_calibrated, samples
 from .importance import (
     PICKS,
