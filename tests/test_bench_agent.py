@@ -173,7 +173,8 @@ def fake_record() -> dict:
                         "turn": turn,
                         "set": "tools",
                         "prompt_tokens": prompt + 100 * turn,
-                        "cached_tokens": prompt + 100 * turn - 50 if turn else 0,
+                        # the first turn finds only a shared system prompt cached: not a cached turn
+                        "cached_tokens": prompt + 100 * turn - 50 if turn else 100,
                         "n_tokens": 20,
                         "ttft": 30.0 if turn == 0 else ttft * turn,  # the uncached first turn: a 30 s prefill
                         "total": 32.0,
@@ -196,7 +197,7 @@ def test_the_page_compares_each_session_s_cached_turns_and_decode_speed_per_conf
     page = agent.render(data)
     suffix = next(e for e in data["summary"] if e["config"] == "suffix")["by_session"]["tools:fnmatch:ctx15000"]
     assert suffix["prompt_tokens_median"] == 15500 and suffix["cached_turns"] == 2
-    assert suffix["cached_ttft_median"] == 1.5  # turns 1 and 2 (1.0, 2.0); the uncached first turn's 30 s left out
+    assert suffix["cached_ttft_median"] == 1.5  # turns 1 and 2 (1.0, 2.0); the first turn's 30 s prefill left out
     assert suffix["decode_tps_median"] == 18.0 and suffix["decode_vs_plain"] == 2.0
     rows = [line.split("|")[1:-1] for line in page.splitlines() if line.startswith("| tools:fnmatch")]
     assert [[c.strip() for c in r] for r in rows] == [

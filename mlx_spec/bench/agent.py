@@ -23,6 +23,7 @@ PLAIN = "none"  # the target alone on mlx-spec's server: the baseline of every r
 MLX_LM_SERVER = "mlx_lm.server"  # mlx-lm's own server on the same model folder, its prompt cache on
 TOP = {"description", "kind", "max_tokens", "mlx_lm_server", "prefix_cache_gb", "targets", "sessions"}
 SESSION = {"format", "file", "turns", "lines", "context"}
+CACHED = 0.5  # a turn counts as cached where the server had at least this share of its prompt (not a system prompt)
 PREFIX_CACHE_GB = 1.0  # per server: one 16k-token conversation of a 1.5B float32 target, and the shared prefix
 
 
@@ -137,13 +138,14 @@ def _median(values: list) -> float | None:
 
 def _by_session(mine: list[dict], plain: list[dict]) -> dict:
     """Per session (the same task at each context): median prompt tokens, the cached turns' median TTFT (turns
-    whose prefix the server had cached: `cached_tokens` > 0), median decode tokens/s and its ratio to plain's."""
+    whose prompt the server had mostly cached: at least CACHED of it; a shared system prompt alone does not count),
+    median decode tokens/s and its ratio to plain's."""
     out = {}
     for session in dict.fromkeys(r["session"] for r in mine):
         m = [r for r in mine if r["session"] == session]
         decode = _median([r.get("decode_tps") or None for r in m])
         base = _median([r.get("decode_tps") or None for r in plain if r["session"] == session])
-        cached = [r for r in m if (r.get("cached_tokens") or 0) > 0]
+        cached = [r for r in m if (r.get("cached_tokens") or 0) >= CACHED * (r.get("prompt_tokens") or 0) > 0]
         out[session] = {
             "turns": len(m),
             "prompt_tokens_median": _median([r.get("prompt_tokens") for r in m]),
@@ -213,7 +215,8 @@ def _f(v: float | None, digits: int = 2) -> str:
 
 SESSION_NOTE = (
     "- per session, medians over its turns: prompt tokens as the server counted them; cached TTFT over the turns "
-    "whose prefix the server had cached (`cached_tokens` > 0); decode vs plain: the row's decode tok/s over plain's "
+    "whose prompt the server had mostly cached (`cached_tokens` at least half the prompt); decode vs plain: the "
+    "row's decode tok/s over plain's "
     "on the same session"
 )
 
