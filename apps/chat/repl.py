@@ -109,8 +109,8 @@ def run(
     session = Session(target, tokenizer, drafter, num_draft=num_draft, adaptive=adaptive, planner=planner)
     loader = pair.DraftLoader(target, tokenizer, log=log, sharded=cluster is not None)
     settings = Settings(max_tokens=max_tokens, temp=temp, top_p=top_p, top_k=top_k, num_draft=num_draft)
-    chat = Chat(session, model, str(draft) if drafter is not None else "none", settings, loader, system=system)
-    chat.sharded = cluster is not None
+    name = str(draft) if drafter is not None else "none"
+    chat = Chat(session, model, name, settings, loader, system=system, sharded=cluster is not None)
     if cluster is not None and not cluster.lead:
         with cluster.guard():
             return follow(chat, cluster)

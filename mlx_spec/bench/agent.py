@@ -216,8 +216,7 @@ def _f(v: float | None, digits: int = 2) -> str:
 SESSION_NOTE = (
     "- per session, medians over its turns: prompt tokens as the server counted them; cached TTFT over the turns "
     "whose prompt the server had mostly cached (`cached_tokens` at least half the prompt); decode vs plain: the "
-    "row's decode tok/s over plain's "
-    "on the same session"
+    "row's decode tok/s over plain's on the same session"
 )
 
 
