@@ -92,3 +92,27 @@ def test_memory_keeps_its_newer_half():
     for start in range(0, 40, 5):
         memory.add(list(range(100 + start, 105 + start)))
     assert len(memory.index.tokens) <= 20 and memory.index.tokens[-6:] == list(range(135, 140)) + [-1]
+
+
+def test_the_engine_expects_a_costly_source_s_step_at_its_weights_share_of_the_target_s(pair):
+    """A draft model's step, and a layer view's, are expected to cost the share of the target's weights they read a
+    token (the planner's prior for them until timed); lookups read no weights and get none."""
+    from mlx.utils import tree_flatten
+
+    from mlx_spec.gen.planner import Planner
+
+    (model, tok), draft = pair
+
+    def nbytes(m):
+        return sum(v.nbytes for _, v in tree_flatten(m.parameters()))
+
+    for drafter, share in (
+        (hybrid(model, draft), nbytes(draft) / nbytes(model)),
+        (SelfDrafter(model, [0, 1], model.args.vocab_size), None),
+    ):
+        p = Planner()
+        spec(model, tok.encode("The quick brown fox"), drafter, max_tokens=4, planner=p)
+        if share is None:  # two of the target's four blocks, with its embedding and head
+            assert set(p.shares) == {"self"} and 0.5 < p.shares["self"] < 1
+        else:
+            assert p.shares == {"model": pytest.approx(share)} and share < 1

@@ -8,16 +8,20 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .tunables import CATCH_UP_RATIO, EMA, MARGIN, SIZES, TIMINGS
+from .tunables import CATCH_UP_RATIO, EMA, MARGIN, PRIOR_TRIALS, SIZES, TIMINGS
 
 
 class _Fit:
     """seconds = d n + c b by decayed least squares (a weak prior, d = CATCH_UP_RATIO c, splits one round with a
     long catch-up; later rounds outweigh it, rounds of catch-ups alone too: the prior weighs a thousandth of the
-    rounds, catch-up tokens counted as the draft steps the prior takes them to cost)."""
+    rounds, catch-up tokens counted as the draft steps the prior takes them to cost). step: a draft step's expected
+    seconds, weighed as PRIOR_TRIALS rounds that decay like the rest (one noisy first round cannot price a source
+    out on its own)."""
 
-    def __init__(self):
+    def __init__(self, step: float | None = None):
         self.f, self.d, self.c = [0.0] * 5, 0.0, 0.0
+        if step:
+            self.f[0], self.f[3] = PRIOR_TRIALS, PRIOR_TRIALS * step
         self.known = False  # a round whose catch-up costs less than its drafting, by the prior, was timed: d is seen
 
     def add(self, n: int, b: int, seconds: float) -> None:
@@ -67,6 +71,8 @@ class Costs:
     costs: dict[tuple[int, int], float] = field(default_factory=dict)  # their medians
     drafts: dict[tuple[str, int], _Fit] = field(default_factory=dict)  # (costly source, rows) -> its cost fit
     copies: list[float] = field(default_factory=list)  # seconds per position of packing the cache
+    shares: dict[str, float] = field(default_factory=dict)  # a costly source's draft step as a share of a plain step,
+    # expected from the weights each reads a token (`expect`)
     ran: int = 0  # the most positions of a pass in a round a costly source drafted in (its fit times that round)
     _curve: list[tuple[float, float]] = field(default_factory=list)
     _slope: float = 0.0
@@ -143,13 +149,22 @@ class Costs:
         self._slope = _line([(x, y) for x, y, _ in pts])[1] if len(pts) > 1 else 0.0
         self._curve = _rising(pts)
 
+    def expect(self, source: str, share: float) -> None:
+        """`source`'s draft step is expected to cost `share` of a plain step over as many rows (decoding reads every
+        weight once a token: its weights' bytes over the target's), a prior its timed rounds soon outweigh."""
+        self.shares[source] = share
+
     def time_draft(self, source: str, rows: int, k: int, behind: int, places: int, size: int, seconds: float) -> None:
         """A round in which `source` drafted k tokens for `rows` rows after feeding `behind`, verified over `places`
         x `size` positions in `seconds` (its part: what the round took beyond the verify pass)."""
         verify = self.cost(places, size)
-        if verify is not None:
-            self.drafts.setdefault((source, rows), _Fit()).add(k, behind, max(0.0, seconds - verify))
-            self.ran = max(self.ran, places * size)
+        if verify is None:
+            return
+        if (source, rows) not in self.drafts:
+            share, plain = self.shares.get(source), self.cost(rows, 1)
+            self.drafts[(source, rows)] = _Fit(share * plain if share and plain else None)
+        self.drafts[(source, rows)].add(k, behind, max(0.0, seconds - verify))
+        self.ran = max(self.ran, places * size)
 
     def record_copy(self, positions: int, seconds: float) -> None:
         """A packing of the cache: `positions` (rows x columns) copied in `seconds`."""
