@@ -143,6 +143,12 @@ def test_the_predicted_table_renders_and_prices_a_slower_link_higher(sharded, ta
     plain = [float(r[3]) for r in table[: len(LINKS_US)]]  # one setup, its links from fastest to slowest
     assert plain == sorted(plain, reverse=True) and plain[0] > plain[-1]
     assert {s["identical"] for s in data["summary"]} == {1}
+    # the link, not this machine's collectives (ranks waiting for each other on shared cores), prices a collective:
+    # 70B dense on 2 ranks over RDMA, 24 ms of roofline and 161 collectives of 50 µs and 16 kB at 10 GB/s
+    for rec in records:
+        rec["link"]["measured_s"] += 0.0025 * rec["link"]["collectives"]
+    assert bench.predicted(data, data["summary"]) == table
+    assert float(table[0][3]) == pytest.approx(1 / (70.6e9 * 4.5 / 8 / 2 / 819e9 + 161 * (50e-6 + 16384 / 10e9)), 0.01)
 
 
 def test_generate_says_its_link_is_simulated_and_needs_a_shard(target):

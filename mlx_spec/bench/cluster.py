@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .common import median, ours_stream, params_gb, time_stream
+from .common import ours_stream, params_gb, time_stream
 from .report import aligned_table
 from .results import ResultFile
 
@@ -26,11 +26,12 @@ BYTES_4BIT = 4.5 / 8  # a 4-bit weight with a bf16 scale and bias per group of 6
 # Published shapes (the models' config.json files): billions of parameters every token reads outside the routed
 # experts (`dense_b`), one routed expert's over all MoE layers (`expert_b`), experts per layer and chosen per token,
 # layers. DeepSeek-V3: 37B active, 58 of 61 layers MoE, 256 experts of 3 x 7168 x 2048, 8 chosen; GLM-4.6: 32B active,
-# 89 of 92 layers MoE, 160 experts of 3 x 5120 x 1536, 8 chosen. A tensor-parallel layer makes 2 all_sums.
+# 89 of 92 layers MoE, 160 experts of 3 x 5120 x 1536, 8 chosen. A tensor-parallel layer makes 2 all_sums, each of
+# one `hidden`-wide bf16 state a position.
 MODELS = {
-    "Llama-3.3-70B 4-bit (dense)": {"dense_b": 70.6, "expert_b": 0.0, "experts": 1, "chosen": 1, "layers": 80},
-    "DeepSeek-V3 671B 4-bit (MoE)": {"dense_b": 16.6, "expert_b": 2.554, "experts": 256, "chosen": 8, "layers": 61},
-    "GLM-4.6 355B 4-bit (MoE)": {"dense_b": 15.2, "expert_b": 2.10, "experts": 160, "chosen": 8, "layers": 92},
+    "Llama-3.3-70B 4-bit (dense)": dict(dense_b=70.6, expert_b=0.0, experts=1, chosen=1, layers=80, hidden=8192),
+    "DeepSeek-V3 671B 4-bit (MoE)": dict(dense_b=16.6, expert_b=2.554, experts=256, chosen=8, layers=61, hidden=7168),
+    "GLM-4.6 355B 4-bit (MoE)": dict(dense_b=15.2, expert_b=2.10, experts=160, chosen=8, layers=92, hidden=5120),
 }
 SETUPS = [(m, n) for m in MODELS for n in (2, 4)]  # 2 to 4 Mac Studios M3 Ultra (512 GB each: every model fits)
 
@@ -163,14 +164,6 @@ def summarize(data: dict) -> list[dict]:
     return out
 
 
-def collective_s(data: dict) -> float:
-    """The median seconds one collective took in this run, the simulated wait left out."""
-    per = [
-        r["link"]["measured_s"] / r["link"]["collectives"] for r in data.get("records", []) if r["link"]["collectives"]
-    ]
-    return median(per) if per else 0.0
-
-
 def pass_s(model: dict, ranks: int, size: int, gbs: float = M3_ULTRA_GBS) -> float:
     """Roofline seconds of a tensor-parallel pass over `size` positions: each rank reads its share of the weights
     the pass touches (for an MoE, the experts `size` tokens choose: E x (1 - (1 - k/E)^size) a layer expected)."""
@@ -178,12 +171,20 @@ def pass_s(model: dict, ranks: int, size: int, gbs: float = M3_ULTRA_GBS) -> flo
     return (model["dense_b"] + model["expert_b"] * experts) * 1e9 * BYTES_4BIT / ranks / (gbs * 1e9)
 
 
+def comm_s(model: dict, ranks: int, size: int, us: float, gbs: float) -> float:
+    """Seconds of a round's (2 x layers + 1) collectives over a link of `us` µs and `gbs` GB/s: a ring's all_sum
+    over n ranks makes n - 1 round trips and moves 2 (n - 1) / n of its payload, a bf16 state a position. (Not this
+    run's collectives: on one machine they time the ranks waiting for each other on shared cores, not a link.)"""
+    payload = 2 * model["hidden"] * size
+    return (2 * model["layers"] + 1) * (ranks - 1) * (us * US + 2 / ranks * payload / (gbs * 1e9))
+
+
 def predicted(data: dict, summary: list[dict]) -> list[list[str]]:
     """Per published setup and link: plain tokens/s and each drafter's predicted speed-up. A round costs a pass
-    over its drafted + 1 positions, (2 x layers + 1) collectives of (ranks - 1) x (this run's collective + the
-    link's round trip) each (a ring's all_sum over n ranks makes n - 1 round trips), and its draft-model steps at
-    the draft's roofline; it yields the tokens per round measured here."""
-    c0 = collective_s(data)
+    over its drafted + 1 positions, its collectives over the link (`comm_s`) and its draft-model steps at the
+    draft's roofline; it yields the tokens per round measured here."""
+    from ..cluster.link import LINKS_GBS
+
     links = data["cluster"]["published_links_us"]
     draft_gb = data["cluster"].get("draft_gb", {})
     drafts: dict[str, list[dict]] = {}
@@ -194,15 +195,16 @@ def predicted(data: dict, summary: list[dict]) -> list[list[str]]:
     for name, ranks in SETUPS:
         m = MODELS[name]
         for link, us in links.items():
-            comm = (2 * m["layers"] + 1) * (ranks - 1) * (c0 + us * US)
-            plain = pass_s(m, ranks, 1) + comm
+            gbs = LINKS_GBS[link]
+            plain = pass_s(m, ranks, 1) + comm_s(m, ranks, 1, us, gbs)
             cells = [name, str(ranks), f"{link} ({us:g} µs)", f"{1 / plain:.1f}"]
             for d, ss in drafts.items():
                 tpr = sum(s["tokens_per_round"] for s in ss) / len(ss)
                 size = round(1 + sum(s["drafted_per_round"] for s in ss) / len(ss))
                 steps = sum(s["model_steps_per_round"] for s in ss) / len(ss)
                 step = draft_gb.get(d, 0.0) / M3_ULTRA_GBS
-                cells.append(f"{tpr * plain / (pass_s(m, ranks, size) + comm + steps * step):.2f}×")
+                round_s = pass_s(m, ranks, size) + comm_s(m, ranks, size, us, gbs) + steps * step
+                cells.append(f"{tpr * plain / round_s:.2f}×")
             rows.append(cells)
     return rows
 
@@ -243,9 +245,9 @@ def render(data: dict) -> str:
         + aligned_table(cols, measured)
         + "\n\n## Predicted (not measured): published setups\n\n"
         + f"Compute: the roofline of {M3_ULTRA_GBS:g} GB/s (Apple's M3 Ultra specification) over 4-bit weights; a "
-        + f"collective: {1e6 * collective_s(data):.0f} µs, the median measured in this run (it includes waiting for "
-        + "the slower rank), plus the published link latency, (ranks - 1) times; "
-        + "tokens per round: each drafter's, measured here. Speed-ups over plain sharded decoding, **predicted**.\n\n"
+        + "collective: the published link latency (ranks - 1) times, plus its payload (a bf16 state a position) at "
+        + "the link's nominal line rate; tokens per round: each drafter's, measured here. Speed-ups over plain "
+        + "sharded decoding, **predicted**.\n\n"
         + aligned_table(pcols, predicted(data, summary))
         + "\n"
     )

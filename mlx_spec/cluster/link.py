@@ -17,6 +17,9 @@ from .agree import Agreed
 #   serialization, which 10 GbE cuts tenfold (AppNeta, "Why is 10G better for network latency?", 2009): ~100 µs.
 # - Thunderbolt bridge, TCP/IP (MLX's ring backend over Thunderbolt): ~300 µs (Geerling, as above).
 LINKS_US = {"tb5-rdma": 50.0, "10gbe": 100.0, "tb-bridge": 300.0}
+# Their nominal line rates in GB/s (Thunderbolt 5: 80 Gb/s; 10 GbE; Thunderbolt 4: 40 Gb/s): an upper bound on what
+# a collective's payload moves at, so a prediction from them is a lower bound on communication.
+LINKS_GBS = {"tb5-rdma": 10.0, "10gbe": 1.25, "tb-bridge": 5.0}
 COLLECTIVES = ("all_sum", "all_gather", "all_max", "all_min", "sum_scatter", "send", "recv", "recv_like")
 
 
