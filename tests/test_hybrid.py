@@ -97,15 +97,10 @@ def test_memory_keeps_its_newer_half():
 def test_the_engine_expects_a_costly_source_s_step_at_its_weights_share_of_the_target_s(pair):
     """A draft model's step, and a layer view's, are expected to cost the share of the target's weights they read a
     token (the planner's prior for them until timed); lookups read no weights and get none."""
-    from mlx.utils import tree_flatten
-
     from mlx_spec.gen.planner import Planner
+    from mlx_spec.models.base import params_bytes as nbytes
 
     (model, tok), draft = pair
-
-    def nbytes(m):
-        return sum(v.nbytes for _, v in tree_flatten(m.parameters()))
-
     for drafter, share in (
         (hybrid(model, draft), nbytes(draft) / nbytes(model)),
         (SelfDrafter(model, [0, 1], model.args.vocab_size), None),

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import blas, device
+from ..models.base import params_bytes
 
 DEFAULT_OUT = "runs"  # one JSON + one markdown file per run land here
 WITHIN = 0.05  # "ours matches mlx-lm" means a speed ratio within 5% of 1
@@ -290,13 +291,6 @@ def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def params_bytes(module) -> int:
-    """Bytes of a module's parameters (a model's weights in memory)."""
-    from mlx.utils import tree_flatten
-
-    return sum(v.nbytes for v in dict(tree_flatten(module.parameters())).values())
 
 
 def params_gb(model) -> float:

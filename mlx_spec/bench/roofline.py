@@ -16,7 +16,8 @@ import time
 from functools import partial
 from typing import Any
 
-from .common import md_table, median, params_bytes
+from ..models.base import params_bytes
+from .common import md_table, median
 
 BANDWIDTH_GB = 1.0  # bytes read per pass: well above any CPU cache or GPU's last-level cache
 PASSES = 7

@@ -6,9 +6,9 @@ import time
 from collections import Counter
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache, can_trim_prompt_cache
 
+from ..models.base import params_bytes
 from . import hidden, recurrent, shapes, tree, verify
 from .ahead import Ahead
 from .cache import context_limit
@@ -138,7 +138,7 @@ class Engine:
         costly = next((p for p in row.parts if not p.free), None)
         if costly is not None and costly.name not in self.drafting:
             self.drafting[costly.name] = costly.drafting()
-            share = _weights(costly.model) / _weights(self.target) if costly.model is not None else 1.0
+            share = params_bytes(costly.model) / params_bytes(self.target) if costly.model is not None else 1.0
             if 0 < share < 1:
                 self.planner.expect(costly.name, share)
         if costly is not None and self.drafting[costly.name].takes(costly):
@@ -343,8 +343,3 @@ class Engine:
         self.cache.pack([len(r.context) - (not self.ahead.queued) for r in rows])  # a queued step holds the last one
         self.ahead.keep(live)
         self.planner.record_copy(positions, time.perf_counter() - start)
-
-
-def _weights(model) -> int:
-    """Bytes of a network's weights: what decoding a token reads."""
-    return sum(v.nbytes for v in dict(tree_flatten(model.parameters())).values())

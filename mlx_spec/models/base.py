@@ -1,6 +1,14 @@
-"""What the networks here read of an mlx-lm model: the submodule that holds its blocks (and its embedding and norm)."""
+"""What the networks here read of an mlx-lm model: the submodule that holds its blocks (and its embedding and norm),
+and the bytes of its weights."""
 
 import functools
+
+
+def params_bytes(module) -> int:
+    """Bytes of a module's parameters (a model's weights in memory: what decoding reads once a token)."""
+    from mlx.utils import tree_flatten
+
+    return sum(v.nbytes for v in dict(tree_flatten(module.parameters())).values())
 
 
 def holder_of(model) -> str | None:

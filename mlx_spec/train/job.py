@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..errors import SourceError
 from ..make.paths import atomic_file, home
+from ..models.base import params_bytes
 from ..models.eagle3 import default_reads
 from . import data as td
 from .head import Plan, check_out, train
@@ -90,13 +91,11 @@ def run(
     no clock, the steps alone); `held`: prompts kept out of the text."""
     import time
 
-    from mlx.utils import tree_flatten
-
     started = time.time()
     check_out(out, resume)  # before anything runs
     d, inter = model.args.hidden_size, model.args.intermediate_size
     params = 3 * d * d + 8 * d * d + 3 * d * inter + d * draft_vocab  # fc, attention (q/k/v read 2 d), MLP, head
-    weights = sum(v.nbytes for v in dict(tree_flatten(model.parameters())).values())
+    weights = params_bytes(model)
     step = batch * length * (draft_vocab * 4 * 3 * 3 + 14 * length * 4 * 3)  # logits, attention, 3 steps, kept
     log(
         f"training uses about {(weights + params * 16 + step) / 1e9:.1f} GB of memory (the target, the head with "
