@@ -180,9 +180,44 @@ def compare(
 
 
 @app.command()
+def ab(
+    old: str = typer.Argument(..., help="The side to compare against: a git revision of this checkout, or a folder"),
+    new: str | None = typer.Option(None, help="The other side, the same way (default: this checkout's working tree)"),
+    target: str = typer.Option(_spec.DEFAULT_TARGET, help="Target model spec"),
+    drafts: str = typer.Option("suffix,hybrid:qwen2.5-coder-0.5b", help="Comma list of drafter specs (plain always)"),
+    humaneval: int = typer.Option(5, help="First N HumanEval tasks as completion requests"),
+    edit: int = typer.Option(5, help="N code-edit requests on the first HumanEval solutions"),
+    prose: int = typer.Option(0, help="N open prose questions"),
+    max_tokens: int = typer.Option(_spec.DEFAULT_MAX_TOKENS, help="Max new tokens per prompt"),
+    repeats: int = typer.Option(1, help="Passes over the prompts"),
+    out: str = typer.Option(DEFAULT_OUT, help="Folder for the run's JSON and markdown"),
+):
+    """Two revisions timed in one run, interleaved prompt by prompt (each side in its own process, the side that runs
+    first alternating): new over old per drafter and prompt set, with the per-prompt spread."""
+    from .ab import AbSettings, run_ab
+
+    s = AbSettings(
+        old=old,
+        new=new,
+        target=target,
+        drafts=tuple(_list(drafts)),
+        humaneval=humaneval,
+        edit=edit,
+        prose=prose,
+        max_tokens=max_tokens,
+        repeats=repeats,
+    )
+    run = run_ab(s, out, log=_log)
+    typer.echo(run.md_path.read_text())
+    _log(f"wrote {run.json_path} and {run.md_path}")
+
+
+@app.command()
 def report(
     result: str = typer.Argument(
-        ..., help="A result JSON of `bench run` (finished, interrupted or running; .json.gz too), or a folder of them"
+        ...,
+        help="A result JSON of `bench run` or `bench ab` (finished, interrupted or running; .json.gz too), or a folder "
+        "of `bench run` records",
     ),
     rounds: bool = typer.Option(
         False,
@@ -220,6 +255,11 @@ def report(
         return
     if out is not None:
         raise MlxSpecError("--out writes the page of a folder of records: name a folder")
+    from . import ab as _ab
+
+    if not rounds and (ab_record := _ab.read(result)) is not None:
+        typer.echo(_ab.render(ab_record))
+        return
     data = read_current(result)
     if rounds:
         from .rounds import report as priced
