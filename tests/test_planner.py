@@ -388,6 +388,20 @@ def test_a_draft_model_s_long_rounds_in_a_hybrid_are_priced_as_the_machine_charg
         assert predicted == pytest.approx(steep(k + 1) + k * STEP / 3, rel=0.03)
 
 
+def gemm(size):  # this project's CPU: several positions are a matrix product, dearer than one's; each more adds little
+    return STEP if size == 1 else STEP * (1.5 + 0.04 * size)
+
+
+def test_a_lookup_s_long_match_is_drafted_whole_once_a_short_draft_was_timed():
+    """A lookup's pass past the largest size timed is priced at that size's cost, since its round times it: a
+    23-token match right after a 5-token draft goes whole. (At the slope a plain step's single position steepens, it
+    went 7, then 15, then 23: two rounds more for the same tokens, as suffix did on HumanEval on this CPU.)"""
+    p, m = Planner(), Machine(verify=gemm, accept={"suffix": 1.0})
+    plans = m.run(p, {"suffix": 5}, 2, free=("suffix",)) + m.run(p, {"suffix": 23}, 3, free=("suffix",))
+    assert [plan.k for plan in plans] == [0, 5, 23, 23, 23]
+    assert p.cost(1, 24) == pytest.approx(gemm(24))  # and timed there, as it went
+
+
 def test_a_model_that_must_catch_up_is_probed_within_probe_min_rounds_of_a_lookup_that_drafts_every_round():
     """A draft model never timed that must catch up waits for a round nothing else drafts, or PROBE_MIN rounds passed
     over: beside a lookup that pays a little every round it would wait for as long as the lookup drafts (41 rounds of

@@ -77,12 +77,15 @@ class Costs:
     _curve: list[tuple[float, float]] = field(default_factory=list)
     _slope: float = 0.0
 
-    def cost(self, places: int, size: int) -> float | None:
+    def cost(self, places: int, size: int, optimistic: bool = False) -> float | None:
         """Seconds of a target pass over `places` rows of `size` positions: measured; else interpolated between the
         sizes measured at as many places, past the largest extrapolated at the slope every pass measured shows (a
         costly source's part of a round is what the round took beyond this: priced flat there, a long draft's part
         absorbed the positions and looked cheap), below the smallest taken at its cost (`reach` bounds how far a
-        guess goes); else predicted by positions from every pass measured; None before any pass was timed."""
+        guess goes); else predicted by positions from every pass measured; None before any pass was timed.
+        optimistic: the pass is one its round will time (lookups' drafts alone), so past the largest size timed it
+        is priced at that size's cost; the round corrects the guess, where the slope, which a plain step's single
+        position steepens, would hold a long lookup draft off for rounds."""
         if (places, size) in self.costs:
             return self.costs[(places, size)]
         same = sorted((s, c) for (p, s), c in self.costs.items() if p == places)
@@ -91,7 +94,7 @@ class Costs:
             (sa, ca), (sb, cb) = below[-1], above[0]
             return ca + (cb - ca) * (size - sa) / (sb - sa)
         if below and not above:  # past the largest size timed: its cost, and each position more at the measured slope
-            return below[-1][1] + self._slope * places * (size - below[-1][0])
+            return below[-1][1] + (0.0 if optimistic else self._slope * places * (size - below[-1][0]))
         if above:  # below the smallest size timed: taken to cost what it costs, until timed
             return above[0][1]
         if not self._curve:

@@ -159,7 +159,7 @@ class Planner(Costs):
                     continue
                 size = self.size(b, TREE_PER_DEPTH * k if treed else k, pad)
                 rows = [a for a, s in zip(asks, sources) if s and s == option]
-                seconds = self._verify_cost(b, size, queued)
+                seconds = self._verify_cost(b, size, queued, optimistic=not rows)  # no costly row: it times the pass
                 if rows:
                     horizon = min(min(a.left for a in rows), CATCH_UP_HORIZON)
                     behind = sum(a.behind * min(1.0, g / horizon) for a, g in zip(asks, gains) if a in rows)
@@ -249,12 +249,12 @@ class Planner(Costs):
         behind = sum(a.behind * min(1.0, 1.0 / min(a.left, CATCH_UP_HORIZON)) for a in rows)
         return self._verify_cost(places, self.size(places, k, pad), queued) + self.draft_cost(s, len(rows), k, behind)
 
-    def _verify_cost(self, places: int, size: int, queued: bool) -> float:
+    def _verify_cost(self, places: int, size: int, queued: bool, optimistic: bool = False) -> float:
         """Seconds of a drafting round's verify pass; after a plain step queued ahead, plus the step that queues
         again when plain decoding resumes (the queued one only spared the pass a position), spread over the rounds
-        a stretch of drafting rounds lasts."""
+        a stretch of drafting rounds lasts. optimistic: as `Costs.cost` takes it."""
         restart = (self.cost(places, 1) or 0.0) * self.started_w / self.drafted_w if queued else 0.0
-        return (self.cost(places, size) or 0.0) + restart
+        return (self.cost(places, size, optimistic) or 0.0) + restart
 
     # --- learning: the one place the planner's state changes ---
 
