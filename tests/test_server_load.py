@@ -133,7 +133,7 @@ def test_concurrent_clients_share_rounds_where_the_measured_costs_say_batching_p
     """Whether requests batch is the planner's call from the costs it measures: where a pass costs the same at any
     width (patched in: what a GPU measures for a small model), two waves of concurrent requests share rounds, the
     first request into an empty batch opening it (the rule, not a fixture forcing the batch)."""
-    monkeypatch.setattr(Costs, "cost", lambda self, places, size: 0.01)
+    monkeypatch.setattr(Costs, "cost", lambda self, places, size, optimistic=False: 0.01)
     pair, gate = gated(served_pair)
     with Running(build_app(pair, max_concurrency=4, max_tokens=24)) as srv:
         for wave in range(2):
