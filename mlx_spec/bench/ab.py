@@ -51,7 +51,9 @@ def checkout(name: str, spec: str | None, tmp: Path) -> Side:
     if not rev:
         raise MlxSpecError(f"{name} side '{spec}': neither a folder holding mlx_spec/ nor a git revision of {_repo()}")
     paths = [
-        p for p in EXPORTED if subprocess.run(["git", "cat-file", "-e", f"{rev}:{p}"], cwd=_repo()).returncode == 0
+        p
+        for p in EXPORTED
+        if subprocess.run(["git", "cat-file", "-e", f"{rev}:{p}"], cwd=_repo(), capture_output=True).returncode == 0
     ]
     tar = subprocess.run(["git", "archive", "--format=tar", rev, *paths], cwd=_repo(), capture_output=True)
     if tar.returncode:
