@@ -31,7 +31,7 @@ from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.joint import Rows
 from mlx_spec.gen.planner import PLAIN, Ask, Outcome, Plan, Planner, tree_key
 from mlx_spec.gen.sampling import Sampler
-from mlx_spec.gen.tunables import PROBE_MIN, TREE_WIDTH
+from mlx_spec.gen.tunables import PROBE_MIN, TREE_PER_DEPTH, TREE_WIDTH
 
 
 class Trees(Planner):
@@ -216,15 +216,16 @@ def test_rows_beside_others_draft_chains_and_equal_their_solo_runs():
 
 
 def _planner(verify: dict, draft: float) -> Planner:
-    """A planner that measured a pass of each size at `verify` seconds, and the head's part of a round (its chains'
-    and its trees') at `draft` seconds a depth."""
+    """A planner that measured a pass of each size at `verify` seconds, and the head's rounds, its chains' and its
+    trees' (TREE_PER_DEPTH tokens a depth), at their pass and `draft` seconds a depth."""
     p = Planner()
     for size, s in verify.items():
         for _ in range(3):
             p.time_pass((1, size), s)
-    for key in ("eagle3", tree_key("eagle3")):
+    for key, per in (("eagle3", 1), (tree_key("eagle3"), TREE_PER_DEPTH)):
         for k in (1, 2, 3, 5):
-            p.time_draft(key, 1, k, 0, 1, k + 1, verify[k + 1] + draft * k)
+            size = min(s for s in verify if s > per * k)  # padded to a size timed, as the engine pads a tree
+            p.time_draft(key, 1, k, 0, 1, size, verify[size] + draft * k)
     return p
 
 

@@ -159,8 +159,10 @@ class Costs:
 
     def time_draft(self, source: str, rows: int, k: int, behind: int, places: int, size: int, seconds: float) -> None:
         """A round in which `source` drafted k tokens for `rows` rows after feeding `behind`, verified over `places`
-        x `size` positions in `seconds` (its part: what the round took beyond the verify pass)."""
-        verify = self.cost(places, size)
+        x `size` positions in `seconds`. Its part is what the round took beyond a plain step over as many places:
+        the verify pass's positions past the first go in with the draft steps, so a source's round is priced from its
+        own rounds alone, whatever other sources timed of verify passes."""
+        verify = self.cost(places, 1)
         if verify is None:
             return
         if (source, rows) not in self.drafts:

@@ -159,12 +159,14 @@ class Planner(Costs):
                     continue
                 size = self.size(b, TREE_PER_DEPTH * k if treed else k, pad)
                 rows = [a for a, s in zip(asks, sources) if s and s == option]
-                seconds = self._verify_cost(b, size, queued, optimistic=not rows)  # no costly row: it times the pass
-                if rows:
+                if rows:  # a plain step and the source's part (`time_draft`), as its rounds measured them
                     horizon = min(min(a.left for a in rows), CATCH_UP_HORIZON)
                     behind = sum(a.behind * min(1.0, g / horizon) for a, g in zip(asks, gains) if a in rows)
-                    timed_key = key if self._timed(key) else option  # a tree: the chains' cost until its own is known
-                    seconds += self.draft_cost(timed_key, len(rows), k, behind)
+                    own = self._timed(key)  # a tree not timed yet: the chains' cost and its whole pass, a dear guess
+                    seconds = self._verify_cost(b, 1 if own else size, queued)
+                    seconds += self.draft_cost(key if own else option, len(rows), k, behind)
+                else:  # lookups alone: the pass, which their round times
+                    seconds = self._verify_cost(b, size, queued, optimistic=True)
                 rate = sum(gains) / seconds
                 if self._value(gains, last, plain, seconds) >= 1 and rate > best_rate:
                     best, best_rate = Plan(k, tuple(sources), size, tree=(size - 1) * treed, queued=queued), rate
@@ -247,7 +249,7 @@ class Planner(Costs):
         """Seconds of a round in which `s` drafts k tokens for `rows`: its catch-up and the restart of queued plain
         steps are spread over the rounds that would follow."""
         behind = sum(a.behind * min(1.0, 1.0 / min(a.left, CATCH_UP_HORIZON)) for a in rows)
-        return self._verify_cost(places, self.size(places, k, pad), queued) + self.draft_cost(s, len(rows), k, behind)
+        return self._verify_cost(places, 1, queued) + self.draft_cost(s, len(rows), k, behind)
 
     def _verify_cost(self, places: int, size: int, queued: bool, optimistic: bool = False) -> float:
         """Seconds of a drafting round's verify pass; after a plain step queued ahead, plus the step that queues
