@@ -80,12 +80,11 @@ class Costs:
     def cost(self, places: int, size: int, optimistic: bool = False) -> float | None:
         """Seconds of a target pass over `places` rows of `size` positions: measured; else interpolated between the
         sizes measured at as many places, past the largest extrapolated at the slope every pass measured shows (a
-        costly source's part of a round is what the round took beyond this: priced flat there, a long draft's part
-        absorbed the positions and looked cheap), below the smallest taken at its cost (`reach` bounds how far a
-        guess goes); else predicted by positions from every pass measured; None before any pass was timed.
-        optimistic: the pass is one its round will time (lookups' drafts alone), so past the largest size timed it
-        is priced at that size's cost; the round corrects the guess, where the slope, which a plain step's single
-        position steepens, would hold a long lookup draft off for rounds."""
+        guess no round corrects: a tree's pass before its own rounds are timed), below the smallest taken at its
+        cost (`reach` bounds how far a guess goes); else predicted by positions from every pass measured; None
+        before any pass was timed. optimistic: the pass is one its round will time (lookups' drafts alone), so past
+        the largest size timed it is priced at that size's cost; the round corrects the guess, where the slope,
+        which a plain step's single position steepens, would hold a long lookup draft off for rounds."""
         if (places, size) in self.costs:
             return self.costs[(places, size)]
         same = sorted((s, c) for (p, s), c in self.costs.items() if p == places)
