@@ -219,7 +219,7 @@ class Planner(Costs):
         plain decoding fully accepted, and its credit covers what a probe would lose against rounds at `rate`."""
         rows = [a for a in asks if a.costly == s and a.cap]
         tokens = len(asks) + sum(a.stats(s).expected(1) - 1 for a in rows)
-        lose = max(0.0, self._probe_cost(s, rows, places, pad, 1, queued) - tokens / rate)
+        lose = max(0.0, self._probe_cost(s, rows, places, 1, queued) - tokens / rate)
         return (
             self.idle.get(s, 0) >= PROBE_MIN
             and self.credit.get(s, 0.0) >= lose
@@ -242,11 +242,11 @@ class Planner(Costs):
         """Whether `s` could beat plain decoding with every draft token accepted."""
         plain, cap = self.cost(places, 1) or 0.0, max(a.cap for a in rows)
         return any(
-            (len(asks) + len(rows) * k) / self._probe_cost(s, rows, places, pad, k, queued) > len(asks) / plain
+            (len(asks) + len(rows) * k) / self._probe_cost(s, rows, places, k, queued) > len(asks) / plain
             for k in self._lengths(cap, pad)
         )
 
-    def _probe_cost(self, s: str, rows: Sequence[Ask], places: int, pad: bool, k: int, queued: bool) -> float:
+    def _probe_cost(self, s: str, rows: Sequence[Ask], places: int, k: int, queued: bool) -> float:
         """Seconds of a round in which `s` drafts k tokens for `rows`: its catch-up and the restart of queued plain
         steps are spread over the rounds that would follow."""
         behind = sum(a.behind * min(1.0, 1.0 / min(a.left, CATCH_UP_HORIZON)) for a in rows)
