@@ -106,6 +106,27 @@ def test_drafting_switches_off_when_it_does_not_pay_and_probes_within_its_budget
     assert len(gaps) > 1 and min(gaps[1:]) >= PROBE_MIN
 
 
+@pytest.mark.parametrize("bad", [0.0, 0.3])
+def test_a_draft_model_that_just_lost_its_place_is_probed_again_within_a_few_rounds(bad):
+    """The switch-off comes at the first round it loses, so by a hair: its probe loses about nothing, and the
+    credit covers it within a few rounds. Its acceptance is frozen while it sits out, so a fixed wait (the README's
+    main command: 8 plain steps after one lost comparison) would hold off a model that came good meanwhile."""
+    for seed in range(8):
+        p = Planner()
+        m = Machine(draft={"model": STEP * 0.42}, accept={"model": 0.9}, seed=seed)  # the 0.5B's share of the 1.5B
+        m.run(p, {"model": 15}, 60)
+        m.rates["model"] = bad
+        off = 0
+        while m.run(p, {"model": 15}, 1)[0].k:
+            off += 1
+            assert off < 50
+        m.rates["model"] = 0.9
+        waited = 0
+        while not m.run(p, {"model": 15}, 1)[0].k:
+            waited += 1
+        assert waited <= 3
+
+
 def test_a_source_that_comes_good_is_drafted_again():
     p = Planner()
     m = Machine(draft={"self": STEP * 0.2}, accept={"self": 0.1})

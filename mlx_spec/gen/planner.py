@@ -215,13 +215,15 @@ class Planner(Costs):
         return Plan(1, sources, self.size(places, 1, pad), probe=True, queued=queued)
 
     def _due(self, s: str, asks: Sequence[Ask], places: int, pad: bool, queued: bool, rate: float) -> bool:
-        """Whether costly source `s`, passed over, probes now: PROBE_MIN rounds since it last drafted, it could beat
-        plain decoding fully accepted, and its credit covers what a probe would lose against rounds at `rate`."""
+        """Whether costly source `s`, passed over, probes now: it sat out a round at least, it could beat plain
+        decoding fully accepted, and its credit covers what a probe would lose against rounds at `rate`. The credit
+        alone spaces the probes: one that lost by a hair probes again within a few rounds, its acceptance frozen
+        until it drafts; a failed probe's debt holds it off for as long as the loss takes to earn back."""
         rows = [a for a in asks if a.costly == s and a.cap]
         tokens = len(asks) + sum(a.stats(s).expected(1) - 1 for a in rows)
         lose = max(0.0, self._probe_cost(s, rows, places, 1, queued) - tokens / rate)
         return (
-            self.idle.get(s, 0) >= PROBE_MIN
+            self.idle.get(s, 0) >= 1
             and self.credit.get(s, 0.0) >= lose
             and self._hopeful(s, rows, asks, places, pad, queued)
         )
