@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from mlx_spec.bench.ab import AbSettings, checkout, render, run_ab
+from mlx_spec.bench.ab import AbSettings, checkout, firsts, render, run_ab
 from mlx_spec.errors import MlxSpecError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,6 +52,22 @@ def test_each_side_runs_its_own_checkout_interleaved(tiny_models, tmp_path):
     packed = run.json_path.with_suffix(".json.gz")  # as the repository keeps records
     packed.write_bytes(gzip.compress(run.json_path.read_bytes()))
     assert run_cli("bench", "report", str(packed)).stdout == page + "\n"
+
+
+@pytest.mark.parametrize("rows", [2, 3, 4])
+@pytest.mark.parametrize("repeats", [1, 2])
+def test_every_row_of_every_set_has_each_side_first_about_as_often(rows, repeats):
+    """5 HumanEval tasks and their 5 edits take turns, as `build` gives them: each row's prompts of each set have the
+    old side first as often as the new, give or take one. Alternating over the run put one side first on every
+    prompt of a set for a row (3 rows), or of all sets (2 rows); the hybrid's first side was the faster on 8 of
+    its 10 prompts of an A/B (docs/notebook.md §44)."""
+    sets = ["humaneval", "edit"] * 5
+    count: dict[tuple[str, int], list[int]] = {}
+    for rep in range(repeats):
+        for name, first in zip(sets, firsts(sets, rows, rep)):
+            for d, f in enumerate(first):
+                count.setdefault((name, d), [0, 0])[f] += 1
+    assert all(abs(old - new) <= 1 for old, new in count.values()), count
 
 
 def test_a_side_that_is_neither_a_checkout_nor_a_revision_is_refused(tmp_path):

@@ -2,7 +2,7 @@
 
 Each side is a checkout (a folder, or a git revision of this repository exported to a temporary folder) with its own
 worker process (`ab_worker.py`), which imports that checkout's engine. Every prompt runs every row on both sides, the
-side that goes first alternating (ABBA), so the machine's drift falls on both alike; plain decoding is always a row.
+side that goes first alternating (`firsts`), so the machine's drift falls on both alike; plain decoding is always a row.
 """
 
 import gzip
@@ -144,13 +144,10 @@ def run_ab(s: AbSettings, out: str, log: Callable[[str], None] = lambda _m: None
             for w in workers:  # first passes of each shape and every draft model loaded, outside the timings
                 for d in rows:
                     w.ask(warm, d, 16)
-            n = 0
             for rep in range(s.repeats):
-                for p in prompts:
-                    for d in rows:
-                        order = workers if n % 2 == 0 else workers[::-1]
-                        n += 1
-                        for w in order:
+                for p, first in zip(prompts, firsts([p.set for p in prompts], len(rows), rep)):
+                    for d, f in zip(rows, first):
+                        for w in workers[f:] + workers[:f]:
                             r = w.ask(p.ids, d, s.max_tokens)
                             run.data["records"].append(
                                 {"side": w.side.name, "prompt": p.id, "set": p.set, "draft": d, "repeat": rep, **r}
@@ -165,6 +162,19 @@ def run_ab(s: AbSettings, out: str, log: Callable[[str], None] = lambda _m: None
             run.flush()
             run.write_markdown(render(run.data))
     return run
+
+
+def firsts(sets: list[str], rows: int, repeat: int = 0) -> list[list[int]]:
+    """Which side goes first (0 old, 1 new) for each prompt of `sets` and each row: alternating from prompt to prompt
+    within a set, and from row to row, so that every row of every set has each side first as often as the other,
+    give or take one. (Alternating over the whole run instead put one side first for a row's every prompt of a set
+    where the rows were odd in number and the sets took turns, and for a row's every prompt where they were even.)"""
+    seen: dict[str, int] = {}
+    out = []
+    for name in sets:
+        i = seen[name] = seen.get(name, -1) + 1
+        out.append([(i + d + repeat) % 2 for d in range(rows)])
+    return out
 
 
 def read(path) -> dict | None:
