@@ -127,7 +127,7 @@ def test_a_draft_model_that_just_lost_its_place_is_probed_again_within_a_few_rou
         waited = 0
         while not m.run(p, {"model": 15}, 1)[0].k:
             waited += 1
-        assert waited <= 3
+            assert waited <= 3  # checked each round: a planner that never probes again fails, it does not hang
 
 
 def test_a_source_that_comes_good_is_drafted_again():
