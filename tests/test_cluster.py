@@ -250,13 +250,10 @@ def each_rank_alone(args: list[str], tmp_path: Path, timeout: float = 600) -> tu
     """`cluster_ranks.py ARGS` over 2 ranks of a ring over loopback, started as `mlx.launch` starts them (MLX_RANK,
     MLX_HOSTFILE) but each left to end on its own: (exit codes, stderrs). `mlx.launch` ends the other ranks when one
     fails, and so races a rank's own report of the group it lost."""
-    hostfile = tmp_path / "hosts.json"
-    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(2)]))
     logs = [tmp_path / f"rank{r}.err" for r in range(2)]
     ranks = []
-    for r, log in enumerate(logs):
+    for log, env in zip(logs, local_ranks(tmp_path)):
         with log.open("w") as err:
-            env = dict(os.environ, MLX_RANK=str(r), MLX_HOSTFILE=str(hostfile))
             ranks.append(subprocess.Popen([sys.executable, str(RANKS), *args], stderr=err, env=env))
     try:
         codes = [p.wait(timeout=timeout) for p in ranks]
@@ -266,6 +263,14 @@ def each_rank_alone(args: list[str], tmp_path: Path, timeout: float = 600) -> tu
                 p.kill()
                 p.wait()
     return codes, [log.read_text() for log in logs]
+
+
+def local_ranks(folder: Path, n: int = 2) -> list[dict[str, str]]:
+    """Each rank's environment as `mlx.launch -n N --backend ring` sets it for ranks on this machine: `MLX_RANK`, and
+    `MLX_HOSTFILE` naming the file it writes (here in `folder`), one loopback address a rank."""
+    hostfile = folder / "hosts.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(n)]))
+    return [dict(os.environ, MLX_RANK=str(r), MLX_HOSTFILE=str(hostfile)) for r in range(n)]
 
 
 def free_ports(n: int) -> list[int]:
@@ -280,18 +285,10 @@ def free_ports(n: int) -> list[int]:
 
 @pytest.mark.slow
 def test_a_killed_rank_ends_the_generation_on_every_rank_with_one_error(target, tmp_path):
-    hostfile = tmp_path / "hosts.json"  # what `mlx.launch -n 2 --backend ring` writes for two local ranks
-    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(2)]))
     cmd = [sys.executable, "-m", "mlx_spec.cli", "generate", "--model", str(target), "--draft", "ngram"]
     cmd += ["--shard", "tensor", "--no-chat", "--max-tokens", "400"]
     ranks = [
-        subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=dict(os.environ, MLX_RANK=str(r), MLX_HOSTFILE=str(hostfile)),
-        )
-        for r in range(2)
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) for env in local_ranks(tmp_path)
     ]
     try:
         printed = threading.Event()

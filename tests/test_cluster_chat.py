@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PROMPTS, make_model
-from test_cluster import free_ports
+from test_cluster import local_ranks
 
 CHAT = "import sys; from mlx_spec import cli; sys.argv = ['mlx-spec', 'chat', *sys.argv[1:]]; cli.main()"
 ASK = [" ".join((PROMPTS[0] + PROMPTS[1] + PROMPTS[0]).split()), " ".join(PROMPTS[2].split())]  # a line each
@@ -28,11 +28,9 @@ def chat(target: Path, tmp: Path, draft: str, lines: list[str]) -> tuple[list[su
     """Both ranks of `mlx-spec chat --shard tensor` as `mlx.launch -n 2 --backend ring` starts them on one machine
     (`MLX_RANK`, `MLX_HOSTFILE`), each in its own folder; `lines` typed on rank 0's input only."""
     tmp.mkdir(parents=True)
-    hostfile = tmp / "hosts.json"
-    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(2)]))
     args = ["--model", str(target), "--draft", draft, "--max-tokens", "24", "--no-adaptive", "--shard", "tensor"]
     procs = []
-    for r in range(2):
+    for r, env in enumerate(local_ranks(tmp)):
         (tmp / f"rank{r}").mkdir()
         procs.append(
             subprocess.Popen(
@@ -41,7 +39,7 @@ def chat(target: Path, tmp: Path, draft: str, lines: list[str]) -> tuple[list[su
                 stdin=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=dict(os.environ, MLX_RANK=str(r), MLX_HOSTFILE=str(hostfile), PYTHONPATH=os.pathsep.join(sys.path)),
+                env=dict(env, PYTHONPATH=os.pathsep.join(sys.path)),
             )
         )
     typed = "".join(f"{line}\n" for line in lines).encode()

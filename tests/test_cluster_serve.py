@@ -2,7 +2,6 @@
 replays its steps; replies equal plain sharded decoding's and one machine's, and a killed rank is a 503, not a hang."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from mlx_spec_apps.server.errors import ApiError
 from mlx_spec_apps.server.lockstep import STEP_LIMIT, Lockstep, Step, decode, encode
 from mlx_spec_apps.server.params import Params
 from mlx_spec_apps.server.scheduler import Job, Scheduler
-from test_cluster import Rank, free_ports
+from test_cluster import Rank, local_ranks
 
 from mlx_spec.cluster import Cluster
 
@@ -62,17 +61,15 @@ class Ranks:
     (`MLX_RANK`, `MLX_HOSTFILE`); `url` once rank 0 listens."""
 
     def __init__(self, target: Path, tmp: Path, mode: str = "as-is"):
-        hostfile = tmp / "hosts.json"
-        hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(2)]))
         args = ["--model", str(target), "--draft", "ngram", "--num-draft", "3", "--shard", "tensor", "--port", "0"]
         self.procs = [
             subprocess.Popen(
                 [sys.executable, str(RANKS), mode, *args],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=dict(os.environ, MLX_RANK=str(r), MLX_HOSTFILE=str(hostfile)),
+                env=env,
             )
-            for r in range(2)
+            for env in local_ranks(tmp)
         ]
         line: list[bytes] = []
         reader = threading.Thread(target=lambda: line.append(self.procs[0].stdout.readline()), daemon=True)
