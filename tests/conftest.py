@@ -117,6 +117,24 @@ def tiny_config(arch: str, vocab_size: int, layers: int = 4) -> dict:
                 "partial_rotary_factor": 0.25,
             },
         )
+    if arch == "bailing_moe_linear":  # linear attention (its state updated without `advance`) with attention every 2nd
+        return dict(
+            base,
+            model_type="bailing_moe_linear",
+            architectures=["BailingMoeLinearV2ForCausalLM"],
+            head_dim=16,
+            moe_intermediate_size=32,
+            num_experts=4,
+            num_shared_experts=1,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            first_k_dense_replace=1,
+            layer_group_size=2,
+            group_norm_size=2,
+            n_group=1,
+            topk_group=1,
+            use_qk_norm=True,
+        )
     if arch == "mamba2":  # recurrent only
         return dict(
             model_type="mamba2",

@@ -392,12 +392,28 @@ def test_an_engine_tells_its_planner_who_joins_and_leaves(target):
     assert e.planner.open == 0 and e.planner.refill < 0.2
 
 
-def test_sliding_window_caches_do_not_batch(target, tiny_models):
+def test_sliding_window_rows_batch_past_their_window_and_equal_their_solo_runs(tiny_models):
+    """Rows of a sliding-window model (window 32) share passes; each rewinds by its own count, leaving gaps that the
+    window skips by position, with prompts past the window and generations crossing it."""
     from mlx_spec.named import load_model
 
-    assert batchable(new_cache(target))
-    gemma = load_model(str(tiny_models["gemma3"]))[0]  # sliding-window layers: RotatingKVCache
-    assert not batchable(new_cache(gemma))
+    gemma = load_model(str(tiny_models["gemma3"]))[0]
+    assert batchable(new_cache(gemma))
+    prompts = [REPEATING * 5, (PROMPT * 16)[:47], [5, 9, 4] + REPEATING * 50]
+    drafters = [SuffixDrafter(), NGramDrafter(), HybridDrafter([SuffixDrafter(), NGramDrafter()], None)]
+    e, outs, rows = fixed(gemma), {}, []
+    for p, d in zip(prompts, drafters):
+        r, cache = row(gemma, p, d, 60)
+        e.add(r, cache)
+        rows.append(r)
+    run(e, outs, rounds=1)
+    sliding = [c for c in e.cache.layers if c.window is not None]
+    assert sliding and all(c.size() < 300 for c in sliding)  # the long row's positions out of sight are gone
+    run(e, outs)
+    for r, p in zip(rows, prompts):
+        assert outs[id(r)] == plain_greedy(gemma, p, 60)
+    assert max(r.stats.widest for r in rows) == 3
+    assert sum(r.stats.proposed - r.stats.accepted for r in rows) > 10  # rows rewound by different counts
 
 
 def test_a_joining_prompt_is_prefilled_a_chunk_per_round_beside_the_running_rows(served_pair):

@@ -20,7 +20,8 @@ from mlx_spec.gen.planner import Planner
 from mlx_spec.gen.rows import Row
 from mlx_spec.named import load_model
 
-ARCHS = ("qwen3_next", "mamba2", "qwen3_5")  # gated delta nets with attention every 4th layer; Mamba layers only
+# gated delta nets with attention every 4th layer; Mamba layers only; linear attention that never calls `advance`
+ARCHS = ("qwen3_next", "mamba2", "qwen3_5", "bailing_moe_linear")
 TEXTS = PROMPTS + ["x = 1\ny = 2\n"]
 K = 4
 

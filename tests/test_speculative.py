@@ -383,17 +383,29 @@ def test_generate_text_api(target, draft_model):
     assert r.finish_reason in ("stop", "length")
 
 
-def test_untrimmable_sliding_window_cache_falls_back_to_plain(tiny_models):
-    """gemma3's sliding-window caches stop being trimmable past the window (32 here): the target
-    falls back to plain decoding (documented in Stats.fallback), the draft rebuilds its cache."""
+@pytest.mark.parametrize("length", [45, 420])
+def test_a_sliding_window_target_keeps_drafting_past_its_window(tiny_models, length):
+    """gemma3's sliding layers (window 32 here) keep a round's positions beyond the window, so a prompt already past
+    the window, and a generation that crosses it again and again, speculate with the target's own tokens; a long
+    context's old positions are dropped (the cache stays bounded)."""
+    from mlx_spec.gen.cache import new_cache
+    from mlx_spec.models.window import SlidingKVCache
+
     model, tok, _ = load_model(str(tiny_models["gemma3"]))
-    prompt = tok.encode(PROMPTS[1])
-    assert len(prompt) < 32  # starts inside the window, so it speculates before the fallback
+    prompt = (tok.encode(PROMPTS[1]) * 100)[:length]
+    assert len(prompt) == length
     ref = plain_greedy(model, prompt, 60)
-    out, stats = spec(model, prompt, ModelDrafter(model, model.args.vocab_size), max_tokens=60, adaptive=False)
-    assert out == ref
-    assert stats.fallback and "not trimmable" in stats.fallback
-    assert stats.proposed > 0  # it speculated while it could
+    for drafter in (ModelDrafter(model, model.args.vocab_size), NGramDrafter()):
+        cache = new_cache(model)
+        out, stats = spec(model, prompt, drafter, max_tokens=60, adaptive=False, prompt_cache=cache)
+        assert out == ref
+        assert stats.fallback is None
+        assert stats.accepted > 0
+        sliding = [c for c in cache if isinstance(c, SlidingKVCache)]
+        assert sliding and all(c.offset == len(prompt) + len(out) - 1 for c in cache)
+        if length > 400:
+            assert all(c.held() < 200 for c in sliding)
+    assert stats.proposed > stats.accepted  # the n-gram's rejected drafts were rewound past the window
 
 
 @pytest.mark.parametrize(

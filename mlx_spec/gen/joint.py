@@ -7,13 +7,15 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from ..models.cache import RaggedKVCache, RewindableCache, RewindableRows, commit
+from ..models.window import SlidingKVCache
 from .cache import rewind
 
 
 def batchable(cache: Sequence) -> bool:
-    """Whether a generation's cache can join others: plain KV caches and rewindable recurrent ones."""
+    """Whether a generation's cache can join others: plain and sliding-window KV caches, rewindable recurrent ones."""
     return all(
-        type(c) is KVCache or (isinstance(c, RewindableCache) and not isinstance(c, RewindableRows)) for c in cache
+        type(c) in (KVCache, SlidingKVCache) or (isinstance(c, RewindableCache) and not isinstance(c, RewindableRows))
+        for c in cache
     )
 
 

@@ -10,12 +10,20 @@ import weakref
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import ArraysCache, BatchKVCache, KVCache
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, KVCache, RotatingKVCache
+
+from .window import ROOM, SlidingKVCache, window_mask
 
 MAX_CALLS = 64  # calls of a layer kept for rewinding: more than a round makes (K draft passes + the verify)
 MAX_RECORD = 256  # a longer call (a prefill chunk) is not kept: trimming into it reports failure
-# (mixer, norm) attribute pairs of recurrent blocks in mlx-lm: qwen3_next / qwen3_5, mamba / mamba2, lfm2.
-MIXERS = (("linear_attn", "input_layernorm"), ("mixer", "norm"), ("conv", "operator_norm"))
+# (mixer, norm) attribute pairs of recurrent blocks in mlx-lm: qwen3_next / qwen3_5, mamba / mamba2, lfm2,
+# bailing_moe_linear.
+MIXERS = (
+    ("linear_attn", "input_layernorm"),
+    ("mixer", "norm"),
+    ("conv", "operator_norm"),
+    ("attention", "input_layernorm"),
+)
 _HELD: "weakref.WeakKeyDictionary[ArraysCache, int]" = weakref.WeakKeyDictionary()  # tokens a wrapped state holds
 
 
@@ -31,24 +39,39 @@ class RewindableCache(ArraysCache):
 
     def __init__(self, inner: ArraysCache, offset=0):
         self.inner, self.offset = inner, offset
-        self._calls: list[tuple] = []  # (states before, layer, x, mask, offset) of each call since the last commit
+        self._calls: list[tuple] = []  # (states before, layer, x, kwargs, offset) of each call since the last commit
+        self._advanced = False  # whether the running call's mixer advanced the cache itself
 
     def _held(self) -> None:
         _HELD[self.inner] = self.offset  # a later generation over the caller's cache knows what it holds
 
-    def record(self, layer, x, mask) -> None:
-        """A call of `layer` on input x is about to run from the state held now."""
+    def record(self, layer, x, kw: dict) -> None:
+        """A call of `layer` on input x (and keyword arguments `kw`: its mask, a position) is about to run from the
+        state held now."""
         if x.shape[1] > MAX_RECORD:
             self._calls.clear()
         else:
-            self._calls.append((list(self.cache), layer, x, mask, self.offset + x.shape[1]))
+            self._calls.append((list(self.cache), layer, x, kw, self.offset + x.shape[1]))
             del self._calls[:-MAX_CALLS]
 
     def advance(self, n: int) -> None:
         """The layer's mixer took n tokens (mlx-lm's recurrent mixers call this after each update)."""
         super().advance(n)
+        self._step(n)
+
+    def _step(self, n: int) -> None:
         self.offset = self.offset + n
+        self._advanced = True
         self._held()
+
+    def counted(self, run, n: int):
+        """`run()`, a call over n tokens; where the mixer updates its state without `advance` (bailing_moe_linear's
+        linear attention), the n tokens are counted here."""
+        self._advanced = False
+        out = run()
+        if not self._advanced:
+            self._step(n)
+        return out
 
     def commit(self) -> None:
         """Forget the history: what is held now is final (frees the recorded inputs and old states)."""
@@ -61,7 +84,7 @@ class RewindableCache(ArraysCache):
         """Drop the last `n` tokens; returns how many were dropped (fewer if the history does not reach)."""
         done = 0
         while done < n and self._calls and self._calls[-1][4] == self.offset:  # (not where a pass went unrecorded)
-            state, layer, x, mask, _ = self._calls.pop()
+            state, layer, x, kw, _ = self._calls.pop()
             self.cache = list(state)
             length = x.shape[1]
             self.offset -= length
@@ -69,9 +92,9 @@ class RewindableCache(ArraysCache):
             if keep <= 0:
                 done += length
                 continue
-            x, mask = x[:, :keep], (mask[..., :keep] if mask is not None else None)
-            _replay(layer, x, mask, self)  # advances the offset by keep
-            self._calls.append((list(state), layer, x, mask, self.offset))
+            x, kw = x[:, :keep], _take(kw, None, keep)
+            _replay(layer, x, kw, self)  # advances the offset by keep
+            self._calls.append((list(state), layer, x, kw, self.offset))
             done = n
         self._held()
         return done
@@ -104,7 +127,7 @@ class RewindableRows(RewindableCache):
         count, last = len(drop), True
         self._rows = [None] * len(drop)
         while self._calls and (last or any(left)):
-            call = before, layer, x, mask, _ = self._calls.pop()
+            call = before, layer, x, kw, _ = self._calls.pop()
             width = x.shape[1]
             groups: dict[int, list[int]] = {}
             for i, d in enumerate(left):
@@ -121,7 +144,7 @@ class RewindableRows(RewindableCache):
                 # mlx-lm leaves ArraysCache.cache unannotated: [None] * size until the first update
                 part.cache = [mx.zeros_like(a[idx]) if s is None else s[idx] for s, a in zip(before, self.cache)]  # type: ignore[misc]
                 if keep:
-                    _replay(layer, x[idx, :keep], _take(mask, rows, keep), part)
+                    _replay(layer, x[idx, :keep], _take(kw, rows, keep), part)
                 parts.append(part.cache)
                 for j, i in enumerate(rows):
                     index[i], self._rows[i] = count + j, (call, i, keep) if keep else None
@@ -159,18 +182,24 @@ class RewindableRows(RewindableCache):
         out = RewindableCache(inner, self.offset[idx].item())
         row = self._rows[idx]
         if row is not None:
-            (before, layer, x, mask, _), i, k = row
+            (before, layer, x, kw, _), i, k = row
             state = [None if s is None else s[i : i + 1] for s in before]
-            out._calls.append((state, layer, x[i : i + 1, :k], _take(mask, [i], k), out.offset))
+            out._calls.append((state, layer, x[i : i + 1, :k], _take(kw, [i], k), out.offset))
         return out
 
 
-def _take(mask, rows: list[int], keep: int):
-    """The given rows' first `keep` positions of a recorded (rows, positions) mask."""
-    return None if mask is None else mask[mx.array(rows)][..., :keep]
+def _take(kw: dict, rows: list[int] | None, keep: int) -> dict:
+    """A recorded call's keyword arguments for the given rows (None: all) and its first `keep` positions: the mask is
+    (rows, positions), a per-row array (a position) is (rows,)."""
+    out = dict(kw)
+    for name, v in kw.items():
+        if isinstance(v, mx.array) and v.ndim and rows is not None:
+            v = v[mx.array(rows)]
+        out[name] = v[..., :keep] if name == "mask" and v is not None else v
+    return out
 
 
-def _replay(layer, x, mask, cache) -> None:
+def _replay(layer, x, kw: dict, cache) -> None:
     """Run `layer`'s token mixer on `x` from the restored state: the cache ends at the state after `x`."""
     run, inputs = layer, x  # an unknown block: the whole block, its output dropped
     for mixer_name, norm_name in MIXERS:
@@ -178,8 +207,12 @@ def _replay(layer, x, mask, cache) -> None:
         if callable(mixer) and callable(norm):
             run, inputs = mixer, norm(x)
             break
-    masked = "mask" in _signature(type(run).__call__).parameters
-    run(inputs, **({"mask": mask} if masked else {}), cache=cache)
+    takes = _signature(type(run).__call__).parameters
+    args = {k: v for k, v in kw.items() if k in takes}
+    if isinstance(cache, RewindableCache):
+        cache.counted(lambda: run(inputs, **args, cache=cache), x.shape[1])
+    else:
+        run(inputs, **args, cache=cache)
 
 
 @functools.cache
@@ -197,9 +230,12 @@ class Recorder(nn.Module):
     def __call__(self, x, *args, **kwargs):
         bound = _signature(type(self.block).__call__).bind(self.block, x, *args, **kwargs).arguments
         cache = bound.get("cache")
-        if isinstance(cache, RewindableCache):
-            cache.record(self.block, x, bound.get("mask"))
-        return self.block(x, *args, **kwargs)
+        if not isinstance(cache, RewindableCache):
+            return self.block(x, *args, **kwargs)
+        kw = dict(list(bound.items())[2:])  # (past the block itself and its input)
+        kw.pop("cache")
+        cache.record(self.block, x, kw | {"mask": bound.get("mask")})
+        return cache.counted(lambda: self.block(x, *args, **kwargs), x.shape[1])
 
     def __getattr__(self, name):
         if name == "block" or name in self:  # an mlx Module keeps its children in itself, a dict
@@ -208,8 +244,9 @@ class Recorder(nn.Module):
 
 
 def rewindable(cache: list) -> list | None:
-    """The engine's view of a cache, recurrent entries wrapped to rewind; None where a state's length is unknown."""
-    if all(not isinstance(c, ArraysCache) or isinstance(c, RewindableCache) for c in cache):
+    """The engine's view of a cache: recurrent entries wrapped to rewind, sliding windows held with room to rewind (a
+    window that wrapped already stays as it is); None where a recurrent state's length is unknown."""
+    if all(not isinstance(c, (ArraysCache, RotatingKVCache)) or isinstance(c, RewindableCache) for c in cache):
         return cache
     out = []
     for c in cache:
@@ -218,15 +255,19 @@ def rewindable(cache: list) -> list | None:
             if held is None:
                 return None
             c = RewindableCache(c, held)
+        elif isinstance(c, RotatingKVCache):
+            c = SlidingKVCache.of(c) or c
         out.append(c)
     return out
 
 
 def commit(cache: list) -> None:
-    """What every rewindable layer of `cache` holds now is final (its history is freed)."""
+    """What every rewindable layer of `cache` holds now is final (its history is freed, a window's old positions)."""
     for c in cache:
         if isinstance(c, RewindableCache):
             c.commit()
+        elif isinstance(c, (SlidingKVCache, RaggedKVCache)):
+            c.forget()
 
 
 class RaggedKVCache(BatchKVCache):
@@ -234,11 +275,44 @@ class RaggedKVCache(BatchKVCache):
     row dropped (`drop`). The one place mlx-spec reads `BatchKVCache`'s internals (`_idx`: the columns in use)."""
 
     gaps: mx.array | None = None
+    window: int | None = None  # a sliding window's: rows see their last `window` positions (`SlidingKVCache`)
+    room: int = ROOM
 
     @classmethod
     def of(cls, cache: KVCache) -> "RaggedKVCache":
         """A joint cache of one row holding a copy of `cache`'s positions."""
-        return cls.merge([cache]) if cache.keys is not None else cls([0])
+        if not isinstance(cache, SlidingKVCache):
+            return cls.merge([cache]) if cache.keys is not None else cls([0])
+        held = KVCache()
+        if cache.keys is not None:
+            held.keys, held.values = cache.state
+            held.offset = cache.held()
+        out = cls.merge([held]) if cache.keys is not None else cls([0])
+        out.offset = mx.array([cache.offset])  # each row's next position: what RoPE reads
+        out.window, out.room = cache.window, cache.room
+        return out
+
+    def _valid(self, width: int) -> mx.array:
+        """(B, width) which of the first `width` columns hold a row's positions (not padding, not a gap)."""
+        return (mx.arange(width)[None] >= self.left_padding[:, None]) & ~self._gaps(width)
+
+    def forget(self) -> None:
+        """A sliding window's columns that no row can see again, even after a round's rewind, are dropped (at least
+        a step of them)."""
+        if self.window is None or self.keys is None or self._idx < self.window - 1 + self.room + self.step:
+            return
+        valid = self._valid(self._idx)
+        first = self.offset - valid.sum(axis=1)  # each row's oldest position held
+        pos = first[:, None] + mx.cumsum(valid.astype(mx.int32), axis=1) - 1
+        needed = valid & (pos >= (self.offset - (self.window - 1 + self.room))[:, None])
+        cut = int(mx.min(mx.where(needed.any(axis=1), mx.argmax(needed, axis=1), self._idx)).item())
+        if cut < self.step:
+            return
+        self.keys = mx.contiguous(self.keys[..., cut : self._idx, :])
+        self.values = mx.contiguous(self.values[..., cut : self._idx, :])
+        self.gaps = self.gaps[:, cut : self._idx] if self.gaps is not None else None
+        self.left_padding = mx.maximum(self.left_padding - cut, 0)
+        self._idx -= cut
 
     def _gaps(self, width: int) -> mx.array:
         """The gaps over the first `width` columns (False past what is recorded)."""
@@ -257,7 +331,10 @@ class RaggedKVCache(BatchKVCache):
             self.gaps = self.gaps[:, : self._idx]
         return n
 
-    def make_mask(self, N: int, return_array: bool = False, **kwargs):
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None, **kwargs):
+        window = window_size or self.window
+        if window is not None:  # by position: a gap's columns are no positions
+            return window_mask(self._valid(self._idx), self.offset, N, window)
         mask = create_causal_mask(N, offset=self._idx, left_padding=self.left_padding, **kwargs)
         return mask if self.gaps is None else mask & ~self._gaps(self._idx + N)[:, None, None, :]
 
@@ -268,13 +345,16 @@ class RaggedKVCache(BatchKVCache):
         return [j for j in range(start, self._idx) if not gap[j]]
 
     def extract(self, idx):
-        if self.gaps is None:
+        if self.gaps is None and self.window is None:
             return super().extract(idx)
-        cache = KVCache()
+        cache = KVCache() if self.window is None else SlidingKVCache(self.window, self.room)
         cols = mx.array(self._columns(idx))
         cache.keys = mx.contiguous(mx.take(self.keys[idx : idx + 1], cols, axis=2))
         cache.values = mx.contiguous(mx.take(self.values[idx : idx + 1], cols, axis=2))
         cache.offset = cache.keys.shape[2]
+        if isinstance(cache, SlidingKVCache):
+            cache.offset = int(self.offset[idx].item())
+            cache.start = cache.offset - cache.keys.shape[2]
         return cache
 
     def filter(self, batch_indices):
