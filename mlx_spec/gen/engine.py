@@ -8,7 +8,9 @@ from collections import Counter
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, can_trim_prompt_cache
 
+from ..errors import UnsupportedError
 from ..models.base import params_bytes
+from ..models.cache import unrewindable
 from . import hidden, recurrent, shapes, tree, verify
 from .ahead import Ahead
 from .cache import context_limit
@@ -53,7 +55,11 @@ class Engine:
 
     def add(self, row: Row, cache: list) -> None:
         """A row joins whose `cache` holds its context minus the last token (a lone row's cache is used as it is). A
-        step queued ahead for the others is undone (`expect` spares it: call it a round before)."""
+        step queued ahead for the others is undone (`expect` spares it: call it a round before). A drafter whose
+        rejected drafts the target's cache cannot take back is refused here, before the first token."""
+        why = unrewindable(cache) if row.drafter is not None else None
+        if row.drafter is not None and why is not None:
+            raise UnsupportedError(f"{row.drafter.name} drafting: the target's cache cannot take back a draft: {why}")
         self.ahead.drop(self.cache)
         self.cache.add(row, cache)
         self.planner.joined()
@@ -163,7 +169,7 @@ class Engine:
         layers = self.cache.layers
         if not (self.cache.joint or can_trim_prompt_cache(layers)):  # a sliding window past its size
             for r in rows:
-                r.stats.fallback = r.stats.fallback or "target cache not trimmable: plain decoding from here"
+                r.stats.fallback = r.stats.fallback or "the target's cache cannot rewind: plain decoding from here"
             return PLAIN, False
         plan = self.planner.plan(asks, len(self.cache.owners), self.cache.paddable(), self.ahead.queued)
         if plan.k and self.limit is not None:  # no position, dummies included, past the model's context

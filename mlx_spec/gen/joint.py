@@ -6,7 +6,7 @@ from typing import Generic, TypeVar
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from ..models.cache import RaggedKVCache, RewindableCache, RewindableRows, commit
+from ..models.cache import CacheGroup, RaggedKVCache, RewindableCache, RewindableRows, commit
 from ..models.window import SlidingKVCache
 from .cache import rewind
 
@@ -14,14 +14,23 @@ from .cache import rewind
 def batchable(cache: Sequence) -> bool:
     """Whether a generation's cache can join others: plain and sliding-window KV caches, rewindable recurrent ones."""
     return all(
-        type(c) in (KVCache, SlidingKVCache) or (isinstance(c, RewindableCache) and not isinstance(c, RewindableRows))
+        type(c) in (KVCache, SlidingKVCache)
+        or (isinstance(c, RewindableCache) and not isinstance(c, RewindableRows))
+        or (isinstance(c, CacheGroup) and all(type(m) in (KVCache, SlidingKVCache) for m in c.caches))
         for c in cache
     )
 
 
 def _merge(cache: Sequence) -> list:
     """A joint cache of one row from a generation's cache (copied, never changed)."""
-    return [RewindableRows.of(c) if isinstance(c, RewindableCache) else RaggedKVCache.of(c) for c in cache]
+    return [
+        RewindableRows.of(c)
+        if isinstance(c, RewindableCache)
+        else CacheGroup(*_merge(c.caches))
+        if isinstance(c, CacheGroup)
+        else RaggedKVCache.of(c)
+        for c in cache
+    ]
 
 
 def _extract(joint: list, i: int, tokens: int) -> list:
@@ -135,7 +144,7 @@ class Rows(Generic[Owner]):
             return
         common = min(drop)
         extra = [n - common for n in drop]
-        for c in self.layers:
+        for c in (m for layer in self.layers for m in (layer.caches if isinstance(layer, CacheGroup) else (layer,))):
             if isinstance(c, RewindableRows):
                 c.trim_rows(list(drop))
                 continue

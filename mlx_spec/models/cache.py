@@ -10,7 +10,7 @@ import weakref
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import ArraysCache, BatchKVCache, KVCache, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, CacheList, KVCache, RotatingKVCache
 
 from .window import ROOM, SlidingKVCache, window_mask
 
@@ -243,10 +243,29 @@ class Recorder(nn.Module):
         return getattr(self["block"], name)  # what the model reads of its blocks (e.g. `is_linear`)
 
 
+class CacheGroup(CacheList):
+    """mlx-lm's `CacheList` (one layer's several caches: deepseek_v32's two attentions) as the engine sees it: the
+    tokens it holds, rewound, joined and taken apart member by member."""
+
+    @property
+    def offset(self):
+        return next(c.offset for c in self.caches if hasattr(c, "offset"))
+
+    def trim(self, n: int) -> int:
+        return min(c.trim(n) for c in self.caches)
+
+    def extract(self, idx):
+        return CacheGroup(*(c.extract(idx) for c in self.caches))
+
+    def size(self) -> int:
+        return max(c.size() for c in self.caches)
+
+
 def rewindable(cache: list) -> list | None:
     """The engine's view of a cache: recurrent entries wrapped to rewind, sliding windows held with room to rewind (a
     window that wrapped already stays as it is); None where a recurrent state's length is unknown."""
-    if all(not isinstance(c, (ArraysCache, RotatingKVCache)) or isinstance(c, RewindableCache) for c in cache):
+    kinds = (ArraysCache, RotatingKVCache, CacheList)
+    if all(not isinstance(c, kinds) or isinstance(c, (RewindableCache, CacheGroup)) for c in cache):
         return cache
     out = []
     for c in cache:
@@ -257,8 +276,26 @@ def rewindable(cache: list) -> list | None:
             c = RewindableCache(c, held)
         elif isinstance(c, RotatingKVCache):
             c = SlidingKVCache.of(c) or c
+        elif isinstance(c, CacheList) and not isinstance(c, CacheGroup):
+            # a member keeping a recurrent state stays mlx-lm's: it cannot rewind (see `unrewindable`)
+            c = CacheGroup(*(SlidingKVCache.of(m) or m if isinstance(m, RotatingKVCache) else m for m in c.caches))
         out.append(c)
     return out
+
+
+def unrewindable(cache: list) -> str | None:
+    """Why a draft cannot be taken back from `cache` (a layer kind mlx-spec does not rewind), or None where it can."""
+    for c in cache:
+        for m in c.caches if isinstance(c, CacheList) else (c,):
+            if isinstance(m, (KVCache, RewindableCache, BatchKVCache)):
+                continue
+            if isinstance(m, RotatingKVCache):
+                return "a sliding-window cache that already wrapped past its window cannot rewind"
+            if isinstance(m, ArraysCache) and isinstance(c, CacheList):
+                return "its layers keep a recurrent state beside attention in one cache (mlx-lm's CacheList)"
+            if not m.is_trimmable():
+                return f"its {type(m).__name__} layers cannot rewind"
+    return None
 
 
 def commit(cache: list) -> None:
@@ -268,6 +305,8 @@ def commit(cache: list) -> None:
             c.commit()
         elif isinstance(c, (SlidingKVCache, RaggedKVCache)):
             c.forget()
+        elif isinstance(c, CacheGroup):
+            commit(list(c.caches))
 
 
 class RaggedKVCache(BatchKVCache):

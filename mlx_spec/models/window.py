@@ -58,6 +58,11 @@ class SlidingKVCache(KVCache):
     def state(self):
         return self.keys[..., : self.held(), :], self.values[..., : self.held(), :]
 
+    @state.setter
+    def state(self, v):
+        self.keys, self.values = v
+        self.offset = self.start + self.keys.shape[2]
+
     def is_trimmable(self) -> bool:
         return True
 
