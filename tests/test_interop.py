@@ -251,6 +251,17 @@ def torch_or_skip():
     return torch
 
 
+@pytest.mark.slow
+def test_every_activation_name_computes_what_transformers_act2fn_computes_for_it():
+    torch = torch_or_skip()
+    from transformers.activations import ACT2FN
+
+    x = np.linspace(-6, 6, 241, dtype=np.float32)
+    for name, act in layer_config.ACTS.items():
+        theirs = ACT2FN[name](torch.tensor(x)).numpy()
+        assert np.abs(np.array(act(mx.array(x))) - theirs).max() <= 1e-5 * max(1.0, np.abs(theirs).max()), name
+
+
 def llama_checkpoint(folder, layout):
     """A tiny random Llama written by transformers' own LlamaForCausalLM (theta 500000, llama3 scaling, in
     transformers 5's rope_parameters), its config relaid by `layout`; the transformers model."""
@@ -464,7 +475,9 @@ def test_a_dflash_drafter_drafts_the_blocks_of_the_dflash_packages_network_with_
     scaling = {"type": "linear", "factor": 4.0}
     top = write_drafter(tmp_path / "top", target, reads, rope_theta=THETA, rope_scaling=scaling, **fields)
     folder = relaid(top, tmp_path / "drafter", layout)
-    theirs = reference.DFlashDraftModel.from_pretrained(str(folder)).eval()
+    theirs, loading = reference.DFlashDraftModel.from_pretrained(str(folder), output_loading_info=True)
+    theirs.eval()
+    assert not any(loading.values()), loading  # every weight the reference has (a bias too) was written and read
     ours = dflash.load(folder, target)
     mx.random.seed(7)
     tokens = mx.random.randint(0, 64, (1, 24))
