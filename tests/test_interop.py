@@ -20,7 +20,7 @@ from mlx_spec.gen.cache import new_cache
 from mlx_spec.gen.hidden import taps
 from mlx_spec.gen.load import load_folder
 from mlx_spec.make.convert import convert_folder
-from mlx_spec.models import dflash, eagle3
+from mlx_spec.models import dflash, eagle3, layer_config
 from mlx_spec.models.rope import normalize
 
 LLAMA3 = {
@@ -163,6 +163,85 @@ def test_a_head_whose_weights_do_not_fit_is_refused_naming_every_one_that_does_n
         assert name in message, name
 
 
+ERF_GELU = ("gelu", "gelu_python")  # transformers' ACT2FN names of the exact GELU
+TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_python_tanh", "gelu_fast", "gelu_accurate")  # its approximation
+
+
+def test_each_gelu_name_is_the_variant_transformers_means_by_it():
+    """The exact GELU x Phi(x) (by erf) and its tanh approximation differ by up to ~5e-4: each name computes its own."""
+    from math import erf, pi, sqrt
+
+    x = np.linspace(-5, 5, 201, dtype=np.float32)
+    exact = np.array([v * (1 + erf(v / sqrt(2))) / 2 for v in x])
+    tanh = 0.5 * x * (1 + np.tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))
+    quick = x / (1 + np.exp(-1.702 * x))
+    assert np.abs(exact - tanh).max() > 1e-4  # far enough apart for the check below to tell them apart
+    for names, want in ((ERF_GELU, exact), (TANH_GELU, tanh), (("quick_gelu",), quick)):
+        for name in names:
+            assert np.abs(np.array(layer_config.ACTS[name](mx.array(x))) - want).max() <= 2e-6, name
+
+
+def with_layer(folder, dst, **fields):
+    """A copy of drafter `folder` whose layer config (speculators' `transformer_layer_config`, else the config
+    itself) has `fields` set."""
+
+    def layout(c):
+        if "transformer_layer_config" in c:
+            return dict(c, transformer_layer_config=dict(c["transformer_layer_config"], **fields))
+        return dict(c, **fields)
+
+    return relaid(folder, dst, layout)
+
+
+def drafter_logits(kind: str, folder, target) -> mx.array:
+    """The first draft's logits of a drafter of `kind` in `folder` over `target`, fed its states on random tokens."""
+    mx.random.seed(7)
+    tokens = mx.random.randint(0, 64, (1, 24))
+    if kind == "eagle3":
+        head = eagle3.load(folder, embed=target.model.embed_tokens)
+        _, states = taps(target, head.config.reads)(tokens, new_cache(target))
+        return head.logits(head(tokens, states))
+    module = dflash.load(folder, target)
+    _, states = taps(target, module.config.reads)(tokens, new_cache(target))
+    cache = module.make_cache()
+    module.context(states[:, :20], cache)
+    return module.logits(module.block(mx.array([[tokens[0, 20].item()] + [module.config.mask_token_id] * 3]), cache))
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_hidden_act_changes_what_a_drafter_computes_and_what_does_not_run_is_refused_in_one_line(tmp_path, kind):
+    """The same weights with hidden_act silu, gelu and gelu_pytorch_tanh give three different drafts' logits (the
+    interop tests below say which are right); an unknown activation or sliding-window layers are refused naming the
+    field."""
+    from test_eagle3 import random_head
+
+    from mlx_spec.make import heads
+
+    target = qwen3_target()
+    if kind == "eagle3":
+        silu = tmp_path / "silu"
+        heads.save(random_head(0, 64, 64, target.args.hidden_size, [1, 2, 3], scale=4.0), silu)
+        assert json.loads((silu / "config.json").read_text())["transformer_layer_config"]["hidden_act"] == "silu"
+    else:
+        silu = write_drafter(tmp_path / "silu", target, (0, 2, 3), scale=4.0, hidden_act="silu")
+    logits = {
+        act: drafter_logits(kind, with_layer(silu, tmp_path / act, hidden_act=act), target)
+        for act in ("gelu", "gelu_pytorch_tanh")
+    }
+    logits["silu"] = drafter_logits(kind, silu, target)
+    assert not mx.allclose(logits["silu"], logits["gelu"], atol=1e-3).item()
+    assert not mx.array_equal(logits["gelu"], logits["gelu_pytorch_tanh"]).item()
+    for name, fields, named in (
+        ("xielu", {"hidden_act": "xielu"}, "hidden_act='xielu'"),
+        ("sliding", {"layer_types": ["sliding_attention"] * 2}, "['sliding_attention'] layers"),
+        ("qwen3_window", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0}, "sliding"),
+    ):
+        folder = with_layer(silu, tmp_path / name, **fields)
+        with pytest.raises(UnsupportedError) as e:
+            drafter_logits(kind, folder, target)
+        assert named in str(e.value) and "\n" not in str(e.value), name
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Against the references (PyTorch, transformers' models, speculators): the slow group
 
@@ -170,6 +249,17 @@ def test_a_head_whose_weights_do_not_fit_is_refused_naming_every_one_that_does_n
 def torch_or_skip():
     torch = pytest.importorskip("torch", reason="the references need PyTorch (bash setup.sh --refs)")
     return torch
+
+
+@pytest.mark.slow
+def test_every_activation_name_computes_what_transformers_act2fn_computes_for_it():
+    torch = torch_or_skip()
+    from transformers.activations import ACT2FN
+
+    x = np.linspace(-6, 6, 241, dtype=np.float32)
+    for name, act in layer_config.ACTS.items():
+        theirs = ACT2FN[name](torch.tensor(x)).numpy()
+        assert np.abs(np.array(act(mx.array(x))) - theirs).max() <= 1e-5 * max(1.0, np.abs(theirs).max()), name
 
 
 def llama_checkpoint(folder, layout):
@@ -294,11 +384,22 @@ def test_a_head_from_train_head_loads_in_speculators_and_drafts_the_same_tokens_
     agree(head.logits(head(tokens, states)), speculators_logits(theirs, tokens, states))
 
 
+LAYER_FIELDS = {  # layer-config fields that change the network (mlp_bias: Llama's MLP reads it, Qwen3's does not)
+    "silu": {},
+    "gelu": {"hidden_act": "gelu"},
+    "gelu_pytorch_tanh": {"hidden_act": "gelu_pytorch_tanh"},
+    "attention_bias": {"attention_bias": True},
+    "mlp_bias": {"mlp_bias": True},
+}
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("fields", LAYER_FIELDS.values(), ids=LAYER_FIELDS)
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_a_head_speculators_writes_with_a_llama_or_qwen3_layer_loads_and_matches_its_network(tmp_path, arch):
+def test_a_head_speculators_writes_with_a_llama_or_qwen3_layer_loads_and_matches_its_network(tmp_path, arch, fields):
     """Random weights written by speculators' own classes (its `--draft-arch`; Qwen3's attention has q/k norms), the
-    layer config as transformers 5 writes it (rope_parameters, the values that differ from the class's defaults)."""
+    layer config as transformers 5 writes it (rope_parameters, the values that differ from the class's defaults),
+    with each activation and bias its layer reads."""
     torch = torch_or_skip()
     core = speculators_or_skip()
     from speculators.config import SpeculatorsConfig, VerifierConfig
@@ -320,6 +421,7 @@ def test_a_head_speculators_writes_with_a_llama_or_qwen3_layer_loads_and_matches
         rope_parameters=dict(LLAMA3, rope_theta=THETA)
         if arch == "llama"
         else {"rope_type": "default", "rope_theta": THETA},
+        **fields,
     )
     layer._attn_implementation = "eager"
     config = Eagle3SpeculatorConfig(
@@ -361,18 +463,21 @@ def test_a_head_speculators_writes_with_a_llama_or_qwen3_layer_loads_and_matches
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("fields", LAYER_FIELDS.values(), ids=LAYER_FIELDS)
 @pytest.mark.parametrize("layout", [nested, lambda c: c], ids=["rope_parameters", "top_level"])
-def test_a_dflash_drafter_drafts_the_blocks_of_the_dflash_packages_network_with_either_layout(tmp_path, layout):
+def test_a_dflash_drafter_drafts_the_blocks_of_the_dflash_packages_network_with_either_layout(tmp_path, layout, fields):
     """z-lab's network from the `dflash` package, on the same weights (the layer config as transformers 5 writes it,
-    or as before): the block's states and its draft tokens agree."""
+    or as before; each activation and bias a Qwen3 layer reads): the block's states and its draft tokens agree."""
     torch = torch_or_skip()
     reference = pytest.importorskip("dflash.model", reason="dflash is not installed (--refs)")
     target = qwen3_target()
     reads = (0, 2, 3)
     scaling = {"type": "linear", "factor": 4.0}
-    top = write_drafter(tmp_path / "top", target, reads, rope_theta=THETA, rope_scaling=scaling)
+    top = write_drafter(tmp_path / "top", target, reads, rope_theta=THETA, rope_scaling=scaling, **fields)
     folder = relaid(top, tmp_path / "drafter", layout)
-    theirs = reference.DFlashDraftModel.from_pretrained(str(folder)).eval()
+    theirs, loading = reference.DFlashDraftModel.from_pretrained(str(folder), output_loading_info=True)
+    theirs.eval()
+    assert not any(loading.values()), loading  # every weight the reference has (a bias too) was written and read
     ours = dflash.load(folder, target)
     mx.random.seed(7)
     tokens = mx.random.randint(0, 64, (1, 24))

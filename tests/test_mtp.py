@@ -23,7 +23,7 @@ from conftest import (
 from mlx.utils import tree_flatten, tree_map
 from test_eagle3 import plain_alone_and_in_a_hybrid, rows_with_heads, run_rows
 
-from mlx_spec.errors import MlxSpecError
+from mlx_spec.errors import MlxSpecError, UnsupportedError
 from mlx_spec.gen import registry, verify
 from mlx_spec.gen.cache import new_cache
 from mlx_spec.gen.drafters.mtp import MTPDrafter
@@ -233,6 +233,20 @@ def test_mtp_loads_from_the_targets_own_folder_and_refuses_one_line_where_there_
     with pytest.raises(MlxSpecError) as e:
         make_drafter(f"mtp:{checkpoint}", other, other_tok)
     assert "the target is qwen2" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_mtp_layers_configured_with_another_activation_are_refused_in_one_line(checkpoint, tmp_path):
+    """mlx-lm's layers of these families run SiLU whatever `hidden_act` says: another is refused, naming it."""
+    import shutil
+
+    target, _, _ = load_model(str(checkpoint))
+    folder = shutil.copytree(checkpoint, tmp_path / "gelu")
+    config = json.loads((folder / "config.json").read_text())
+    (config.get("text_config") or config)["hidden_act"] = "gelu"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedError) as e:
+        mtp.load(folder, target)
+    assert "hidden_act='gelu'" in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.slow  # starts the CLI

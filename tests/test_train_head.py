@@ -67,6 +67,7 @@ def test_the_saved_head_is_the_published_layout_that_mlx_vlm_loads(brief, tiny_t
 
     target, _ = tiny_target
     out = brief[0]
+    assert json.loads((out / "config.json").read_text())["transformer_layer_config"]["hidden_act"] == "silu"
     ref = Eagle3DraftModel(Eagle3Config.from_dict(json.loads((out / "config.json").read_text())))
     weights = ref.sanitize(mx.load(str(out / eagle3.FILE)))
     weights["embed_tokens.weight"] = target.model.embed_tokens.weight  # the head reads the target's embedding
@@ -105,6 +106,7 @@ def test_resume_goes_on_from_the_checkpoint(brief, tiny_target, tmp_path):
     )
     again = json.loads((out / "train.json").read_text())
     assert again["done"]["steps"] == before + 5 and again["held"] == record["held"]  # the same sequences held out
+    assert json.loads((out / "config.json").read_text())["transformer_layer_config"]["hidden_act"] == "silu"
 
 
 @pytest.mark.parametrize("n,held", [(2, 1), (1, 0)])

@@ -19,9 +19,10 @@ from mlx_lm.models import qwen3
 from mlx_lm.models.cache import KVCache
 
 from ..errors import SourceError, UnsupportedError
-from . import drafter_weights, rope
+from . import drafter_weights, layer_config, rope
 from .base import holder
 
+WHAT = "a DFlash drafter"  # the refusals' subject
 UNSUPPORTED = {  # what other DFlash variants add, each a one-line refusal: (key in config or dflash_config, default)
     "causal": False,
     "dflash_query_causal": False,
@@ -60,15 +61,10 @@ class DFlashConfig:
         for key, default in UNSUPPORTED.items():
             if value(key, default) not in (default, None):
                 raise UnsupportedError(
-                    f"a DFlash drafter with {key}={value(key)!r} does not run here (only z-lab's "
+                    f"{WHAT} with {key}={value(key)!r} does not run here (only z-lab's "
                     "Qwen3 layout: non-causal blocks, the target's plain embedding and head)"
                 )
-        kinds = set(c.get("layer_types") or ["full_attention"])
-        if kinds != {"full_attention"}:
-            raise UnsupportedError(
-                f"a DFlash drafter with {sorted(kinds - {'full_attention'})} layers does not run "
-                "here (full attention only)"
-            )
+        layer_config.check(c, WHAT)
         reads, mask = value("target_layer_ids"), value("mask_token_id")
         if not reads or mask is None:
             raise SourceError("a DFlash config needs dflash_config.target_layer_ids and mask_token_id")
@@ -116,6 +112,7 @@ class DFlash(nn.Module):
         self.fc = nn.Linear(len(config.reads) * d, d, bias=False)
         self.hidden_norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         self.layers = [qwen3.TransformerBlock(args) for _ in range(args.num_hidden_layers)]
+        layer_config.honour(self.layers, dict(config.layer, model_type="qwen3"), WHAT)
         self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         if target is not None:  # the target's, shared: never copied, trained or saved with the drafter
             text = getattr(target, "language_model", target)  # a vision-language wrapper's text model

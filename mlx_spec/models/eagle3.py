@@ -19,12 +19,13 @@ from mlx_lm.models import llama, qwen3
 from mlx_lm.models.base import create_attention_mask
 
 from ..errors import SourceError, UnsupportedError
-from . import drafter_weights, rope
+from . import drafter_weights, layer_config, rope
 
 FILE = "model.safetensors"
 ARCHS = {"llama": llama, "qwen3": qwen3}  # the decoder layers a head runs (speculators' --draft-arch)
 SPECULATIVE_TOKENS = 3  # the drafts a round that the saved config proposes to vLLM (speculators' converter's value)
 UNSUPPORTED = ("norm_before_fc", "fc_norm", "norm_output")  # speculators' options that add norms this head lacks
+WHAT = "an EAGLE-3 head"  # the refusals' subject
 
 
 @dataclass
@@ -56,7 +57,8 @@ class Eagle3Config:
         layer["model_type"] = kind if kind in ARCHS else "llama"  # SafeAILab's layout: a Llama layer
         for key in UNSUPPORTED:
             if c.get(key):
-                raise UnsupportedError(f"an EAGLE-3 head with {key}={c[key]!r} does not run here")
+                raise UnsupportedError(f"{WHAT} with {key}={c[key]!r} does not run here")
+        layer_config.check(layer, WHAT)
         layer = _filled(rope.normalize(layer))
         aux = c.get("eagle_aux_hidden_state_layer_ids") or (c.get("eagle_config") or {}).get(
             "eagle_aux_hidden_state_layer_ids"
@@ -82,7 +84,12 @@ class Eagle3Config:
         return {
             "speculators_model_type": "eagle3",
             "architectures": ["Eagle3Speculator"],
-            "transformer_layer_config": dict(self.layer, num_hidden_layers=self.layers, vocab_size=self.vocab_size),
+            "transformer_layer_config": dict(
+                self.layer,
+                num_hidden_layers=self.layers,
+                vocab_size=self.vocab_size,
+                hidden_act=self.layer.get("hidden_act") or "silu",  # what the head computes, said whatever the default
+            ),
             "draft_vocab_size": self.draft_vocab_size,
             "target_hidden_size": self.target_hidden_size,
             "norm_before_residual": self.norm_before_residual,
@@ -168,6 +175,7 @@ class Eagle3Head(nn.Module):
         self.layers = [FirstLayer(args, config.norm_before_residual, arch)] + [
             arch.TransformerBlock(args) for _ in range(1, config.layers)
         ]
+        layer_config.honour(self.layers, config.layer, WHAT)
         self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         self.lm_head = nn.Linear(d, config.draft_vocab_size, bias=False)
         self.d2t = mx.zeros((config.draft_vocab_size,), dtype=mx.int32)

@@ -20,8 +20,8 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-from ..errors import SourceError
-from . import drafter_weights
+from ..errors import SourceError, UnsupportedError
+from . import drafter_weights, layer_config
 from .base import holder
 
 FILE = "mtp.safetensors"  # beside a converted model: the module's weights as it names them (mlx_lm.load skips it)
@@ -231,6 +231,10 @@ def load(folder, target) -> MTP:
         raise SourceError(
             f"an MTP drafter runs the MTP layers of {', '.join(FAMILIES)} checkpoints; the target is {kind}"
         )
+    config = _config(folder)
+    act = (config.get("text_config") or config).get("hidden_act") or "silu"
+    if layer_config.ACTS.get(act) is not nn.silu:  # mlx-lm's layers of these families run SiLU whatever it says
+        raise UnsupportedError(f"{folder}: an MTP drafter with hidden_act={act!r} does not run here ({kind}: silu)")
     got = weights(folder)
     if not got:
         raise SourceError(
