@@ -2,7 +2,7 @@
 rows in one target forward pass (their draft model or view of the target, if their drafter has one, drafting for all
 of them in one pass per position); each keeps its own session, sampling rule (a seed included) and stats.
 
-Requests share one engine. A request whose cache cannot sit beside others (a sliding window) gets an engine of its
+Requests share one engine. A request whose cache cannot sit beside others (`joint.batchable`) gets an engine of its
 own, and so does every request where the measured round costs say a pass over several rows costs as much as one
 over each (`Planner.pays`: the rows then take turns, an engine each) or the server runs with `--no-batch`. A request
 stays in its engine from its first token to its last. Its prompt goes in a chunk per round, beside the running rows;
