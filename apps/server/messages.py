@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .errors import ApiError, bad_request
+from .errors import ERROR, ApiError, bad_request
 from .scheduler import Done
 from .tools import ToolCall
 from .wire import EXTRA, final_stats, joined
@@ -317,6 +317,7 @@ def anthropic_errors(route):
         try:
             return await route(request)
         except ApiError as e:
+            request.scope[ERROR] = e  # the log line tells why
             return JSONResponse(error_body(e), status_code=e.status, headers=e.headers)
 
     return handle
