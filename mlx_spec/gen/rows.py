@@ -74,7 +74,7 @@ class Row:
     def deliver(self, tokens: list[int], drafted: int) -> list[Step]:
         """The round's tokens (the first `drafted` drafted) as Steps, the last with its finish: where a row ends."""
         steps, now, first = [], time.perf_counter(), self.first_at is None
-        if first:
+        if self.first_at is None:
             self.first_at, self.stats.prompt_time = now, now - self.started
         for j, tok in enumerate(tokens):
             self.stats.generation_tokens += 1
