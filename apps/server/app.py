@@ -26,7 +26,7 @@ from starlette.staticfiles import StaticFiles
 from mlx_spec.device import describe
 from mlx_spec.gen.load import vocab_width
 
-from . import errors, messages, responses
+from . import errors, messages, openapi, responses
 from . import params as P
 from .bridge import DISCONNECT_POLL, Disconnected, Ticket
 from .defaults import DEFAULT_HOST, KEEPALIVE_S, PREFIX_CACHE_BYTES
@@ -365,6 +365,9 @@ class Api:
     async def health(self, _request: Request) -> Response:
         return JSONResponse({**self.scheduler.health(), "device": self.device})
 
+    async def openapi(self, _request: Request) -> Response:
+        return JSONResponse(openapi.schema())
+
     async def page(self, _request: Request) -> Response:
         return FileResponse(STATIC / "index.html")
 
@@ -467,6 +470,7 @@ def build_app(
     routes = [
         Route("/", api.page),
         Route("/health", api.health),
+        Route("/openapi.json", api.openapi),
         Route("/v1/models", api.models),
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
