@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import mlx.core as mx
 from sse_starlette.event import ServerSentEvent
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
@@ -363,7 +364,8 @@ class Api:
         return JSONResponse({"object": "list", "data": [model]})
 
     async def health(self, _request: Request) -> Response:
-        return JSONResponse({**self.scheduler.health(), "device": self.device})
+        memory = {"active_bytes": mx.get_active_memory(), "cache_bytes": mx.get_cache_memory()}  # MLX's allocator
+        return JSONResponse({**self.scheduler.health(), "device": self.device, "memory": memory})
 
     async def openapi(self, _request: Request) -> Response:
         return JSONResponse(openapi.schema())

@@ -166,7 +166,7 @@ def chat_body(body: dict) -> dict:
     choice = tool_choice(body, chat_tools)
     if choice is not None:
         chat["tool_choice"] = choice
-    for key in ("temperature", "top_p", "top_k", "stream", "draft"):
+    for key in ("temperature", "top_p", "top_k", "seed", "stream", "draft"):  # seed and draft: extensions
         if body.get(key) is not None:
             chat[key] = body[key]
     return chat
