@@ -283,7 +283,26 @@ def serve(
     draft: str = typer.Option(DEFAULT_DRAFT, help=DRAFT_HELP),
     host: str = typer.Option(DEFAULT_HOST, help="Address to bind (another than 127.0.0.1 exposes the server)"),
     port: int = typer.Option(DEFAULT_PORT, help="Port (0: any free port)"),
-    api_key: str | None = typer.Option(None, help="Require 'Authorization: Bearer KEY' on the API"),
+    api_key: str | None = typer.Option(
+        None,
+        envvar="MLX_SPEC_API_KEY",
+        help="Require 'Authorization: Bearer KEY' on the API (the command line shows it to `ps`: prefer the "
+        "environment variable or --api-key-file)",
+    ),
+    api_key_file: Path | None = typer.Option(None, help="Read the API key from this file (its one line)"),
+    allowed_hosts: list[str] = typer.Option(
+        [],
+        help="A name the server answers to beside localhost, 127.0.0.1, [::1] and --host, e.g. a LAN name "
+        "(repeatable; '*': any). Other Host headers get a 403, which stops DNS-rebinding pages",
+    ),
+    cors_origin: str | None = typer.Option(
+        None, help="The one web origin whose pages may call the API, e.g. http://localhost:3000 (default: none)"
+    ),
+    allow_draft: list[str] = typer.Option(
+        [],
+        help="A drafter requests may also pick (repeatable), built at start, e.g. quant-self or a draft model; by "
+        "default they pick only drafters that build nothing or the loaded draft",
+    ),
     max_concurrency: int = typer.Option(
         DEFAULT_MAX_CONCURRENCY,
         help="Requests generating at once (each holds its own caches); more wait in a FIFO queue",
@@ -295,7 +314,7 @@ def serve(
     fixed_draft: bool = typer.Option(
         False,
         help="Requests may not switch the drafter (by default a request's "
-        '"draft" field, or the page\'s menu, picks any drafter that loads no weights)',
+        '"draft" field, or the page\'s menu, picks any drafter that loads or builds no weights)',
     ),
     batch: bool = typer.Option(
         True,
@@ -334,6 +353,10 @@ def serve(
         host=host,
         port=port,
         api_key=api_key,
+        api_key_file=api_key_file,
+        allowed_hosts=allowed_hosts,
+        cors_origin=cors_origin,
+        allow_draft=[registry.parse(d) for d in allow_draft],
         max_concurrency=max_concurrency,
         num_draft=num_draft,
         max_tokens=max_tokens,

@@ -1,6 +1,7 @@
 """`mlx-spec serve` over a real socket: the official openai client (streamed and not), raw HTTP for bad input, keys."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -312,3 +313,25 @@ def test_mlx_spec_serve_prints_its_url_once_it_listens_and_stops_on_ctrl_c(tiny_
 def test_mlx_spec_serve_refuses_bad_options_in_one_line(tiny_models, option, value, message):
     r = run_cli("serve", "--model", str(tiny_models["qwen2"]), "--draft", "none", option, value, timeout=60)
     assert one_line_error(r) == f"error: {message}, got {value}"
+
+
+@pytest.mark.slow  # starts the CLI
+@pytest.mark.parametrize("where", ["env", "file"])
+def test_mlx_spec_serve_takes_its_key_from_the_environment_or_a_file(tiny_models, tmp_path, where):
+    """The key stays off the command line, where `ps` would show it."""
+    cmd = [sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(tiny_models["qwen2"]), "--draft", "none"]
+    cmd += ["--port", "0", "--max-tokens", "2"]
+    env = dict(os.environ, MLX_SPEC_API_KEY="sekret") if where == "env" else None
+    if where == "file":
+        (tmp_path / "key").write_text("sekret\n")
+        cmd += ["--api-key-file", str(tmp_path / "key")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        url = proc.stdout.readline().strip()
+        assert "sekret" not in " ".join(cmd)
+        assert httpx.get(url + "v1/models", timeout=10).status_code == 401
+        ok = httpx.get(url + "v1/models", headers={"Authorization": "Bearer sekret"}, timeout=10)
+        assert ok.status_code == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)

@@ -17,6 +17,7 @@ from mlx_spec_apps.server.scheduler import Done
 from mlx_spec_apps.server.tools import ToolCall
 
 CODE = "def add(a, b):"
+JSON = {"Content-Type": "application/json"}
 HI = [{"role": "user", "content": CODE}]
 WEATHER = {
     "name": "get_weather",
@@ -229,7 +230,7 @@ def test_bad_input_gets_one_anthropic_error_while_a_message_streams(client, serv
         ({"max_tokens": 5, "messages": [{"role": "user", "content": "def add(a, b): " * 200}]}, "context")
     ]:
         assert says in anthropic_error(httpx.post(url, json=body, timeout=30), 400, "invalid_request_error")
-    anthropic_error(httpx.post(url, content=b"{not json", timeout=30), 400, "invalid_request_error")
+    anthropic_error(httpx.post(url, content=b"{not json", headers=JSON, timeout=30), 400, "invalid_request_error")
     huge = {"max_tokens": 5, "messages": [{"role": "user", "content": "x" * 200_000}]}
     anthropic_error(httpx.post(url, json=huge, timeout=30), 413, "request_too_large")
     anthropic_error(httpx.post(url + "/batches", json={}, timeout=30), 404, "not_found_error")

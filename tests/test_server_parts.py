@@ -159,13 +159,17 @@ def test_reply_chunks_carry_flags_and_the_last_one_the_stats():
     }
 
 
-def test_a_request_may_name_any_drafter_that_loads_nothing_unless_the_drafter_is_fixed():
+def test_a_request_may_name_any_drafter_that_builds_nothing_or_is_allowed_unless_the_drafter_is_fixed():
     pair = Pair("m", "suffix", None, None, loaded={"d": None})
-    assert pair.choices()[:2] == ["suffix", "none"] and {"ngram", "self", "quant-self", "d", "hybrid:d"} <= set(
-        pair.choices()
-    )
+    assert pair.choices()[:2] == ["suffix", "none"] and {"ngram", "self", "d", "hybrid:d"} <= set(pair.choices())
     assert pair.check_draft(None) is None and pair.check_draft("hybrid:d") == "hybrid:d"
-    for bad, words in (("other-model", "loads no draft model per request"), ("self:x", "self"), (5, "drafter spec")):
+    assert Pair("m", "suffix", None, None, allowed=("quant-self",)).check_draft("quant-self") == "quant-self"
+    for bad, words in (
+        ("other-model", "builds no drafter per request"),
+        ("quant-self", "--allow-draft"),
+        ("self:x", "self"),
+        (5, "drafter spec"),
+    ):
         with pytest.raises(ApiError) as e:
             pair.check_draft(bad)
         assert e.value.status == 400 and e.value.param == "draft" and words in str(e.value), str(e.value)

@@ -7,16 +7,18 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import mlx.core as mx
 from sse_starlette.event import ServerSentEvent
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -25,11 +27,12 @@ from starlette.staticfiles import StaticFiles
 from mlx_spec.device import describe
 from mlx_spec.gen.load import vocab_width
 
-from . import errors, messages, responses
+from . import errors, messages, openapi, responses
 from . import params as P
 from .bridge import DISCONNECT_POLL, Disconnected, Ticket
-from .defaults import KEEPALIVE_S, PREFIX_CACHE_BYTES
+from .defaults import DEFAULT_HOST, KEEPALIVE_S, PREFIX_CACHE_BYTES
 from .errors import ERROR, ApiError, bad_request
+from .guard import HostCheck, check_json, host_names
 from .pair import Pair
 from .scheduler import Delta, Done, Failed, Scheduler
 from .tools import Syntax, ToolCall, Tools, ToolText, parse_tools
@@ -51,6 +54,7 @@ class Run:
         self.done: Done | None = None  # set once the reply is complete
         self.error: ApiError | None = None
         self.finish: str | None = None  # the wire's finish reason where it differs from Done's (tool_calls)
+        self.unanswered = False  # the client left before the whole reply reached it
         self._first = None
         self._getter: asyncio.Future | None = None
 
@@ -74,7 +78,7 @@ class Run:
                     self.done = item
                 return item
             if watch and await self.request.is_disconnected():
-                self.cancel()
+                self.cancel(unanswered=True)
                 raise Disconnected()
             if end is not None and loop.time() >= end:
                 return None
@@ -95,11 +99,13 @@ class Run:
                 return
             item = await self._next(watch)
 
-    def cancel(self) -> None:
-        """Stop the job (a no-op once it has finished)."""
+    def cancel(self, unanswered: bool = False) -> None:
+        """Stop the job (a no-op once it has finished); unanswered: the client left before the whole reply reached it
+        (the job counts as cancelled, even if it completed)."""
         if self._getter is not None and not self._getter.done():
             self._getter.cancel()
-        self.ticket.cancel()
+        self.unanswered = self.unanswered or unanswered
+        self.ticket.cancel(unanswered)
 
 
 @dataclass
@@ -169,7 +175,8 @@ class Api:
             raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
 
     async def body(self, request: Request) -> dict:
-        """The request's JSON body, read within the bound the model's context sets."""
+        """The request's JSON body (a 415 unless declared JSON), read within the bound the model's context sets."""
+        check_json(request)
         return P.parse_json(await P.read_body(request, self.pair.context))
 
     # --- the core: every API's routes go through these ---
@@ -216,21 +223,28 @@ class Api:
         try:
             if stream is None:
                 await run.ready()
-                return JSONResponse(await whole())
+                reply = await whole()
+                if await run.request.is_disconnected():  # it completed after the client left
+                    raise Disconnected()
+                return JSONResponse(reply)
             await run.ready(timeout=self.keepalive_s)
 
             async def events():
+                ended = False
                 try:
                     async for event in stream():
                         yield event
+                    ended = True
                 except ApiError as e:  # the status is sent already, so the error travels as an event
+                    ended = True
                     yield error(e)
                 finally:
-                    run.cancel()
+                    run.cancel(unanswered=not ended)  # closed early: the client left
 
             keepalive = lambda: ServerSentEvent(comment="keep-alive")  # noqa: E731
             return EventSourceResponse(events(), sep="\n", ping=self.keepalive_s, ping_message_factory=keepalive)
         except Disconnected:
+            run.cancel(unanswered=True)
             return Response(status_code=499)  # nobody reads it; the job was cancelled
         except BaseException:
             run.cancel()  # e.g. the server is shutting down
@@ -350,7 +364,11 @@ class Api:
         return JSONResponse({"object": "list", "data": [model]})
 
     async def health(self, _request: Request) -> Response:
-        return JSONResponse({**self.scheduler.health(), "device": self.device})
+        memory = {"active_bytes": mx.get_active_memory(), "cache_bytes": mx.get_cache_memory()}  # MLX's allocator
+        return JSONResponse({**self.scheduler.health(), "device": self.device, "memory": memory})
+
+    async def openapi(self, _request: Request) -> Response:
+        return JSONResponse(openapi.schema())
 
     async def page(self, _request: Request) -> Response:
         return FileResponse(STATIC / "index.html")
@@ -364,6 +382,13 @@ async def http_error(request: Request, exc: HTTPException) -> Response:
     return ApiError(exc.status_code, message, code=code, headers=exc.headers).response()
 
 
+def error_response(path: str, e: ApiError) -> Response:
+    """An error in the shape of the API the path belongs to: Anthropic's under /v1/messages, else OpenAI's."""
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return JSONResponse(messages.error_body(e), status_code=e.status, headers=e.headers)
+    return e.response()
+
+
 def log_line(
     method: str, path: str, status: int, run: Run | None, seconds: float, error: ApiError | None = None
 ) -> str:
@@ -374,15 +399,14 @@ def log_line(
         line += f" error={error.message}"
     if run is not None and run.done is not None and run.done.stats:
         stats, done = run.done.stats, run.done
-        out = stats.get("generation_tokens", 0)
-        share = stats.get("accepted", 0) / out if out else 0.0
         line += (
-            f" prompt={stats.get('prompt_tokens', 0)} cached={stats.get('prompt_cached', 0)} out={out}"
-            f" drafted={share:.0%} finish={run.finish or done.finish_reason}"
+            f" prompt={stats.get('prompt_tokens', 0)} cached={stats.get('prompt_cached', 0)}"
+            f" out={stats.get('generation_tokens', 0)} drafted={stats.get('draft_share', 0.0):.0%}"
+            f" finish={run.finish or done.finish_reason}"
         )
     elif run and run.error:
         line += f" error={run.error.status} {run.error.message}"
-    elif run:
+    if run is not None and (run.unanswered or run.done is None and run.error is None):
         line += " cancelled"
     return f"{line} {seconds:.2f}s"
 
@@ -423,12 +447,17 @@ def build_app(
     batch: bool = True,
     keepalive_s: float = KEEPALIVE_S,
     prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
+    host: str = DEFAULT_HOST,
+    allowed_hosts: Iterable[str] = (),
+    cors_origin: str | None = None,
 ) -> Starlette:
     """The app; its lifespan starts and stops the scheduler thread. `app.state.scheduler` is it, `app.state.api` the
     routes' core. max_tokens: a reply's length when a request gives none (None: up to the end of the context).
     batch: requests that start while others generate share batched rounds (else every request takes its own turns).
     keepalive_s: how long a stream waits for its first token before it starts with keep-alive comments.
-    prefix_cache_bytes: the KV caches kept of prompt prefixes that conversations share (0: none)."""
+    prefix_cache_bytes: the KV caches kept of prompt prefixes that conversations share (0: none).
+    host, allowed_hosts: the address bound and the other names a request's `Host` may carry (beside the loopback
+    names). cors_origin: the one web origin whose pages may call the API (None: no CORS headers at all)."""
     scheduler = Scheduler(pair, max_concurrency, max_queue, batch, prefix_cache_bytes)
     api = Api(pair, scheduler, api_key, max_tokens, keepalive_s)
 
@@ -443,6 +472,7 @@ def build_app(
     routes = [
         Route("/", api.page),
         Route("/health", api.health),
+        Route("/openapi.json", api.openapi),
         Route("/v1/models", api.models),
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
@@ -450,10 +480,20 @@ def build_app(
         *messages.routes(api),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
+    middleware = [Middleware(RequestLog), Middleware(HostCheck, host_names(host, allowed_hosts), error_response)]
+    if cors_origin is not None:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=[cors_origin],
+                allow_methods=["GET", "POST"],
+                allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"],
+            )
+        )
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        middleware=[Middleware(RequestLog)],
+        middleware=middleware,
         # Starlette types a handler as taking any exception; each of these gets the class it is registered for
         exception_handlers={ApiError: errors.handle, HTTPException: http_error},  # type: ignore[dict-item]
     )

@@ -37,6 +37,7 @@ class Ticket:
                 429, str(e), type="rate_limit_exceeded", code="queue_full", headers={"Retry-After": "1"}
             ) from None
 
-    def cancel(self) -> None:
-        """Stop the job (a no-op once it has finished)."""
-        self.scheduler.cancel(self.job)
+    def cancel(self, unanswered: bool = False) -> None:
+        """Stop the job (a no-op once it has finished); unanswered: the client left before its whole reply reached it,
+        so the job counts as cancelled even if it completed."""
+        self.scheduler.cancel(self.job, unanswered)

@@ -3,12 +3,14 @@
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import uvicorn
 
 from mlx_spec.cluster import Cluster, ClusterError
 from mlx_spec.device import describe
+from mlx_spec.errors import MlxSpecError
 from mlx_spec.named import Log
 
 from .app import build_app
@@ -49,6 +51,24 @@ def _url(host: str, sock) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
+def api_key_from(key: str | None, file: Path | None) -> str | None:
+    """The API key given on the command line, in MLX_SPEC_API_KEY (typer reads it into `key`) or in `file` (its text
+    without the surrounding whitespace); an unreadable or empty file, or two keys, is an error."""
+    if file is None:
+        return key
+    if key is not None:
+        raise MlxSpecError("give the API key once: --api-key (or MLX_SPEC_API_KEY) or --api-key-file")
+    try:
+        text = Path(file).expanduser().read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise MlxSpecError(
+            f"--api-key-file: cannot read {file}: {e.strerror if isinstance(e, OSError) else e}"
+        ) from None
+    if not text:
+        raise MlxSpecError(f"--api-key-file: {file} is empty")
+    return text
+
+
 def serve(
     *,
     model: str,
@@ -56,6 +76,10 @@ def serve(
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
     api_key: str | None = None,
+    api_key_file: Path | None = None,
+    allowed_hosts: Sequence[str] = (),
+    cors_origin: str | None = None,
+    allow_draft: Sequence[str] = (),
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
     num_draft: int | None = None,
     max_tokens: int | None = None,
@@ -68,7 +92,10 @@ def serve(
     """Serve the pair until Ctrl-C; the URL (port 0: the port picked) goes to stdout once it listens, a line per
     request to stderr. max_tokens: a reply's length when a request gives none (None: up to the end of the context).
     shard: the target split over the ranks `mlx.launch` started ("tensor" or "pipeline"); rank 0 serves, the others
-    follow its steps and serve nothing."""
+    follow its steps and serve nothing. allowed_hosts: names beside the loopback ones and `host` that a request's `Host`
+    may carry; cors_origin: the one web origin whose pages may call the API; allow_draft: more drafters requests may
+    name, built at start."""
+    api_key = api_key_from(api_key, api_key_file)
     if not request_log.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
@@ -76,8 +103,10 @@ def serve(
         request_log.setLevel(logging.INFO)
     lockstep = None
     if shard is None:
-        pair = Pair.load(model, draft, num_draft=num_draft, fixed=fixed_draft, log=log)
+        pair = Pair.load(model, draft, num_draft=num_draft, fixed=fixed_draft, allow=allow_draft, log=log)
     else:
+        if allow_draft:
+            raise MlxSpecError("--allow-draft does not work with --shard: a sharded server drafts with its own drafter")
         cluster = Cluster.join(shard)
         pair = load_pair(cluster, model, draft, num_draft=num_draft, fixed=fixed_draft, log=log)
         cluster.agree_seed(None)  # every rank samples alike; and no rank starts before all have loaded
@@ -91,6 +120,9 @@ def serve(
         max_tokens=max_tokens,
         batch=batch,
         prefix_cache_bytes=prefix_cache_bytes,
+        host=host,
+        allowed_hosts=allowed_hosts,
+        cors_origin=cors_origin,
     )
     if lockstep is not None:
         app.state.scheduler.shard(lockstep)

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .errors import ApiError, bad_request
+from .errors import ERROR, ApiError, bad_request
 from .scheduler import Done
 from .tools import ToolCall
 from .wire import EXTRA, final_stats, joined
@@ -166,7 +166,7 @@ def chat_body(body: dict) -> dict:
     choice = tool_choice(body, chat_tools)
     if choice is not None:
         chat["tool_choice"] = choice
-    for key in ("temperature", "top_p", "top_k", "stream", "draft"):
+    for key in ("temperature", "top_p", "top_k", "seed", "stream", "draft"):  # seed and draft: extensions
         if body.get(key) is not None:
             chat[key] = body[key]
     return chat
@@ -317,6 +317,7 @@ def anthropic_errors(route):
         try:
             return await route(request)
         except ApiError as e:
+            request.scope[ERROR] = e  # the log line tells why
             return JSONResponse(error_body(e), status_code=e.status, headers=e.headers)
 
     return handle

@@ -1,11 +1,13 @@
 """The served model pair: the target and draft weights loaded once, a new drafter per session, prompts to ids.
 
-A request may name another drafter for its reply (`"draft"` in the body): any drafter that needs no weights beyond
-those loaded (none, ngram, suffix, self, quant-self, hybrid, and the loaded draft model alone or in a hybrid), unless
-the server was started with --fixed-draft. Nothing loads per request: a load would stall every other request.
+A request may name another drafter for its reply (`"draft"` in the body): one that builds nothing (none, ngram,
+suffix, self, hybrid), the loaded draft model alone or in a hybrid, or one the server was told to allow
+(`--allow-draft`, built at start), unless the server was started with --fixed-draft. Nothing loads or builds per
+request: a load would stall every other request, and a page could fill the memory.
 """
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
     import mlx.nn as nn
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-FREE = ("none", "suffix", "ngram", "hybrid", "self", "quant-self")  # drafters that load no weights of their own
+FREE = ("none", "suffix", "ngram", "hybrid", "hybrid:none", "self")  # drafters that load and build no weights
 
 
 def _quiet(_msg: str) -> None:
@@ -41,19 +43,33 @@ class Pair:
     num_draft: int | None = None
     adaptive: bool = True
     fixed: bool = False  # requests may not switch the drafter (serve --fixed-draft)
+    allowed: tuple[str, ...] = ()  # more drafters requests may name (serve --allow-draft), canonical specs
     _drafters: "weakref.WeakKeyDictionary" = field(default_factory=weakref.WeakKeyDictionary, repr=False)
 
     @classmethod
     def load(
-        cls, model: str, draft: registry.Spec, *, num_draft: int | None = None, fixed: bool = False, log: Log = _quiet
+        cls,
+        model: str,
+        draft: registry.Spec,
+        *,
+        num_draft: int | None = None,
+        fixed: bool = False,
+        allow: Sequence[registry.Spec] = (),
+        log: Log = _quiet,
     ) -> "Pair":
-        """Load by name; the draft first, so an unavailable draft fails before the (bigger) target loads."""
+        """Load by name; the drafts first, so an unavailable draft fails before the (bigger) target loads. allow: more
+        drafters requests may name, their models loaded and each built once now."""
         draft = registry.parse(draft)  # a malformed spec fails before anything loads
-        name = draft.model
-        loaded = {name: load_model(name, log)[:2]} if name else {}
+        allowed = tuple(registry.parse(a) for a in allow)
+        if fixed and allowed:
+            raise MlxSpecError("--allow-draft lets requests switch the drafter, which --fixed-draft forbids")
+        names = dict.fromkeys(d.model for d in (draft, *allowed) if d.model)
+        loaded = {name: load_model(name, log)[:2] for name in names}
         target, tokenizer, _ = load_model(model, log)
-        pair = cls(model, draft, target, tokenizer, loaded, num_draft, fixed=fixed)
+        pair = cls(model, draft, target, tokenizer, loaded, num_draft, fixed=fixed, allowed=tuple(map(str, allowed)))
         pair.new_session()  # builds one drafter now: an incompatible draft fails at start, not per request
+        for spec in allowed:  # and each allowed one: what it shares (a quantized copy) is built before any request
+            make_drafter(spec, target, tokenizer, loaded=loaded)
         return pair
 
     @property
@@ -74,7 +90,7 @@ class Pair:
         own = self.own_draft
         if self.fixed:
             return [own]
-        specs = [own, *FREE] + [s for m in self.loaded for s in (m, f"hybrid:{m}")]
+        specs = [own, *FREE] + [s for m in self.loaded for s in (m, f"hybrid:{m}")] + list(self.allowed)
         return list(dict.fromkeys(str(registry.parse(s)) for s in specs))
 
     def check_draft(self, spec) -> str | None:
@@ -89,7 +105,11 @@ class Pair:
             raise bad_request(f"'draft': {e}", param="draft") from None
         choices = self.choices()
         if str(parsed) not in choices:
-            why = "its drafter is fixed (--fixed-draft)" if self.fixed else "it loads no draft model per request"
+            why = (
+                "its drafter is fixed (--fixed-draft)"
+                if self.fixed
+                else "it loads or builds no drafter per request (start it with --allow-draft SPEC to allow one)"
+            )
             raise bad_request(
                 f"'draft': this server cannot draft with {spec!r}: {why}; it can use {', '.join(choices)}",
                 param="draft",

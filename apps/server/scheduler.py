@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 
@@ -164,10 +164,15 @@ class Scheduler:
             self._waiting.append(job)
             self._cv.notify()
 
-    def cancel(self, job: Job) -> None:
-        """The client went away: drop a waiting job now, stop an active one at its next turn."""
+    def cancel(self, job: Job, unanswered: bool = False) -> None:
+        """Stop a job: drop a waiting one now, stop an active one at its next turn. unanswered: its client went away
+        before the whole reply reached it, so a job that completed meanwhile counts as cancelled too."""
         with self._cv:
-            if job in self._waiting:
+            if unanswered and job.state == "completed":
+                job.state = "cancelled"
+                self.counts["completed"] -= 1
+                self.counts["cancelled"] += 1
+            elif job in self._waiting:
                 self._waiting.remove(job)
                 job.state = "cancelled"
                 self.counts["cancelled"] += 1
@@ -352,7 +357,7 @@ class Scheduler:
         self.counts["rounds"] += s.rounds - job.rounds
         self.counts["tokens"] += 1
         job.pos = ((job.pos if s.rounds == job.rounds else 0) + 1) if ev.from_draft else 0
-        job.rounds, job.tokens, job.prompt_cached = s.rounds, s.generation_tokens, s.prompt_cached
+        job.rounds, job.tokens, job.prompt_cached = s.rounds, len(job.produced), s.prompt_cached
         job.flags.append(ev.from_draft)
         pieces = job.stops.add(ev.text, Mark(job.pos, s.rounds))
         reason = "stop_string" if job.stops.hit else ev.finish_reason  # the engine's: stop, length, context
@@ -372,8 +377,9 @@ class Scheduler:
                 )
             )
         if reason:
+            sent = replace(s, generation_tokens=len(job.produced), from_draft=sum(job.flags))  # a stop string's cut
             stats = dict(
-                s.as_dict(),
+                sent.as_dict(),
                 finish_reason=reason,
                 stop_sequence=job.stops.matched,
                 draft_flags=list(job.flags),

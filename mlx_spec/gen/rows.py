@@ -73,11 +73,12 @@ class Row:
 
     def deliver(self, tokens: list[int], drafted: int) -> list[Step]:
         """The round's tokens (the first `drafted` drafted) as Steps, the last with its finish: where a row ends."""
-        steps, now = [], time.perf_counter()
+        steps, now, first = [], time.perf_counter(), self.first_at is None
         if self.first_at is None:
             self.first_at, self.stats.prompt_time = now, now - self.started
         for j, tok in enumerate(tokens):
             self.stats.generation_tokens += 1
+            self.stats.from_draft += j < drafted
             finish = (
                 "stop" if tok in self.eos else (self.at_limit if self.stats.generation_tokens >= self.budget else None)
             )
@@ -86,5 +87,7 @@ class Row:
             if finish:
                 self.done, self.stats.finish_reason = True, finish
                 break
+        if first:
+            self.stats.first_tokens = len(steps)
         self.stats.generation_time = time.perf_counter() - self.first_at
         return steps

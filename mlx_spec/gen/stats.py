@@ -11,7 +11,9 @@ class Stats:
     prompt_cached: int = 0  # of which were already in the caller's cache (not prefilled again)
     prompt_time: float = 0.0
     generation_tokens: int = 0
-    generation_time: float = 0.0  # from the first generated token to the last
+    first_tokens: int = 0  # tokens the first round delivered: made within prompt_time, as mlx-lm counts the first
+    generation_time: float = 0.0  # from the first round's tokens to the last round's
+    from_draft: int = 0  # generated tokens that were accepted drafts (a last round may accept some past the end)
     rounds: int = 0  # target passes after the prompt
     spec_rounds: int = 0  # rounds that verified at least one draft token
     proposed: int = 0
@@ -39,8 +41,10 @@ class Stats:
 
     @property
     def generation_tps(self) -> float:
-        n = self.generation_tokens - 1  # mlx-lm convention: the first token belongs to the prompt phase
-        return n / self.generation_time if self.generation_time and n > 0 else 0.0
+        """Tokens per second after the first round (whose tokens belong to the prompt phase, as mlx-lm's first token
+        does); 0 for a reply of one round, which has no time of its own."""
+        n = self.generation_tokens - self.first_tokens
+        return n / self.generation_time if self.generation_time > 0 and n > 0 else 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -54,7 +58,7 @@ class Stats:
     @property
     def draft_share(self) -> float:
         """Share of generated tokens that came from drafts (each token's own flag is `from_draft`)."""
-        return self.accepted / self.generation_tokens if self.generation_tokens else 0.0
+        return self.from_draft / self.generation_tokens if self.generation_tokens else 0.0
 
     def acceptance_by_position(self) -> list[float]:
         return [a / p if p else 0.0 for a, p in zip(self.accepted_by_position, self.proposed_by_position)]
