@@ -45,6 +45,7 @@ CONFIGS = {
     },
     "afmoe": {
         "model_type": "afmoe",
+        "sliding_window": 8,
         "vocab_size": 256,
         "hidden_size": 128,
         "num_hidden_layers": 4,
@@ -780,6 +781,7 @@ CONFIGS = {
     },
     "iquestloopcoder": {
         "model_type": "iquestloopcoder",
+        "loop_window_size": 8,
         "hidden_size": 64,
         "num_hidden_layers": 2,
         "intermediate_size": 128,
@@ -791,7 +793,6 @@ CONFIGS = {
         "rope_theta": 500000.0,
         "tie_word_embeddings": False,
         "loop_num": 2,
-        "loop_window_size": 32,
     },
     "jamba": {
         "model_type": "jamba",
@@ -1418,6 +1419,7 @@ CONFIGS = {
     },
     "plamo2": {
         "model_type": "plamo2",
+        "attention_window_size": 8,
         "hidden_size": 64,
         "num_hidden_layers": 4,
         "intermediate_size": 128,
@@ -1618,7 +1620,7 @@ CONFIGS = {
         "num_key_value_heads": 2,
         "rms_norm_eps": 0.0001,
         "rope_theta": 1000,
-        "attention_window_size": 1024,
+        "attention_window_size": 8,
         "vocab_size": 256,
         "block_types": ["recurrent", "recurrent", "attention"],
     },
