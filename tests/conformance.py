@@ -11,7 +11,7 @@ from pathlib import Path
 import mlx_spec  # noqa: F401, I001  (first: puts the fast BLAS under MLX)  # isort: skip
 import mlx.core as mx
 import mlx_lm.models
-from conformance_models import CONFIGS, NOT_ON_CPU, SCALE, SEEDS
+from conformance_models import CONFIGS, CANNOT_LOAD, SCALE, SEEDS
 from mlx.utils import tree_map
 
 from mlx_spec.errors import MlxSpecError

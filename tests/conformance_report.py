@@ -10,7 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import conformance as c  # noqa: E402
-from conformance_models import CONFIGS, NOT_ON_CPU  # noqa: E402
+from conformance_models import CONFIGS, CANNOT_LOAD  # noqa: E402
 
 
 def first_line(e: BaseException) -> str:
@@ -29,8 +29,8 @@ def cell(run) -> str:
 
 
 def row(kind: str) -> list[str]:
-    if kind in NOT_ON_CPU:
-        return [kind, f"no: {NOT_ON_CPU[kind]}"] + [""] * (1 + 2 * len(c.DRAFTERS))
+    if kind in CANNOT_LOAD:
+        return [kind, f"no: {CANNOT_LOAD[kind]}"] + [""] * (1 + 2 * len(c.DRAFTERS))
     if kind not in CONFIGS:
         return [kind, "FAIL: no configuration in tests/conformance_models.py"] + [""] * (1 + 2 * len(c.DRAFTERS))
     try:

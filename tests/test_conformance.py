@@ -17,7 +17,7 @@ from conformance import (
     plain,
     problems,
 )
-from conformance_models import CONFIGS, NOT_ON_CPU, QUICK
+from conformance_models import CONFIGS, CANNOT_LOAD, QUICK
 from conftest import REPEATING, check
 
 from mlx_spec.gen.drafters.ngram import NGramDrafter
@@ -31,8 +31,8 @@ def tiers(kinds, *rest):
     out = []
     for kind in kinds:
         marks = [] if kind in QUICK else [pytest.mark.slow]
-        if kind in NOT_ON_CPU:
-            marks.append(pytest.mark.skip(reason=f"{kind}: {NOT_ON_CPU[kind]}"))
+        if kind in CANNOT_LOAD:
+            marks.append(pytest.mark.skip(reason=f"{kind}: {CANNOT_LOAD[kind]}"))
         out += [pytest.param(kind, *r, marks=marks, id="-".join((kind, *r))) for r in (rest or [()])]
     return out
 
@@ -41,7 +41,7 @@ CONFIGURED = [k for k in TYPES if k in CONFIGS]
 
 
 def test_every_installed_type_has_a_configuration():
-    missing = [k for k in TYPES if k not in CONFIGS and k not in NOT_ON_CPU]
+    missing = [k for k in TYPES if k not in CONFIGS and k not in CANNOT_LOAD]
     assert not missing, f"mlx-lm model types with no configuration in tests/conformance_models.py: {missing}"
     assert set(QUICK) <= set(TYPES), f"quick families not in the installed mlx-lm: {set(QUICK) - set(TYPES)}"
 
