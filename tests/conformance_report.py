@@ -10,7 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import conformance as c  # noqa: E402
-from conformance_models import CONFIGS, CANNOT_LOAD  # noqa: E402
+from conformance_models import CANNOT_LOAD, CONFIGS  # noqa: E402
 
 
 def first_line(e: BaseException) -> str:
@@ -39,8 +39,8 @@ def row(kind: str) -> list[str]:
         return [kind, f"FAIL: {first_line(e)}"] + [""] * (1 + 2 * len(c.DRAFTERS))
     out = [kind, "yes", cell(lambda: [d for p in c.PROMPTS if (d := c.differs(kind, p, c.plain(kind, p)))])]
     for spec in c.DRAFTERS:
-        out.append(cell(lambda: c.problems(kind, spec, {p: c.alone(kind, spec, p) for p in c.PROMPTS})))
-        out.append(cell(lambda: c.problems(kind, spec, c.batched(kind, spec), together=True)))
+        out.append(cell(lambda s=spec: c.problems(kind, s, {p: c.alone(kind, s, p) for p in c.PROMPTS})))
+        out.append(cell(lambda s=spec: c.problems(kind, s, c.batched(kind, s), together=True)))
     c.model.cache_clear()
     c.reference.cache_clear()
     return out

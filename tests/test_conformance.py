@@ -1,7 +1,7 @@
 """Every model type of the installed mlx-lm, as a tiny seeded model: plain mlx-spec gives mlx-lm's greedy tokens, and
 every drafter gives them too, alone and batched, across a sliding window and past it, drafting where the prompt repeats
 itself, or is refused in one line before the first token; sampling keeps the target's law past a window and in a MoE.
-The families of QUICK run in the quick tier, every other type in the slow one."""
+The families of QUICK run in the quick tier, every other type (and the sampling test) in the slow one."""
 
 import pytest
 from conformance import (
@@ -17,7 +17,7 @@ from conformance import (
     plain,
     problems,
 )
-from conformance_models import CONFIGS, CANNOT_LOAD, QUICK
+from conformance_models import CANNOT_LOAD, CONFIGS, QUICK
 from conftest import REPEATING, check
 
 from mlx_spec.gen.drafters.ngram import NGramDrafter
@@ -74,6 +74,7 @@ def test_drafter_batched_equals_mlx_lm(kind, spec):
     assert problems(kind, spec, runs, together=True) == []
 
 
+@pytest.mark.slow  # 800 samples of each
 @pytest.mark.parametrize("kind", ["gemma3_text", "qwen3_moe"])  # a sliding window of 4 (the prompt is 8); a MoE
 def test_sampling_keeps_the_law(kind):
     target = model(kind, vocab_size=4, sliding_window=4)
