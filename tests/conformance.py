@@ -72,7 +72,12 @@ def model(kind: str, **override):
     mx.random.seed(SEEDS.get(kind, 0))
     m = module.Model(module.ModelArgs.from_dict(config))
     scale = SCALE.get(kind, 4.0)
-    m.update(tree_map(lambda w: w * scale if w.ndim > 1 else w, m.parameters()))
+
+    def random(w):  # a matrix a model initialises to zeros (talkie's lm_head) is drawn like a Linear's
+        w = w if mx.any(w).item() else mx.random.uniform(-1, 1, w.shape) * w.shape[-1] ** -0.5
+        return w * scale
+
+    m.update(tree_map(lambda w: random(w) if w.ndim > 1 else w, m.parameters()))
     mx.eval(m.parameters())
     return m
 
