@@ -53,7 +53,9 @@ class Pair:
         loaded = {name: load_model(name, log)[:2]} if name else {}
         target, tokenizer, _ = load_model(model, log)
         pair = cls(model, draft, target, tokenizer, loaded, num_draft, fixed=fixed)
-        pair.new_session()  # builds one drafter now: an incompatible draft fails at start, not per request
+        drafter = pair.new_session().drafter  # built now: an incompatible draft fails at start, not per request
+        if drafter is not None and drafter.left_out:
+            log(drafter.left_out)
         return pair
 
     @property
