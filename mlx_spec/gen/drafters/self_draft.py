@@ -28,11 +28,11 @@ def layer_view(model, layers: Sequence[int]):
 def refuse(model, name: str, layers: list[int]) -> None:
     """Raise, in one line, where drafting through blocks `layers` of `model` in its own cache cannot run."""
     text = text_of(model)
-    text.need_body(f"{name} drafting")
     kind, whole = text.model_type, layers == list(range(len(text.blocks)))
     cache = new_cache(model)
     if len(cache) != len(text.blocks):
         raise UnsupportedError(f"{name} drafting is not supported for {kind}: its layers share caches")
+    text.need_body(f"{name} drafting")
     if cache_tokens(cache) is None:
         held = ", ".join(sorted({type(c).__name__ for c in cache if getattr(c, "offset", None) is None}))
         raise UnsupportedError(f"{name} drafting is not supported for {kind}: its caches ({held}) hold no offset")
@@ -153,4 +153,5 @@ class QuantSelfDrafter(SelfDrafter):
 
     def __init__(self, model, fmt: str, vocab_size: int, real_vocab: int | None = None, head_ids=None):
         self.format = fmt
+        refuse(model, self.name, list(range(len(model.layers))))  # before the copy is made
         super().__init__(shared_copy(model, fmt), range(len(model.layers)), vocab_size, real_vocab, head_ids)
