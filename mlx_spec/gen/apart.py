@@ -19,7 +19,7 @@ def apart(model) -> str | None:
 
 def _probe(model) -> str | None:
     """Two rows, of two tokens and of one, joined as the engine joins them, then one pass over both."""
-    run, rows = recurrent.recording(model), Rows()
+    run, rows = recurrent.recording(model), Rows[int]()
     for i, n in enumerate((2, 1)):
         cache = new_cache(model)
         if not batchable(cache):
