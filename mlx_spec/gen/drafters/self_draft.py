@@ -25,17 +25,20 @@ def layer_view(model, layers: Sequence[int]):
     return with_blocks(view, [view.layers[i] for i in layers])
 
 
-def refuse(model, name: str, layers: list[int]) -> None:
-    """Raise, in one line, where drafting through blocks `layers` of `model` in its own cache cannot run."""
+def refuse(model, name: str, layers: list[int], caches_only: bool = False) -> None:
+    """Raise, in one line, where drafting through blocks `layers` of `model` in its own cache cannot run (caches_only:
+    where its caches cannot serve it)."""
     text = text_of(model)
     kind, whole = text.model_type, layers == list(range(len(text.blocks)))
     cache = new_cache(model)
     if len(cache) != len(text.blocks):
         raise UnsupportedError(f"{name} drafting is not supported for {kind}: its layers share caches")
-    text.need_body(f"{name} drafting")
     if cache_tokens(cache) is None:
         held = ", ".join(sorted({type(c).__name__ for c in cache if getattr(c, "offset", None) is None}))
         raise UnsupportedError(f"{name} drafting is not supported for {kind}: its caches ({held}) hold no offset")
+    if caches_only:
+        return
+    text.need_body(f"{name} drafting")
     if kind in INDEX_DEPENDENT and not whole:
         raise UnsupportedError(
             f"{name} drafting with a subset of layers is not supported for {kind}: its layers depend on their index"
@@ -153,5 +156,5 @@ class QuantSelfDrafter(SelfDrafter):
 
     def __init__(self, model, fmt: str, vocab_size: int, real_vocab: int | None = None, head_ids=None):
         self.format = fmt
-        refuse(model, self.name, list(range(len(model.layers))))  # before the copy is made
+        refuse(model, self.name, list(range(len(model.layers))), caches_only=True)  # before the copy is made
         super().__init__(shared_copy(model, fmt), range(len(model.layers)), vocab_size, real_vocab, head_ids)
