@@ -62,9 +62,18 @@ class Batcher(Generic[J]):
         self.solo = Planner(adaptive=pair.adaptive)
         self.members: dict[J, Member] = {}  # job -> member
         self.joining: dict[J, Joining] = {}  # job -> its prefill under way, in arrival order
-        self.apart = apart(pair.target) if batch else None  # why its requests never share a pass, if they cannot
-        if self.apart is not None:
-            log.warning("every request runs alone: %s", self.apart)
+        self._apart: str | None = None  # why the target's requests never share a pass
+        self._asked = False  # whether `apart` probed the target yet
+
+    @property
+    def apart(self) -> str | None:
+        """Why the target's requests never share a pass (None: they may), probed at the first request that could
+        join others (not at start: a sharded target runs no pass that its other ranks do not), logged once."""
+        if not self._asked:
+            self._apart, self._asked = apart(self.pair.target), True
+            if self._apart is not None:
+                log.warning("every request runs alone: %s", self._apart)
+        return self._apart
 
     def __len__(self) -> int:
         return len(self.members) + len(self.joining)
@@ -100,7 +109,7 @@ class Batcher(Generic[J]):
             eos=frozenset(self.pair.tokenizer.eos_token_ids),
         )
         rows = len(self.shared.rows) + sum(j.engine is self.shared for j in self.joining.values()) + 1
-        together = self.batch and self.apart is None and batchable(job.session.cache) and self.shared.planner.pays(rows)
+        together = self.batch and batchable(job.session.cache) and self.apart is None and self.shared.planner.pays(rows)
         engine = self.shared if together else Engine(self.pair.target, self.solo)
         engine.expect(True)  # no step queued ahead: the row joins between two rounds
         self.joining[job] = Joining(row, job.session.prefill(job.ids, self.chunk), engine)
