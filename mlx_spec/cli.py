@@ -512,6 +512,8 @@ def format_stats(s, drafting: bool = True) -> str:
             f"host:       {s.syncs} reads of the device, "
             f"{s.wait_time:.2f} s of {s.generation_time:.2f} s spent waiting",
         ]
+    if s.left_out:
+        lines.append(f"note:       {s.left_out}")
     if s.fallback:
         lines.append(f"note:       {s.fallback}")
     return "\n".join(lines)

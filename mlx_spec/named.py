@@ -67,7 +67,10 @@ def make_drafter(
             return loaded[name]
         return load_model(name, log)[:2]
 
-    return registry.build(heads_resolved(spec, log), target, tokenizer, load=load, subset_head=subset_head)
+    drafter = registry.build(heads_resolved(spec, log), target, tokenizer, load=load, subset_head=subset_head)
+    if drafter is not None and drafter.left_out:
+        log(drafter.left_out)  # before generation: what the drafter runs without, and why
+    return drafter
 
 
 def heads_resolved(spec: registry.Spec, log: Log = _quiet) -> registry.DrafterSpec:

@@ -49,8 +49,9 @@ def stats_detail(stats: Stats) -> str:
         f"time: generation {stats.generation_time:.3f} s (waiting on the device {stats.wait_time:.3f} s), "
         f"prompt {stats.prompt_time:.3f} s ({stats.prefill_tokens} new of {stats.prompt_tokens} tokens)"
     )
-    if stats.fallback:
-        lines.append(f"note: {stats.fallback}")
+    for note in (stats.left_out, stats.fallback):
+        if note:
+            lines.append(f"note: {note}")
     return "\n".join(lines)
 
 

@@ -2,17 +2,20 @@
 rows in one target forward pass (their draft model or view of the target, if their drafter has one, drafting for all
 of them in one pass per position); each keeps its own session, sampling rule (a seed included) and stats.
 
-Requests share one engine. A request whose cache cannot sit beside others (`joint.batchable`) gets an engine of its
-own, and so does every request where the measured round costs say a pass over several rows costs as much as one
-over each (`Planner.pays`: the rows then take turns, an engine each) or the server runs with `--no-batch`. A request
-stays in its engine from its first token to its last. Its prompt goes in a chunk per round, beside the running rows;
-it leaves with its caches back in its session, so the conversation's next turn reuses them.
+Requests share one engine. A request whose cache cannot sit beside others (`joint.batchable`), or whose target cannot
+run rows of different lengths in one pass (`gen.apart`, logged once), gets an engine of its own, and so does every
+request where the measured round costs say a pass over several rows costs as much as one over each (`Planner.pays`:
+the rows then take turns, an engine each) or the server runs with `--no-batch`. A request stays in its engine from its
+first token to its last. Its prompt goes in a chunk per round, beside the running rows; it leaves with its caches back
+in its session, so the conversation's next turn reuses them.
 """
 
+import logging
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from mlx_spec.gen.apart import apart
 from mlx_spec.gen.engine import Engine
 from mlx_spec.gen.joint import batchable
 from mlx_spec.gen.planner import Planner
@@ -43,6 +46,7 @@ class Joining:
     engine: Engine
 
 
+log = logging.getLogger("mlx_spec.server")
 J = TypeVar("J")  # the caller's job: what a row is known by
 
 
@@ -58,6 +62,18 @@ class Batcher(Generic[J]):
         self.solo = Planner(adaptive=pair.adaptive)
         self.members: dict[J, Member] = {}  # job -> member
         self.joining: dict[J, Joining] = {}  # job -> its prefill under way, in arrival order
+        self._apart: str | None = None  # why the target's requests never share a pass
+        self._asked = False  # whether `apart` probed the target yet
+
+    @property
+    def apart(self) -> str | None:
+        """Why the target's requests never share a pass (None: they may), probed at the first request that could
+        join others (not at start: a sharded target runs no pass that its other ranks do not), logged once."""
+        if not self._asked:
+            self._apart, self._asked = apart(self.pair.target), True
+            if self._apart is not None:
+                log.warning("every request runs alone: %s", self._apart)
+        return self._apart
 
     def __len__(self) -> int:
         return len(self.members) + len(self.joining)
@@ -93,7 +109,7 @@ class Batcher(Generic[J]):
             eos=frozenset(self.pair.tokenizer.eos_token_ids),
         )
         rows = len(self.shared.rows) + sum(j.engine is self.shared for j in self.joining.values()) + 1
-        together = self.batch and batchable(job.session.cache) and self.shared.planner.pays(rows)
+        together = self.batch and batchable(job.session.cache) and self.apart is None and self.shared.planner.pays(rows)
         engine = self.shared if together else Engine(self.pair.target, self.solo)
         engine.expect(True)  # no step queued ahead: the row joins between two rounds
         self.joining[job] = Joining(row, job.session.prefill(job.ids, self.chunk), engine)

@@ -67,7 +67,9 @@ class Pair:
         loaded = {name: load_model(name, log)[:2] for name in names}
         target, tokenizer, _ = load_model(model, log)
         pair = cls(model, draft, target, tokenizer, loaded, num_draft, fixed=fixed, allowed=tuple(map(str, allowed)))
-        pair.new_session()  # builds one drafter now: an incompatible draft fails at start, not per request
+        drafter = pair.new_session().drafter  # built now: an incompatible draft fails at start, not per request
+        if drafter is not None and drafter.left_out:
+            log(drafter.left_out)
         for spec in allowed:  # and each allowed one: what it shares (a quantized copy) is built before any request
             make_drafter(spec, target, tokenizer, loaded=loaded)
         return pair

@@ -538,7 +538,7 @@ def save(search: Search, result: SearchResult, name: str | None = None) -> str |
         return result.saved
     options = dict(draft_methods()[inner.method])
     if (fraction := options.pop("keep_fraction", None)) is not None:
-        options["keep_layers"] = max(1, round(len(search.model.model.layers) * fraction))
+        options["keep_layers"] = max(1, round(len(search.model.layers) * fraction))
     recipe_name = name or f"{Path(str(search.folder)).name}-draft"
     target_recipe = search.target_spec if find(search.target_spec) else None
     write_user_recipe(

@@ -18,6 +18,7 @@ from mlx_lm.models.base import gather_last_axis
 
 from ..errors import MlxSpecError
 from ..gen import registry
+from ..models.base import text_of
 
 SHARDS = ("tensor", "pipeline")  # mlx-lm's two ways to split a model: its weights in every layer, or its layers
 # Seconds a rank waits for the others' round decision before it takes the group for broken: the ranks do the same work
@@ -152,7 +153,7 @@ def whole_head(model) -> None:
     """Where mlx-lm split a sharded model's output layer (Qwen3.5's untied head, gathered in the model's own call),
     gather it in the layer instead: the target's logits are the same, and the MTP and DFlash drafters, which borrow
     that layer, get every token's logit."""
-    text = getattr(model, "language_model", model)
+    text = text_of(model).lm
     group = getattr(text, "sharding_group", None)
     if group is not None and isinstance(getattr(text, "lm_head", None), nn.Module):
         text.lm_head = Gathered(text.lm_head, group)

@@ -6,6 +6,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache, trim_prompt_cache
 
 from ..device import builds_per_shape
+from ..models.base import text_of
 from ..models.cache import rewindable
 from . import hidden, recurrent, shapes
 from .tunables import PREFILL_STEP
@@ -54,7 +55,7 @@ def new_cache(model) -> list:
 
 def context_limit(model) -> int | None:
     """The model's maximum context, if its config states one."""
-    args = getattr(model, "args", None)
+    args = text_of(model).args
     return getattr(args, "max_position_embeddings", None) or getattr(args, "context_length", None)
 
 

@@ -7,7 +7,7 @@ import mlx.core as mx
 
 from ..errors import UnsupportedError
 from ..make.layers import Watched, per_model, with_blocks
-from ..models.base import holder, holder_of
+from ..models.base import text_of
 from . import recurrent
 
 
@@ -16,19 +16,15 @@ class Taps:
 
     def __init__(self, model, reads: Sequence[int]):
         base = recurrent.recording(model)
-        path = holder_of(base)
-        if path is None:
-            raise UnsupportedError(
-                f"{type(model).__name__}: a drafter reading hidden states needs an mlx-lm model "
-                "whose blocks a submodule holds (model.model.layers)"
-            )
-        blocks = holder(base).layers
+        text = text_of(base)
+        text.need_body("a drafter reading hidden states")
+        blocks = text.blocks
         if max(reads) >= len(blocks):
             raise UnsupportedError(f"the drafter reads block {max(reads)} of a target with {len(blocks)}")
         self.reads = tuple(reads)
         self.out: list[mx.array] = []
         self.model = with_blocks(
-            base, [Watched(b, self._keep) if i in reads else b for i, b in enumerate(blocks)], path
+            base, [Watched(b, self._keep) if i in reads else b for i, b in enumerate(blocks)], text.path
         )
 
     def _keep(self, x, y) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import GenerationError, MlxSpecError, SourceError
+from ..models.base import text_of
 from ..models.rope import overrides
 
 if TYPE_CHECKING:
@@ -43,8 +44,7 @@ def folder_of(model) -> Path | None:
 
 def vocab_width(model) -> int:
     """Width of the model's logits (its padded vocabulary)."""
-    v = getattr(getattr(model, "args", None), "vocab_size", None)
-    return v if v is not None else model.model.embed_tokens.weight.shape[0]
+    return text_of(model).vocab_size
 
 
 def check_tokenizers(target_tok, draft_tok) -> int:

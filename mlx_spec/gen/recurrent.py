@@ -5,7 +5,7 @@ from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
 from ..errors import UnsupportedError
 from ..make.layers import per_model, with_blocks
-from ..models.base import holder_of
+from ..models.base import text_of
 from ..models.cache import Recorder
 
 _VIEWS: dict[int, object] = {}
@@ -22,7 +22,7 @@ def _recording(model):
     idx = [i for i, c in enumerate(caches) if isinstance(c, ArraysCache) and not isinstance(layers[i], Recorder)]
     if not idx:  # no recurrent block
         return model
-    holder = holder_of(model)  # the module holding the blocks (`model.layers` may be a copy of its list)
+    holder = text_of(model).path  # the module holding the blocks (`model.layers` may be a copy of its list)
     if holder is None:
         raise UnsupportedError(
             f"{type(model).__name__}: recurrent layers rewind only in an mlx-lm model whose "

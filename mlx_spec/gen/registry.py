@@ -4,9 +4,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConvertError, GenerationError
+from ..errors import ConvertError, GenerationError, UnsupportedError
 from ..make.importance import head_ids
 from ..make.layers import per_model
+from ..models.base import text_of
 from . import tunables
 from .drafters.base import Drafter
 
@@ -112,7 +113,10 @@ def build(
         n = int(s.arg) if s.arg else tunables.NGRAM_N
         return NGramDrafter(n=n, min_n=min(tunables.NGRAM_MIN_N, n))
     if s.kind == "hybrid":
-        inner = build(s.inner, target, tokenizer, load=load, subset_head=subset_head)
+        try:
+            inner = build(s.inner, target, tokenizer, load=load, subset_head=subset_head)
+        except UnsupportedError as e:  # the target cannot serve this source: the context's sources still can
+            return HybridDrafter([_suffix.SuffixDrafter(), NGramDrafter()], None, f"hybrid: {s.inner} left out: {e}")
         return HybridDrafter([_suffix.SuffixDrafter(), NGramDrafter()], inner)
     if s.kind == "eagle3":
         return _eagle3(s.arg, target, width, real)
@@ -153,10 +157,9 @@ def _eagle3(folder: str, target, width: int, real: int) -> Drafter:
     from ..models import eagle3
     from .drafters.eagle3 import Eagle3Drafter
 
-    embed = getattr(getattr(target, "model", None), "embed_tokens", None)
-    head = _shared("eagle3", folder, target, lambda: eagle3.load(folder, embed=embed))
-    c, n = head.config, len(target.layers)
-    hidden = getattr(getattr(target, "args", None), "hidden_size", None)
+    text = text_of(target)
+    head = _shared("eagle3", folder, target, lambda: eagle3.load(folder, embed=text.embed))
+    c, n, hidden = head.config, len(text.blocks), text.hidden_size
     reads = c.reads or eagle3.default_reads(n)
     if c.target_hidden_size != hidden or c.vocab_size not in (width, real) or max(reads) >= n or min(reads) < 0:
         raise GenerationError(
@@ -189,8 +192,8 @@ def _dflash(folder: str, target, width: int, real: int) -> Drafter:
     from .drafters.dflash import DFlashDrafter
 
     module = _shared("dflash", folder, target, lambda: dflash.load(folder, target))
-    c, n = module.config, len(target.layers)
-    hidden = getattr(getattr(getattr(target, "language_model", target), "args", None), "hidden_size", None)
+    text = text_of(target)
+    c, n, hidden = module.config, len(text.blocks), text.hidden_size
     vocab = c.layer.get("vocab_size")
     if (
         module.hidden_size != hidden

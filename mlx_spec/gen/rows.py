@@ -43,6 +43,10 @@ class Row:
     started: float = field(default_factory=time.perf_counter)  # prompt time runs from here to the first token
     first_at: float | None = None
 
+    def __post_init__(self) -> None:
+        if self.drafter is not None:
+            self.stats.left_out = self.drafter.left_out
+
     @classmethod
     def start(cls, model, prompt: Sequence[int], max_tokens: int, **fields) -> "Row":
         """A row after `prompt`: at most `max_tokens` or the context's room; an empty or too long prompt is refused."""

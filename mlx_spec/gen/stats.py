@@ -26,6 +26,7 @@ class Stats:
     widest: int = 0  # the most rows a round of this generation verified in one pass (1: it ran alone)
     drafted_together: int = 0  # the most rows a draft model or view of the target drafted for in one of its passes
     fallback: str | None = None  # why speculation stopped early, if it did
+    left_out: str | None = None  # a drafter's source the target cannot run, and why (the drafter's `left_out`)
     finish_reason: str | None = None
     costs: dict = field(default_factory=dict)  # the planner's measured seconds per round by verify size at the end
     trace: list[dict] | None = None  # a list to fill: one entry per round, what was planned and what it cost

@@ -12,7 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..make.layers import per_model, with_blocks
-from ..models.base import holder, holder_of
+from ..models.base import text_of
 from .sampling import sample
 
 
@@ -114,11 +114,10 @@ class View:
 
     def __init__(self, model):
         self.tree = Positions()
-        path = holder_of(model)
-        blocks = holder(model).layers if path is not None else None
-        copies = [roped(b, self.tree) for b in blocks] if blocks else None
+        text = text_of(model)
+        copies = [roped(b, self.tree) for b in text.blocks] if text.body is not None and text.blocks else None
         self.model = (
-            with_blocks(model, [_Masked(b, self.tree) for b in copies], path)
+            with_blocks(model, [_Masked(b, self.tree) for b in copies], text.path)
             if copies and all(c is not None for c in copies)
             else None
         )

@@ -13,6 +13,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from ..errors import ConvertError
+from ..models.base import text_of
 from .layers import Watched, with_blocks
 
 CALIBRATION = Path(__file__).resolve().parents[2] / "convert" / "calibration.txt"  # ships with the project
@@ -109,11 +110,11 @@ def block_similarity(model, token_lists: Iterable[Sequence[int]]) -> list[float]
 
     The shared `model` is not changed: a shallow copy runs with probes in place of its blocks.
     """
-    inner = getattr(model, "model", None)
-    if inner is None or not hasattr(inner, "layers"):
+    text = text_of(model)
+    if text.body is None:
         raise ConvertError(f"importance ranking: mlx-lm's {type(model).__module__} keeps its blocks elsewhere")
-    sinks: list[list[mx.array]] = [[] for _ in inner.layers]
-    view = with_blocks(model, [Watched(layer, _turn(sink)) for layer, sink in zip(inner.layers, sinks)])
+    sinks: list[list[mx.array]] = [[] for _ in text.blocks]
+    view = with_blocks(model, [Watched(layer, _turn(sink)) for layer, sink in zip(text.blocks, sinks)], text.path)
     seen = 0
     for tokens in token_lists:
         if len(tokens) < 2:

@@ -12,11 +12,16 @@ from ..models.base import holder_of
 
 # Architectures whose block i behaves by its index i (Gemma's sliding/global attention pattern is
 # derived from the index in mlx-lm), so a subset of blocks would silently change the attention. The hybrid
-# recurrent models take their masks from the cache at a fixed block index, so a subset would fail or mis-mask.
+# recurrent models take their masks from the cache at a fixed block index, so a subset would fail or mis-mask;
+# Gemma 3n and 4 read per-layer inputs by block index, Llama 4 picks chunked or global attention by it.
 INDEX_DEPENDENT = (
     "gemma2",
     "gemma3",
     "gemma3_text",
+    "gemma3n",
+    "gemma4",
+    "gemma4_text",
+    "llama4",
     "cohere2",
     "qwen3_next",
     "qwen3_5",

@@ -20,7 +20,7 @@ from mlx_lm.models.cache import KVCache
 
 from ..errors import SourceError, UnsupportedError
 from . import drafter_weights, layer_config, rope
-from .base import holder
+from .base import text_of
 
 WHAT = "a DFlash drafter"  # the refusals' subject
 UNSUPPORTED = {  # what other DFlash variants add, each a one-line refusal: (key in config or dflash_config, default)
@@ -115,10 +115,9 @@ class DFlash(nn.Module):
         layer_config.honour(self.layers, dict(config.layer, model_type="qwen3"), WHAT)
         self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         if target is not None:  # the target's, shared: never copied, trained or saved with the drafter
-            text = getattr(target, "language_model", target)  # a vision-language wrapper's text model
-            embed = holder(target).embed_tokens
-            object.__setattr__(self, "embed", embed)
-            object.__setattr__(self, "head", text.lm_head if "lm_head" in text else embed.as_linear)
+            text = text_of(target)  # through a vision-language wrapper
+            object.__setattr__(self, "embed", text.embed)
+            object.__setattr__(self, "head", text.logits)
 
     @property
     def hidden_size(self) -> int:

@@ -6,14 +6,14 @@ from collections.abc import Iterable, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
+from .base import text_of
+
 IDS_STEP = 1024  # a draft head's subset is rounded up to a multiple of this: few shapes for the GPU to build
 
 
 def _head(model):
     """The module that maps hidden states to logits, or None if the model is not laid out as expected."""
-    if getattr(getattr(model, "args", None), "tie_word_embeddings", False) or not hasattr(model, "lm_head"):
-        return getattr(getattr(model, "model", None), "embed_tokens", None)
-    return model.lm_head
+    return text_of(model).head
 
 
 def _rows(layer, h: mx.array, ids: mx.array | None) -> mx.array:
@@ -38,7 +38,8 @@ def _rows(layer, h: mx.array, ids: mx.array | None) -> mx.array:
 
 
 class SubsetHead:
-    """Logits of the states `model.model` gives from all rows of the model's head, or from a subset of them."""
+    """Logits of the states its text model's body gives (`base.Text`) from all rows of the model's head, or from a
+    subset of them."""
 
     def __init__(self, model, base_ids: Iterable[int]):
         self.layer = _head(model)
@@ -48,14 +49,15 @@ class SubsetHead:
 
     @staticmethod
     def supports(model) -> bool:
-        """Whether `model`'s output equals its head applied to `model.model`'s output (probed on two tokens)."""
-        layer = _head(model)
-        if layer is None or not callable(getattr(model, "model", None)) or not hasattr(layer, "weight"):
+        """Whether `model`'s output equals its head applied to its text model's body's output (probed on two tokens)."""
+        text = text_of(model)
+        layer = text.head
+        if layer is None or text.body is None or not hasattr(layer, "weight"):
             return False
         x = mx.array([[1, 2]])
         try:
             full = model(x)
-            mine = _rows(layer, model.model(x), None)
+            mine = _rows(layer, text.body(x), None)
         except Exception:  # an unexpected layout: keep the full head
             return False
         return full.shape == mine.shape and bool(mx.allclose(full, mine, rtol=1e-3, atol=1e-3))

@@ -22,7 +22,7 @@ from mlx_lm.models.cache import KVCache
 
 from ..errors import SourceError, UnsupportedError
 from . import drafter_weights, layer_config
-from .base import holder
+from .base import text_of
 
 FILE = "mtp.safetensors"  # beside a converted model: the module's weights as it names them (mlx_lm.load skips it)
 NORMS = (
@@ -71,8 +71,8 @@ class MTP(nn.Module):
 
     def __init__(self, target, layers: int = 1, head: bool = False, embed: bool = False):
         super().__init__()
-        text = getattr(target, "language_model", target)  # a vision-language wrapper's text model (Qwen3.5)
-        args, kind = text.args, target.args.model_type
+        text = text_of(target)  # through a vision-language wrapper (Qwen3.5)
+        args, kind = text.args, text.model_type
         family = FAMILIES[kind]
         d = args.hidden_size
         self.fc = nn.Linear(2 * d, d, bias=False)
@@ -85,13 +85,13 @@ class MTP(nn.Module):
         self.layers = [layer(args, at) for _ in range(layers)]
         self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         self.array_mask = family.array_mask
-        inner = holder(target)
+        inner = text.body
         if embed:
             self.embed_tokens = nn.Embedding(args.vocab_size, d)
         if head:
             self.head = nn.Linear(d, args.vocab_size, bias=False)
         else:  # the target's: outside the module's parameters
-            object.__setattr__(self, "head", text.lm_head if "lm_head" in text else inner.embed_tokens.as_linear)
+            object.__setattr__(self, "head", text.logits)
         object.__setattr__(self, "embed", self.embed_tokens if embed else inner.embed_tokens)
         object.__setattr__(self, "target_norm", inner.norm)
 

@@ -18,7 +18,7 @@ from ..errors import SourceError
 from ..gen.load import folder_of
 from ..make.progress import progress
 from ..models import eagle3
-from ..models.base import holder
+from ..models.base import text_of
 from ..models.drafter_weights import safetensors
 from .data import TOP, Shards
 
@@ -58,8 +58,8 @@ def initial_head(target, reads: Sequence[int], ids: mx.array) -> eagle3.Eagle3He
     """A head started from the target: its decoder layer the target's last block (the token's half of the attention
     inputs zero, fc passing the deepest state read), its norm and output rows the target's for the draft vocabulary
     `ids` (target ids, sorted)."""
-    args = target.args
-    inner = holder(target)
+    text = text_of(target)
+    args, inner = text.args, text.body
     layer = {
         k: getattr(args, k)
         for k in (
@@ -97,7 +97,7 @@ def initial_head(target, reads: Sequence[int], ids: mx.array) -> eagle3.Eagle3He
     first.post_attention_layernorm.weight = last.post_attention_layernorm.weight
     first.hidden_norm.weight = last.input_layernorm.weight
     head.norm.weight = inner.norm.weight
-    head.lm_head.weight = _weight(target.lm_head if "lm_head" in target else inner.embed_tokens)[ids]
+    head.lm_head.weight = _weight(text.head)[ids]
     head.d2t = ids.astype(mx.int32) - mx.arange(ids.size, dtype=mx.int32)
     head.freeze(keys=["d2t"])
     mx.eval(head.parameters())
@@ -225,7 +225,7 @@ def train(
         plan = Plan(**{**done, "minutes": plan.minutes, "max_steps": plan.max_steps})
     out.mkdir(parents=True, exist_ok=True)
     shards = Shards(out / "data")
-    bytes_per_token = len(plan.reads) * target.args.hidden_size * 2 + TOP * 6 + 4
+    bytes_per_token = len(plan.reads) * text_of(target).args.hidden_size * 2 + TOP * 6 + 4
     if plan.max_steps is not None:  # no more features than the steps can read
         seqs = seqs[: plan.max_steps * plan.batch + HELD]
     with progress(total=sum(map(len, seqs)), desc="target states", unit="tok", initial=shards.tokens()) as bar:
@@ -242,8 +242,9 @@ def train(
     plan = replace(plan, held=held)
     if not held:
         log("a single training sequence: none is held out, so acceptance along the way is measured on it")
-    ids = draft_vocab(shards, plan.draft_vocab, target.args.vocab_size)
-    t2d = mx.full((target.args.vocab_size,), -1, dtype=mx.int32).at[ids].add(mx.arange(ids.size, dtype=mx.int32) + 1)
+    vocab = text_of(target).vocab_size
+    ids = draft_vocab(shards, plan.draft_vocab, vocab)
+    t2d = mx.full((vocab,), -1, dtype=mx.int32).at[ids].add(mx.arange(ids.size, dtype=mx.int32) + 1)
     head = initial_head(target, plan.reads, ids)
     if resume and (out / eagle3.FILE).is_file():
         head.load_weights(str(out / eagle3.FILE), strict=False)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import SourceError
 from ..make.paths import atomic_file, home
-from ..models.base import params_bytes
+from ..models.base import params_bytes, text_of
 from ..models.eagle3 import default_reads
 from . import data as td
 from .head import Plan, check_out, train
@@ -93,7 +93,8 @@ def run(
 
     started = time.time()
     check_out(out, resume)  # before anything runs
-    d, inter = model.args.hidden_size, model.args.intermediate_size
+    args = text_of(model).args
+    d, inter = args.hidden_size, args.intermediate_size
     params = 3 * d * d + 8 * d * d + 3 * d * inter + d * draft_vocab  # fc, attention (q/k/v read 2 d), MLP, head
     weights = params_bytes(model)
     step = batch * length * (draft_vocab * 4 * 3 * 3 + 14 * length * 4 * 3)  # logits, attention, 3 steps, kept

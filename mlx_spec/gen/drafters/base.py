@@ -71,6 +71,7 @@ class Drafter:
     model: "nn.Module | None" = None  # the network it runs (a draft model, a view of the target); None: a lookup
     reads: tuple[int, ...] = ()  # the target's blocks whose outputs it reads (a learned drafter): given with `see`
     trees = False  # drafts a tree (several continuations) for a row alone when asked
+    left_out: str | None = None  # a source it was asked for and cannot run on this target, and why (one line)
 
     @property
     def parts(self) -> Sequence["Drafter"]:

@@ -10,8 +10,10 @@ class HybridDrafter(Drafter):
 
     name = "hybrid"
 
-    def __init__(self, free: Sequence[Drafter], costly: Drafter | None = None):
+    def __init__(self, free: Sequence[Drafter], costly: Drafter | None = None, left_out: str | None = None):
+        """left_out: the costly source asked for and refused by the target, with the refusal (it runs without it)."""
         self._parts = (*free, costly) if costly is not None else tuple(free)
+        self.left_out = left_out
 
     @property
     def parts(self) -> Sequence[Drafter]:

@@ -9,6 +9,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache
 
 from ...device import builds_per_shape
 from ...errors import GenerationError
+from ...models.base import text_of
 from ...models.head import SubsetHead
 from .. import recurrent, shapes
 from ..cache import new_cache
@@ -28,7 +29,7 @@ class ModelDrafter(Drafter):
 
     def __init__(self, model, vocab_size: int, real_vocab: int | None = None, head_ids: Iterable[int] | None = None):
         """vocab_size: the target's logits width; ids from real_vocab on are padding; head_ids: `head.SubsetHead`'s."""
-        self.model = recurrent.recording(model)
+        self.view(recurrent.recording(model))
         self.head = SubsetHead(self.model, head_ids or []) if SubsetHead.supports(self.model) else None
         self.subset = head_ids is not None and self.head is not None
         self.vocab_size, self.real_vocab = vocab_size, real_vocab
@@ -37,6 +38,10 @@ class ModelDrafter(Drafter):
         self.agreed = 0  # first tokens of `fed` known to equal the context's (`agrees`)
         self.drafted: tuple | None = None  # the last draft (lazy tokens, how many of them the cache holds)
         self.output_from: int | None = None  # the context's first output token (the prompt's length)
+
+    def view(self, model) -> None:
+        """Draft with `model` (its text model's body gives the states a split head reads)."""
+        self.model, self.body = model, text_of(model).body
 
     def drafting(self) -> Drafting:
         return ModelDrafting(self)
@@ -85,7 +90,7 @@ class ModelDrafter(Drafter):
     def forward(self, x: mx.array, cache: list, states: mx.array | None = None) -> mx.array:
         """States (B, L, d) of feeding x (B, L) with a split head, else logits (B, L, V); states: what a learned
         drafter reads beside the tokens (unused here)."""
-        return self.model.model(x, cache=cache) if self.head is not None else self.model(x, cache=cache)
+        return self.body(x, cache=cache) if self.head is not None else self.model(x, cache=cache)
 
     def given(self, owners: Sequence[Self | None], starts: list[int], n: int) -> mx.array | None:
         """What each place's drafter reads beside its n tokens fed from `starts` (None: tokens alone)."""

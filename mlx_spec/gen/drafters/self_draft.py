@@ -9,9 +9,10 @@ from ...errors import ConvertError, GenerationError, UnsupportedError
 from ...make.importance import block_similarity, most_important
 from ...make.layers import INDEX_DEPENDENT, keep_layer_indices, per_model, with_blocks
 from ...make.quant import quantized_copy
+from ...models.base import text_of
 from ...models.cache import RaggedKVCache, rewindable
 from .. import recurrent
-from ..cache import rewind
+from ..cache import cache_tokens, new_cache, rewind
 from ..joint import Rows
 from ..tunables import IMPORTANCE_TOKENS, QUANT_SELF_GROUP
 from .base import Draft, Drafting, Member
@@ -24,6 +25,26 @@ def layer_view(model, layers: Sequence[int]):
     return with_blocks(view, [view.layers[i] for i in layers])
 
 
+def refuse(model, name: str, layers: list[int], caches_only: bool = False) -> None:
+    """Raise, in one line, where drafting through blocks `layers` of `model` in its own cache cannot run (caches_only:
+    where its caches cannot serve it)."""
+    text = text_of(model)
+    kind, whole = text.model_type, layers == list(range(len(text.blocks)))
+    cache = new_cache(model)
+    if len(cache) != len(text.blocks):
+        raise UnsupportedError(f"{name} drafting is not supported for {kind}: its layers share caches")
+    if cache_tokens(cache) is None:
+        held = ", ".join(sorted({type(c).__name__ for c in cache if getattr(c, "offset", None) is None}))
+        raise UnsupportedError(f"{name} drafting is not supported for {kind}: its caches ({held}) hold no offset")
+    if caches_only:
+        return
+    text.need_body(f"{name} drafting")
+    if kind in INDEX_DEPENDENT and not whole:
+        raise UnsupportedError(
+            f"{name} drafting with a subset of layers is not supported for {kind}: its layers depend on their index"
+        )
+
+
 class SelfDrafter(ModelDrafter):
     """Drafts with a subset of the target's layers in its cache, the entries trimmed after (QSpec's KV overwrite)."""
 
@@ -31,18 +52,11 @@ class SelfDrafter(ModelDrafter):
     in_target_cache = True
 
     def __init__(self, model, layers: Sequence[int], vocab_size: int, real_vocab: int | None = None, head_ids=None):
-        model_type = getattr(getattr(model, "args", None), "model_type", "")
-        if not hasattr(model, "model") or not hasattr(model.model, "layers"):
-            raise UnsupportedError(f"{self.name} drafting needs an mlx-lm model with model.model.layers")
-        if model_type in INDEX_DEPENDENT and list(layers) != list(range(len(model.model.layers))):
-            raise UnsupportedError(
-                f"self drafting with a subset of layers is not supported for {model_type}: "
-                "its layers depend on their index"
-            )
+        refuse(model, self.name, list(layers))
         self.layers = list(layers)
         self.target_cache: list | None = None
         super().__init__(layer_view(model, self.layers), vocab_size, real_vocab, head_ids)
-        self.blocks = [id(b) for b in self.model.model.layers]
+        self.blocks = [id(b) for b in self.model.layers]
 
     def drafting(self) -> Drafting:
         return SelfDrafting(self)
@@ -107,14 +121,14 @@ class ImportanceSelfDrafter(SelfDrafter):
 
     def __init__(self, model, keep: int, vocab_size: int, real_vocab: int | None = None, head_ids=None):
         self.target, self.keep = model, keep
-        super().__init__(model, keep_layer_indices(len(model.model.layers), keep), vocab_size, real_vocab, head_ids)
+        super().__init__(model, keep_layer_indices(len(model.layers), keep), vocab_size, real_vocab, head_ids)
 
     def reset(self, prompt: list[int], target_cache: list | None = None) -> None:
         tail = list(prompt[-IMPORTANCE_TOKENS:])
         if len(tail) >= 2:
             self.layers = most_important(block_similarity(self.target, [tail]), self.keep)
-            self.model = layer_view(self.target, self.layers)
-            self.blocks = [id(b) for b in self.model.model.layers]
+            self.view(layer_view(self.target, self.layers))
+            self.blocks = [id(b) for b in self.model.layers]
         super().reset(prompt, target_cache)
 
 
@@ -142,4 +156,5 @@ class QuantSelfDrafter(SelfDrafter):
 
     def __init__(self, model, fmt: str, vocab_size: int, real_vocab: int | None = None, head_ids=None):
         self.format = fmt
-        super().__init__(shared_copy(model, fmt), range(len(model.model.layers)), vocab_size, real_vocab, head_ids)
+        refuse(model, self.name, list(range(len(model.layers))), caches_only=True)  # before the copy is made
+        super().__init__(shared_copy(model, fmt), range(len(model.layers)), vocab_size, real_vocab, head_ids)
