@@ -31,7 +31,8 @@ QUICK = (
 )
 
 SEEDS: dict[str, int] = {}  # a type whose default seed (0) gives mlx-lm a near-tie gets another here
-SCALE: dict[str, float] = {}  # the weights' scale where the default (4.0) overflows a type's activations
+# the weights' scale where the default (4.0) overflows a type's activations or saturates its logits' soft cap
+SCALE: dict[str, float] = {"gemma3n": 0.5}
 
 CONFIGS = {
     "afm7": {

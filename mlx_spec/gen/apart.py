@@ -1,5 +1,5 @@
 """Whether a target's mlx-lm code runs rows of different lengths in one pass (probed once per model): where it reads
-the cache's offset as one number (gpt_bigcode), each request runs alone."""
+the cache's offset as one number (gpt_bigcode) or its width as a position (afm7), each request runs alone."""
 
 import mlx.core as mx
 
@@ -10,25 +10,35 @@ from .cache import new_cache
 from .joint import Rows, batchable
 
 _SEEN: dict[int, str | None] = {}
+TOLERANCE = 1e-2  # of the largest logit: a batch's other kernels round differently (bfloat16), a wrong position more
 
 
 def apart(model) -> str | None:
-    """Why rows cannot share a pass of `model` (one line), or None where they can or their caches never join."""
+    """Why rows cannot share a pass of `model` (one line), or None where they can."""
     return per_model(_SEEN, model, id(model), lambda: _probe(model))
 
 
 def _probe(model) -> str | None:
-    """Two rows, of two tokens and of one, joined as the engine joins them, then one pass over both."""
-    run, rows = recurrent.recording(model), Rows[int]()
-    for i, n in enumerate((2, 1)):
-        cache = new_cache(model)
-        if not batchable(cache):
-            return None  # never joins others: nothing to ask
-        mx.eval(run(mx.zeros((1, n), dtype=mx.uint32), cache=cache))
-        rows.add(i, cache)
+    """Two rows, of two tokens and of one, joined as the engine joins them, then one pass over both: it must run and
+    give each row the logits it gets alone (afm7's shared-key layers read a position from the cache's width)."""
+    run, rows, alone = recurrent.recording(model), Rows[int](), []
+    for i, (held, nxt) in enumerate((([3, 5], 7), ([4], 9))):
+        caches = [new_cache(model), new_cache(model)]
+        if not batchable(caches[0]):
+            kinds = ", ".join(sorted({type(c).__name__ for c in caches[0]}))
+            return f"{text_of(model).model_type}'s caches ({kinds}) do not join others'"
+        for c in caches:
+            mx.eval(run(mx.array([held], dtype=mx.uint32), cache=c))
+        alone.append(run(mx.array([[nxt]], dtype=mx.uint32), cache=caches[1])[0, -1])
+        rows.add(i, caches[0])
+    what = f"{text_of(model).model_type} cannot run requests of different lengths in one pass"
     try:
-        mx.eval(run(mx.zeros((2, 1), dtype=mx.uint32), cache=rows.layers))
+        joint = run(mx.array([[7], [9]], dtype=mx.uint32), cache=rows.layers)[:, -1]
+        mx.eval(joint)
     except Exception as e:  # mlx-lm's code for this type, whatever it raises
-        why = (str(e).splitlines() or [""])[0]
-        return f"{text_of(model).model_type} cannot run requests of different lengths in one pass ({why})"
+        return f"{what} ({(str(e).splitlines() or [''])[0]})"
+    for i, a in enumerate(alone):
+        scale = float(mx.abs(a).max().item()) or 1.0  # type: ignore[arg-type]  # (a real array: a float)
+        if not mx.allclose(joint[i].astype(mx.float32), a.astype(mx.float32), atol=TOLERANCE * scale).item():
+            return f"{what} (a row's logits beside another differ from its own)"
     return None

@@ -13,6 +13,7 @@ from ..models.base import params_bytes
 from ..models.cache import unrewindable
 from . import hidden, recurrent, shapes, tree, verify
 from .ahead import Ahead
+from .apart import apart
 from .cache import context_limit
 from .drafters.base import Draft, Drafting, Member
 from .joint import Rows
@@ -60,6 +61,8 @@ class Engine:
         why = unrewindable(cache) if row.drafter is not None else None
         if row.drafter is not None and why is not None:
             raise UnsupportedError(f"{row.drafter.name} drafting: the target's cache cannot take back a draft: {why}")
+        if self.cache.owners and (why := apart(self.target)) is not None:
+            raise UnsupportedError(why)
         self.ahead.drop(self.cache)
         self.cache.add(row, cache)
         self.planner.joined()

@@ -10,9 +10,9 @@ import weakref
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import ArraysCache, BatchKVCache, CacheList, KVCache, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, CacheList, ChunkedKVCache, KVCache, RotatingKVCache
 
-from .window import ROOM, SlidingKVCache, window_mask
+from .window import ROOM, RoomyChunkedKVCache, SlidingKVCache, window_mask
 
 MAX_CALLS = 64  # calls of a layer kept for rewinding: more than a round makes (K draft passes + the verify)
 MAX_RECORD = 256  # a longer call (a prefill chunk) is not kept: trimming into it reports failure
@@ -264,8 +264,10 @@ class CacheGroup(CacheList):
 def rewindable(cache: list) -> list | None:
     """The engine's view of a cache: recurrent entries wrapped to rewind, sliding windows held with room to rewind (a
     window that wrapped already stays as it is); None where a recurrent state's length is unknown."""
-    kinds = (ArraysCache, RotatingKVCache, CacheList)
-    if all(not isinstance(c, kinds) or isinstance(c, (RewindableCache, CacheGroup)) for c in cache):
+    kinds = (ArraysCache, RotatingKVCache, CacheList, ChunkedKVCache)
+    if all(
+        not isinstance(c, kinds) or isinstance(c, (RewindableCache, CacheGroup, RoomyChunkedKVCache)) for c in cache
+    ):
         return cache
     out = []
     for c in cache:
@@ -276,6 +278,8 @@ def rewindable(cache: list) -> list | None:
             c = RewindableCache(c, held)
         elif isinstance(c, RotatingKVCache):
             c = SlidingKVCache.of(c) or c
+        elif isinstance(c, ChunkedKVCache) and not isinstance(c, RoomyChunkedKVCache):
+            c = RoomyChunkedKVCache.of(c)
         elif isinstance(c, CacheList) and not isinstance(c, CacheGroup):
             # a member keeping a recurrent state stays mlx-lm's: it cannot rewind (see `unrewindable`)
             c = CacheGroup(*(SlidingKVCache.of(m) or m if isinstance(m, RotatingKVCache) else m for m in c.caches))

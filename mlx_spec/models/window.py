@@ -6,7 +6,7 @@ back past the window; these hold `room` positions beyond it (the masks take the 
 
 import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import KVCache, RotatingKVCache
+from mlx_lm.models.cache import ChunkedKVCache, KVCache, RotatingKVCache
 
 ROOM = 64  # positions held past the window: more than a round writes (a self draft's 15 passes, a 32-position verify)
 
@@ -89,6 +89,34 @@ class SlidingKVCache(KVCache):
 
     def to_quantized(self, group_size: int = 64, bits: int = 4):
         raise NotImplementedError("a sliding window's cache is not quantized")
+
+
+class RoomyChunkedKVCache(ChunkedKVCache):
+    """llama4's chunked attention cache keeping `room` positions more than a chunk: a round written in several passes
+    (a self draft's) rewinds without losing the start of the chunk its queries attend to."""
+
+    def __init__(self, chunk_size: int, room: int = ROOM):
+        super().__init__(chunk_size)
+        self.room = room
+
+    @classmethod
+    def of(cls, cache: ChunkedKVCache) -> "RoomyChunkedKVCache":
+        out = cls(cache.chunk_size)
+        out.keys, out.values, out.offset, out.start_position = (
+            cache.keys,
+            cache.values,
+            cache.offset,
+            cache.start_position,
+        )
+        return out
+
+    def maybe_trim_front(self):
+        """(llama4 calls this before each pass) Drop what is older than a chunk and the room, a step at a time."""
+        held = self.offset - self.start_position
+        cut = held - (self.chunk_size + self.room)
+        if self.keys is not None and cut >= self.step:
+            self.start_position += cut
+            self.keys, self.values = self.keys[..., cut:held, :], self.values[..., cut:held, :]
 
 
 def window_mask(valid: mx.array, offset: mx.array, N: int, window: int) -> mx.array:

@@ -43,6 +43,14 @@ def refuse(model, name: str, layers: list[int], caches_only: bool = False) -> No
         raise UnsupportedError(
             f"{name} drafting with a subset of layers is not supported for {kind}: its layers depend on their index"
         )
+    if not whole:  # a model that picks a mask by a layer's index (olmo3's `swa_idx`) may not run a subset at all
+        try:
+            mx.eval(layer_view(model, layers)(mx.array([[0, 1]]), cache=[cache[i] for i in layers]))
+        except Exception as e:  # mlx-lm's code for this type, whatever it raises
+            raise UnsupportedError(
+                f"{name} drafting with a subset of layers is not supported for {kind}: "
+                f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+            ) from None
 
 
 class SelfDrafter(ModelDrafter):
