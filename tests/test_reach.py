@@ -302,10 +302,7 @@ def test_a_target_that_reads_the_cache_offset_as_one_number_runs_each_request_al
     assert "\n" not in why
     assert apart(model("qwen3_vl")) is None and apart(model("gemma3n")) is None
     assert "do not join" in apart(model("llama4"))
-    assert (
-        apart(model("afm7"))
-        == "afm7 cannot run requests of different lengths in one pass (a row's logits beside another differ from its own)"
-    )
+    assert apart(model("afm7")).endswith("(a row's logits beside another differ from its own)")
 
 
 def test_the_server_runs_a_target_alone_that_cannot_batch_and_its_requests_equal_plain(tok, caplog):
