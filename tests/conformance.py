@@ -15,12 +15,13 @@ from conformance_models import CONFIGS, SCALE, SEEDS
 from mlx.utils import tree_map
 
 from mlx_spec.errors import MlxSpecError
+from mlx_spec.gen.apart import apart
 from mlx_spec.gen.cache import new_cache, prefill_cache
 from mlx_spec.gen.engine import Engine
 from mlx_spec.gen.generate import speculative_generate_step
 from mlx_spec.gen.planner import Planner
+from mlx_spec.gen.registry import NO_SOURCE, default_num_draft
 from mlx_spec.gen.registry import build as build_drafter
-from mlx_spec.gen.registry import default_num_draft
 from mlx_spec.gen.rows import Row
 from mlx_spec.gen.stats import Stats
 
@@ -121,6 +122,10 @@ class Refused(Exception):
     """The drafter was refused, in one line, before the first token."""
 
 
+class Alone(Refused):
+    """The rows cannot share a pass of this target (`gen.apart`): the server runs each alone, and says why once."""
+
+
 def _drafter(m, spec: str):
     try:
         return build_drafter(spec, m, vocab(m))
@@ -153,7 +158,7 @@ def batched(kind: str, spec: str) -> dict[str, tuple[list[int], Stats]]:
         try:
             engine.add(row, cache)
         except MlxSpecError as e:
-            raise Refused(str(e)) from None
+            raise (Alone if apart(m) is not None else Refused)(str(e)) from None
         rows[name] = row
     out: dict[int, list[int]] = {id(r): [] for r in rows.values()}
     while engine.rows:
@@ -175,7 +180,7 @@ def problems(kind: str, spec: str, runs: dict[str, tuple[list[int], Stats]], tog
             out.append(where)
         if stats.fallback:
             out.append(f"{prompt} prompt: fell back to plain decoding: {stats.fallback}")
-        elif spec in LOOKUPS and not stats.proposed:
+        elif spec in LOOKUPS and not stats.proposed and not (stats.left_out or "").startswith(NO_SOURCE):
             out.append(f"{prompt} prompt: drafted nothing from a prompt that repeats itself")
         if together and stats.widest < 2:
             out.append(f"{prompt} prompt: the rows never shared a pass")

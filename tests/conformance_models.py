@@ -140,7 +140,15 @@ CONFIGS = {
         "rms_norm_eps": 1e-05,
         "vocab_size": 256,
     },
-    "cohere": {"model_type": "cohere", "vocab_size": 256},
+    "cohere": {
+        "model_type": "cohere",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 256,
+    },
     "cohere2": {
         "model_type": "cohere2",
         "hidden_size": 64,

@@ -21,6 +21,8 @@ def cell(run) -> str:
     """ok, refused: its line, or FAIL: the first problem or error of `run()` (a list of problems)."""
     try:
         found = run()
+    except c.Alone as e:
+        return f"alone: {e}"
     except c.Refused as e:
         return f"refused: {e}"
     except Exception as e:

@@ -58,7 +58,7 @@ class Engine:
         """A row joins whose `cache` holds its context minus the last token (a lone row's cache is used as it is). A
         step queued ahead for the others is undone (`expect` spares it: call it a round before). A drafter whose
         rejected drafts the target's cache cannot take back is refused here, before the first token."""
-        why = unrewindable(cache) if row.drafter is not None else None
+        why = unrewindable(cache) if row.parts else None
         if row.drafter is not None and why is not None:
             raise UnsupportedError(f"{row.drafter.name} drafting: the target's cache cannot take back a draft: {why}")
         if self.cache.owners and (why := apart(self.target)) is not None:
@@ -172,7 +172,8 @@ class Engine:
         layers = self.cache.layers
         if not (self.cache.joint or can_trim_prompt_cache(layers)):  # a sliding window past its size
             for r in rows:
-                r.stats.fallback = r.stats.fallback or "the target's cache cannot rewind: plain decoding from here"
+                if r.parts:
+                    r.stats.fallback = r.stats.fallback or "the target's cache cannot rewind: plain decoding from here"
             return PLAIN, False
         plan = self.planner.plan(asks, len(self.cache.owners), self.cache.paddable(), self.ahead.queued)
         if plan.k and self.limit is not None:  # no position, dummies included, past the model's context

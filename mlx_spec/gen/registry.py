@@ -26,6 +26,7 @@ DEFAULT_K = {
 KINDS = ("none", "ngram", "suffix", "self", "quant-self", "hybrid", "eagle3", "mtp", "dflash", "model")
 LEARNED = ("eagle3", "mtp", "dflash")  # drafters reading the target's states, loaded from a folder of their own
 NGRAM_N = (2, 16)  # the longest n-gram `ngram:N` may ask for
+NO_SOURCE = "hybrid: no source drafts for this target, plain decoding"  # a hybrid's note where its target cannot rewind
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,8 @@ def build(
 ) -> Drafter | None:
     """The drafter for `spec` over `target` (None: plain decoding); load: a draft model spec -> (model, tokenizer)."""
     from ..make.layers import parse_layers
+    from ..models.cache import unrewindable
+    from .cache import new_cache
     from .drafters import suffix as _suffix
     from .drafters.hybrid import HybridDrafter
     from .drafters.model import ModelDrafter
@@ -113,6 +116,9 @@ def build(
         n = int(s.arg) if s.arg else tunables.NGRAM_N
         return NGramDrafter(n=n, min_n=min(tunables.NGRAM_MIN_N, n))
     if s.kind == "hybrid":
+        why = unrewindable(new_cache(target))
+        if why is not None:  # no source can serve: it runs as plain decoding, and says why
+            return HybridDrafter([], None, f"{NO_SOURCE}: {why}")
         try:
             inner = build(s.inner, target, tokenizer, load=load, subset_head=subset_head)
         except UnsupportedError as e:  # the target cannot serve this source: the context's sources still can
