@@ -94,6 +94,7 @@ def test_a_drafter_reading_states_runs_over_a_tensor_group_and_mtp_reads_the_tar
     assert tensor.drafter(parse("ngram"), "/models/m") == parse("ngram")
 
 
+@pytest.mark.slow  # the real command in a process
 def test_under_a_pipeline_a_drafter_reading_states_is_refused_in_one_line_before_the_target_loads(target):
     for spec in ("eagle3:/heads/h", "mtp", "hybrid:dflash:/d"):
         with pytest.raises(ClusterError, match="a pipeline leaves each block's on the one rank that runs it"):
@@ -115,6 +116,7 @@ with Deadline(Cluster(Rank(0)), 0.5):
 """
 
 
+@pytest.mark.slow  # a process
 @pytest.mark.parametrize("wait", [3, 0])
 def test_a_wait_past_its_deadline_ends_the_process_with_the_groups_error(wait):
     res = subprocess.run(  # the timeout: a cap that fails only on a hang
