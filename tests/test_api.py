@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import make_model, plain_greedy
 
 import mlx_spec
@@ -28,6 +29,7 @@ def test_the_top_level_names_are_the_documented_functions():
     assert set(mlx_spec.__all__) <= set(dir(mlx_spec))
 
 
+@pytest.mark.slow  # a fresh interpreter in a process
 def test_importing_it_only_sets_up_blas_and_the_cuda_attention_setting():
     # A fresh interpreter: this one has loaded MLX and the layers already.
     code = (

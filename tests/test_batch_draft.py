@@ -226,6 +226,7 @@ def sample_model_row(target, draft, kw, kind):
     )
 
 
+@pytest.mark.slow  # a chi-square law (about 30 s)
 @pytest.mark.parametrize("kind", MAKERS)
 def test_sampled_model_drafts_beside_other_rows_keep_the_targets_law(spread, draft, kind):
     kw, target = dict(temp=1.0), spread
@@ -236,7 +237,8 @@ def test_sampled_model_drafts_beside_other_rows_keep_the_targets_law(spread, dra
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 
-@pytest.mark.parametrize("kind", ["model", pytest.param("quant-self", marks=pytest.mark.slow)])  # quick: one of them
+@pytest.mark.slow  # a chi-square law (about 30 s)
+@pytest.mark.parametrize("kind", ["model", "quant-self"])
 def test_a_rule_that_resamples_from_the_target_on_rejection_fails_the_same_test(spread, draft, kind, monkeypatch):
     monkeypatch.setattr(verify, "_residual", lambda q, p: q)  # forgets to subtract the draft's law
     kw, target = dict(temp=1.0), spread

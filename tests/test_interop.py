@@ -19,7 +19,7 @@ from mlx_spec.errors import SourceError, UnsupportedError
 from mlx_spec.gen.cache import new_cache
 from mlx_spec.gen.hidden import taps
 from mlx_spec.gen.load import load_folder
-from mlx_spec.make.convert import convert_folder
+from mlx_spec.make.convert import Options, convert_folder
 from mlx_spec.models import dflash, eagle3, layer_config
 from mlx_spec.models.rope import normalize
 
@@ -298,7 +298,7 @@ def test_a_llama_checkpoint_written_by_transformers_converts_to_its_greedy_token
     from mlx_lm.models.cache import make_prompt_cache
 
     reference = llama_checkpoint(tmp_path / "hf", layout)
-    out = convert_folder(tmp_path / "hf", tmp_path / "mlx", source="hf", source_sha256="", dtype="float32")
+    out = convert_folder(tmp_path / "hf", tmp_path / "mlx", Options(dtype="float32"), source="hf", source_sha256="")
     model, _, _ = load_folder(out)
     prompt = list(range(3, 99))  # past original_max_position_embeddings: the scaled frequencies matter
     with torch.no_grad():

@@ -34,7 +34,7 @@ MODELS = sorted(p.stem for p in GOLDEN.glob("*.json"))
 NEAR_TIE = {"gemma": 0.25}
 NEAR_TIE_DEFAULT = 0.05
 
-pytestmark = pytest.mark.golden
+pytestmark = [pytest.mark.golden, pytest.mark.slow]  # a real checkpoint converted: a minute or more
 
 
 def find_gguf(name: str) -> Path:

@@ -168,6 +168,7 @@ def tiny_mamba(seed, scale):
     return randomized(mamba2.Model, args, seed, scale)
 
 
+@pytest.mark.slow  # a chi-square law
 def test_sampling_on_a_recurrent_target_matches_its_law():
     """Speculative sampling with K=2 on a Mamba target (rejections rewind its state) keeps the exact law."""
     target, draft = tiny_mamba(1, 3.0), tiny(0, 1.5)

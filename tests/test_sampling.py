@@ -41,8 +41,13 @@ class ConstantDrafter(Drafter):
         return Draft.of([0] * k, source=self.name)
 
 
-# quick: temperature alone and with top-p; top-k in the full run (800 samples each)
-SETTINGS = [dict(temp=1.0), pytest.param(dict(temp=0.7, top_k=3), marks=pytest.mark.slow), dict(temp=1.3, top_p=0.9)]
+SLOW = pytest.mark.slow
+# quick: temperature alone; top-k and top-p in the full run (800 samples each)
+SETTINGS = [
+    dict(temp=1.0),
+    pytest.param(dict(temp=0.7, top_k=3), marks=SLOW),
+    pytest.param(dict(temp=1.3, top_p=0.9), marks=SLOW),
+]
 
 
 @pytest.mark.parametrize("kw", SETTINGS)
@@ -52,7 +57,10 @@ def test_model_drafter_sampling_matches_target(pair, kw):
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 
-@pytest.mark.parametrize("name", ["self", "quant-self", "ngram", "suffix", "hybrid"])
+# quick: the context drafters and the hybrid; the target's own layers and its quantized copy in the full run
+@pytest.mark.parametrize(
+    "name", [pytest.param("self", marks=SLOW), pytest.param("quant-self", marks=SLOW), "ngram", "suffix", "hybrid"]
+)
 def test_every_drafter_sampling_matches_target(pair, name):
     """Self drafts (a layer of the target, its sampled law), a quantized copy, the context drafters (deterministic,
     on a prompt they draft from) and a hybrid of them: the target's law."""
@@ -78,6 +86,7 @@ def test_plain_sampling_queued_ahead_matches_target(pair):
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 
+@pytest.mark.slow  # a chi-square law
 def test_a_padded_verify_pass_keeps_the_target_law(pair):
     """Every verify pass padded with dummy positions (trimmed at once): the same law."""
     from test_speculative import Padding
@@ -93,6 +102,7 @@ def test_deterministic_drafter_sampling_matches_target(pair):
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 
+@pytest.mark.slow  # a chi-square law
 def test_plain_mlx_lm_sampler_matches_the_same_law(pair):
     """Our `Sampler.probs` is the law mlx-lm's sampler draws from (so 'plain' means mlx-lm's plain)."""
     target, _ = pair

@@ -31,6 +31,8 @@ from mlx_spec.gen.load import vocab_width
 from mlx_spec.gen.planner import Planner
 from mlx_spec.gen.sampling import Sampler
 
+pytestmark = pytest.mark.slow  # chi-square laws over HTTP: 400 replies a case
+
 N = 400  # replies per case: seconds of requests; cells of 1.25 % and more counted apart
 WAVE = 8  # requests sent at once in a batched case
 MAX_TOKENS = 2
@@ -242,31 +244,28 @@ CASES = [  # every API, with top-k or top-p or both in three of them
 ]
 SUFFIX = Case("completions", 1.0, draft="suffix")  # a deterministic draft: p one-hot
 SEEDED = [Case(api, 1.0, seeded=True) for api in ("chat", "completions", "responses")]  # Gumbel-max: drafts must match
-QUICK = CASES[2]  # the quick subset's one case (the others run in the full suite, as the README's test command runs it)
-SLOW = [pytest.param(c, marks=pytest.mark.slow) for c in [*CASES, SUFFIX, *SEEDED] if c is not QUICK]
 
 
-@pytest.mark.slow  # every API's case in a batch is below
 @pytest.mark.parametrize("case", [*CASES, SUFFIX], ids=str)
 def test_replies_one_at_a_time_keep_the_target_law(served, case):
     ok, stat, crit = served.judged(case, together=False)
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 
-@pytest.mark.parametrize("case", [QUICK, *SLOW], ids=str)
+@pytest.mark.parametrize("case", [*CASES, SUFFIX, *SEEDED], ids=str)
 def test_concurrent_replies_sharing_rounds_keep_the_target_law(served, always_batch, case):
     ok, stat, crit = served.judged(case, together=True)
     assert ok, f"chi2 {stat:.1f} >= {crit:.1f}"
 
 
-@pytest.mark.parametrize(  # quick: the classic mistake under a draft model; the others in the full run
+@pytest.mark.parametrize(
     "broken, case",
     [
         ("resample_from_target", CASES[1]),
-        pytest.param("resample_from_target", SUFFIX, marks=pytest.mark.slow),
-        pytest.param("always_accept", CASES[1], marks=pytest.mark.slow),
-        pytest.param("always_accept", SUFFIX, marks=pytest.mark.slow),
-        pytest.param("seeded_always_accept", SEEDED[0], marks=pytest.mark.slow),
+        ("resample_from_target", SUFFIX),
+        ("always_accept", CASES[1]),
+        ("always_accept", SUFFIX),
+        ("seeded_always_accept", SEEDED[0]),
     ],
     ids=str,
 )

@@ -4,14 +4,16 @@ import json
 
 import pytest
 from conftest import long_context, one_line_error, run_cli
-from mlx_spec_apps.server.throughput import ThroughputSettings, run_throughput
+from mlx_spec_apps.server.bench_cli import Server
+
+from mlx_spec.bench.served import ThroughputSettings, run_throughput
 
 
 @pytest.mark.slow  # the throughput bench: two servers, every client count
 def test_served_throughput_reports_every_cell_and_mode_and_identical_replies(tiny_models, tmp_path):
     target = long_context(tiny_models["qwen2"], tmp_path / "target")
     s = ThroughputSettings(model=str(target), draft="ngram", clients=[1, 2], max_tokens=8, repeats=2)
-    run = run_throughput(s, str(tmp_path / "runs"))
+    run = run_throughput(Server(), s, str(tmp_path / "runs"))
     data = json.loads(run.json_path.read_text())
     assert data["complete"] and len(data["cells"]) == 2 * 2 * 4  # repeats x client counts x modes
     modes = [c["mode"] for c in data["cells"]]
@@ -43,7 +45,7 @@ def test_served_throughput_reports_every_cell_and_mode_and_identical_replies(tin
 def test_clients_that_send_their_next_request_when_a_reply_ends_get_every_prompt_answered(tiny_models, tmp_path):
     target = long_context(tiny_models["qwen2"], tmp_path / "target")
     s = ThroughputSettings(model=str(target), draft="ngram", clients=[2], max_tokens=6, repeats=1, requests=3)
-    data = json.loads(run_throughput(s, str(tmp_path / "runs")).json_path.read_text())
+    data = json.loads(run_throughput(Server(), s, str(tmp_path / "runs")).json_path.read_text())
     for c in data["cells"]:
         assert c["clients"] == 2 and len(c["prompts"]) == len(c["texts"]) == 6 and all(c["latencies_s"])
         assert max(c["latencies_s"]) < c["wall_s"] or c["mode"] == "mlx-lm"  # three replies in turn per client
@@ -62,7 +64,7 @@ def test_bench_serve_refuses_a_run_without_a_drafter_in_one_line(tiny_models):
 
 
 def test_bench_serve_is_mounted_under_the_bench_with_its_options():
-    """The command lives with the server it drives (apps/server/bench_cli.py); `mlx-spec bench` lists it."""
+    """apps/server/bench_cli.py mounts the command on the bench; `mlx-spec bench` lists it."""
     from typer.testing import CliRunner
 
     from mlx_spec.cli import app
@@ -86,7 +88,8 @@ def test_bench_serve_is_mounted_under_the_bench_with_its_options():
 def test_every_client_count_sends_the_same_mix_of_prompt_kinds(tiny_models):
     """Over 3 repeats, 1, 2 and 4 clients send HumanEval, edit and prose prompts in equal shares, all distinct."""
     from mlx_lm import load
-    from mlx_spec_apps.server.throughput import KINDS, plan_prompts
+
+    from mlx_spec.bench.served import KINDS, plan_prompts
 
     _model, tokenizer = load(str(tiny_models["qwen2"]))
     plan = plan_prompts(tokenizer, [1, 2, 4], 3)

@@ -1,10 +1,17 @@
-"""`mlx-spec bench serve`: the served-throughput bench's command. It drives the server, a face above the bench
-package, so it lives here, and the layer above both adds it to the bench's commands with `register`."""
+"""The served benches' hold on the server: `Server` gives `mlx_spec.bench`'s served benches this server (the bench
+sits below the apps), and `register` adds `mlx-spec bench serve` and the `agent` suite kind to the bench."""
+
+import dataclasses
+import functools
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from mlx_spec import blas
 from mlx_spec.bench.common import DEFAULT_OUT
+from mlx_spec.bench.served import DEFAULT_CLIENTS, SERVE_MAX_TOKENS, SERVE_REPEATS
 from mlx_spec.errors import MlxSpecError
 from mlx_spec.named import (
     DEFAULT_DRAFT,
@@ -12,9 +19,35 @@ from mlx_spec.named import (
     DRAFT_HELP,
     MODEL_HELP,
     NUM_DRAFT_HELP,
+    Log,
+    load_model,
 )
 
-from .defaults import DEFAULT_CLIENTS, SERVE_MAX_TOKENS, SERVE_REPEATS
+if TYPE_CHECKING:
+    from .pair import Pair
+
+
+class Server:
+    """`mlx_spec.bench.host.Host` for this server: pairs loaded once, servers on loopback threads."""
+
+    def load(self, model: str, draft: str, *, num_draft: int | None, more: Sequence[str], log: Log) -> "Pair":
+        from .pair import Pair
+
+        pair = Pair.load(model, draft, num_draft=num_draft, log=log)
+        for m in more:
+            pair.loaded[m] = load_model(m, log)[:2]
+        return pair
+
+    def plain(self, loaded: "Pair") -> "Pair":
+        return dataclasses.replace(loaded, draft_spec=None, loaded={})
+
+    @contextmanager
+    def start(self, loaded: "Pair", **options: Any) -> Iterator[str]:
+        from .app import build_app
+        from .main import Running
+
+        with Running(build_app(loaded, **options)) as running:
+            yield running.url
 
 
 def _log(msg: str) -> None:
@@ -37,7 +70,7 @@ def serve(
 ):
     """Served throughput of N concurrent clients: plain (batched), the drafter turn-taking, the drafter batched, and
     mlx-lm's BatchGenerator, as ratios from one run."""
-    from .throughput import ThroughputSettings, run_throughput
+    from mlx_spec.bench.served import ThroughputSettings, run_throughput
 
     if hint := blas.hint():
         typer.echo(hint, err=True)
@@ -54,21 +87,15 @@ def serve(
         num_draft=num_draft,
         requests=requests,
     )
-    run = run_throughput(s, out, log=_log)
+    run = run_throughput(Server(), s, out, log=_log)
     typer.echo(run.md_path.read_text())
     _log(f"wrote {run.json_path} and {run.md_path}")
-
-
-def _run_agent(*args, **kwargs):
-    from .agent_bench import run_agent
-
-    return run_agent(*args, **kwargs)
 
 
 def register(bench: typer.Typer) -> None:
     """Add `serve` to the bench's commands (`mlx_spec.bench.app`) and the `agent` suite kind to `bench run`;
     `mlx_spec.cli` calls it when it mounts the bench."""
-    from mlx_spec.bench import runner
+    from mlx_spec.bench import agent_run, runner
 
     bench.command("serve")(serve)
-    runner.FACES["agent"] = _run_agent
+    runner.FACES["agent"] = functools.partial(agent_run.run_agent, host=Server())

@@ -5,8 +5,3 @@ DEFAULT_PORT = 8080
 DEFAULT_MAX_CONCURRENCY = 4  # requests generating at once; each holds its own caches, so memory bounds it
 PREFIX_CACHE_BYTES = 2 << 30  # KV kept of prefixes conversations share: four 16k-token prefixes of a 1.5B target
 KEEPALIVE_S = 10.0  # a stream's keep-alive comment this often: under proxies' and clients' idle timeouts (30-60 s)
-
-# `mlx-spec bench serve` (throughput.py)
-DEFAULT_CLIENTS = (1, 2, 4)  # concurrent clients per cell
-SERVE_MAX_TOKENS = 64  # per request: long enough for speculation to settle, short enough for 4 clients on a CPU
-SERVE_REPEATS = 3  # a multiple of 3: every client count gets as many HumanEval, edit and prose prompts

@@ -1,7 +1,7 @@
 """The `agent` suite kind: its suite file, and its record's summary and page (what `bench report` rebuilds).
 
-The run itself starts servers and talks HTTP, so it lives with the server (`mlx_spec_apps.server.agent_bench`),
-which registers it with the runner. A record's `records` hold one entry per (configuration, turn): `config`
+The run itself (`agent_run.py`) starts servers through a `host.Host`, which the server's face gives it when it
+registers the kind with the runner. A record's `records` hold one entry per (configuration, turn): `config`
 (`none`: the target alone on mlx-spec's server, a drafter spec, or `mlx_lm.server`), `session`, `turn`, `set` (the
 turn's kind: its session's format), `seq` (the order the requests were sent in), `prompt_tokens`, `cached_tokens`,
 `n_tokens`, `ttft` (request sent to the first streamed text), `total` (request sent to the stream's end), `decode_tps`

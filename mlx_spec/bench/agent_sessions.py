@@ -15,7 +15,6 @@ at ~1k and ~16k tokens of context: aider's read-only files (`/read`), or a tool 
 their results; either is part of every turn's shared prefix.
 """
 
-import hashlib
 import json
 import re
 import sysconfig
@@ -111,11 +110,6 @@ def stdlib_source(module: str, lines: int = 0) -> tuple[str, str]:
     if lines:
         text = "".join(text.splitlines(keepends=True)[:lines])
     return f"lib/{module.replace('.', '/')}.py", text
-
-
-def fingerprint(text: str) -> str:
-    """A short sha256 of a source text: which version of a module a run replayed."""
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 # The modules that pad a session's context, taken in this order (the session's own module left out) until the

@@ -418,7 +418,7 @@ def results_page(folder, page=None) -> str:
         "A speed-up is tokens per second end to end (prefill included) over the target alone's, measured in the same "
         "run on the same prompts; a prompt set's column is the same ratio on its prompts. `from draft` is the share "
         "of the output's tokens that came from accepted drafts; `identical` counts outputs equal to the target "
-        "alone's token for token (greedy). How each was measured and what it showed: [the lab notebook](notebook.md).",
+        "alone's token for token (greedy).",
         "",
     ]
     others = []

@@ -31,7 +31,7 @@ class Round:
 def trace_rounds(record: dict) -> list[Round]:
     """A record's rounds from its compact trace (SCHEMA.md): the one place that reads the trace's layout, both the
     current one ([source, proposed, accepted, seconds, size, behind]) and the one before it ([source, proposed,
-    accepted, verify_s, draft_s, catch_up_s, behind], 7 or 9 fields: the records docs/notebook.md §1-23 quote)."""
+    accepted, verify_s, draft_s, catch_up_s, behind], 7 or 9 fields: the records notebooks/NOTEBOOK.md §1-23 quote)."""
     trace = (record.get("stats") or {}).get("trace") or []  # mlx-lm's own rows have none
     return [Round(t[0], t[2], t[3] + t[4]) if len(t) in (7, 9) else Round(t[0], t[2], t[3]) for t in trace]
 

@@ -233,21 +233,32 @@ def load(name_or_path: str) -> Suite:
         s.latencies_us = tuple(float(x) for x in data["latencies_us"])
     if s.top_p > 1.0:
         raise SuiteError(f"{where}: 'top_p' must be at most 1, got {s.top_p}")
-    prompts = data.get("prompts", s.prompts)
+    s.prompts = _prompts(data.get("prompts", s.prompts), where)
+    s.targets = _targets(data.get("targets"), kind, s.temp, where)
+    return s
+
+
+def _prompts(prompts, where: str) -> dict[str, int]:
+    """The [prompts] table's count per prompt set, each within what the set has."""
     if not isinstance(prompts, dict):
         raise SuiteError(f"{where}: 'prompts' must be a table like {{ humaneval = 2, edit = 1, prose = 1 }}")
     _unknown(prompts, set(PROMPT_SETS), f"{where}, [prompts]")
-    s.prompts = {k: _number(prompts, k, int, 0, f"{where}, [prompts]", 0) for k in PROMPT_SETS}
+    counts = {k: _number(prompts, k, int, 0, f"{where}, [prompts]", 0) for k in PROMPT_SETS}
     from .prompts import PREFIXES, PROSE_QUESTIONS, PTQ_PROMPTS
 
     for name, have in (("prose", len(PROSE_QUESTIONS)), ("prefix", len(PREFIXES)), ("ptq", len(PTQ_PROMPTS))):
-        if s.prompts[name] > have:
-            raise SuiteError(f"{where}, [prompts]: '{name}' can be at most {have}, got {s.prompts[name]}")
-    if not sum(s.prompts.values()):
+        if counts[name] > have:
+            raise SuiteError(f"{where}, [prompts]: '{name}' can be at most {have}, got {counts[name]}")
+    if not sum(counts.values()):
         raise SuiteError(f"{where}: 'prompts' asks for no prompt at all")
-    targets = data.get("targets")
+    return counts
+
+
+def _targets(targets, kind: str, temp: float, where: str) -> list[Target]:
+    """The [[targets]] tables: each a model and the drafts this kind of suite takes."""
     if not isinstance(targets, list) or not targets:
         raise SuiteError(f"{where}: needs at least one [[targets]] table with a 'model'")
+    out = []
     for i, t in enumerate(targets, 1):
         tw = f"{where}, [[targets]] #{i}"
         if not isinstance(t, dict):
@@ -274,12 +285,12 @@ def load(name_or_path: str) -> Suite:
                     f"{tw}: '{d}': K must be an integer >= 1, then nothing, 'fixed' or 'onoff', as in \"MODEL K=3\""
                 )
             d = split_k(d)["draft"]
-            if (d.startswith("mlx-lm-spec:") or d == "mlx-lm") and (s.temp or kind != "table"):
+            if (d.startswith("mlx-lm-spec:") or d == "mlx-lm") and (temp or kind != "table"):
                 raise SuiteError(f"{tw}: '{d}' (mlx-lm's own decoding) runs greedy table suites only")
             if "@" in d:
                 ModelRef.parse(d.removeprefix("hybrid:").removeprefix("mlx-lm-spec:"), tw)
-        s.targets.append(Target(ModelRef.parse(t["model"], tw), tuple(d.strip() for d in drafts)))
-    return s
+        out.append(Target(ModelRef.parse(t["model"], tw), tuple(d.strip() for d in drafts)))
+    return out
 
 
 KIND_FIELDS = {

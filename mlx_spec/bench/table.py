@@ -135,7 +135,7 @@ class TableRun:
         self.log(f"{row['target']} / {row['draft']}: unavailable: {row['reason']}")
         self.result.flush()
 
-    def target(self, t) -> None:
+    def target(self, t) -> None:  # noqa: C901  # one target's rows in order: load, each drafter, each prompt
         from ..gen.load import check_tokenizers
         from ..gen.planner import Planner
         from ..named import draft_model, load_model, make_drafter, quantization

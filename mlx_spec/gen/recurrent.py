@@ -18,7 +18,9 @@ def recording(model):
 
 def _recording(model):
     layers = getattr(model, "layers", None)
-    caches = make_prompt_cache(model) if layers is not None else []
+    if layers is None:  # not an mlx-lm model of blocks
+        return model
+    caches = make_prompt_cache(model)
     idx = [i for i, c in enumerate(caches) if isinstance(c, ArraysCache) and not isinstance(layers[i], Recorder)]
     if not idx:  # no recurrent block
         return model

@@ -78,9 +78,3 @@ class Sampler:
 
 
 GREEDY = Sampler()
-
-
-def make_probs_fn(temp: float = 0.0, top_p: float = 0.0, top_k: int = 0):
-    """logits (..., V) -> the distribution mlx-lm's `make_sampler(temp, top_p, top_k)` samples from (None: greedy)."""
-    rule = Sampler(temp, top_p, top_k)
-    return rule.probs if temp else None

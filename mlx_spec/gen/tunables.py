@@ -50,6 +50,6 @@ SUFFIX_MATCH_TAIL = 64  # context tokens matched against that memory each round 
 TREE_WIDTH = 4  # a draft tree's depth feeds its 4 likeliest nodes, each drafting its 4 likeliest children (EAGLE-2's
 # top-k, 10 on a GPU)
 TREE_PER_DEPTH = (
-    3  # a tree k deep verifies about 3 k tokens: on this CPU 7 tokens 2 deep beat 11 or 15 (docs/notebook.md §35)
+    3  # a tree k deep verifies about 3 k tokens: on this CPU 7 tokens 2 deep beat 11 or 15 (notebooks/NOTEBOOK.md §35)
 )
 EAGLE_HELD_CHUNKS = 32  # the target's states a head holds, not fed yet, are joined into one array past this many

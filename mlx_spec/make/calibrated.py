@@ -100,7 +100,9 @@ def dwq(model, config: dict, data: mx.array, bits: int, group_size: int):
 def _floats(model):
     from mlx.utils import tree_flatten
 
-    return [(k, v) for k, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)]
+    flat: list[tuple[str, mx.array]] = []
+    tree_flatten(model.parameters(), destination=flat)
+    return [(k, v) for k, v in flat if mx.issubdtype(v.dtype, mx.floating)]
 
 
 def quantize_calibrated(

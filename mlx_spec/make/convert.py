@@ -4,6 +4,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConvertError, MlxSpecError, SourceError, UnsupportedError
@@ -93,36 +94,49 @@ def validate(
         raise ConvertError("--head-bits needs --quantize")
 
 
-def check_options(
-    out,
-    *,
-    dtype: str = "auto",
-    quantize: int | None = None,
-    group_size: int = DEFAULT_GROUP_SIZE,
-    head_bits: int | None = None,
-    keep_layers: int | None = None,
-    layers: Sequence[int] | None = None,
-    force: bool = False,
-    quant_mode: str = "affine",
-    prune: str | None = None,
-    layer_pick: str = "even",
-    calibration=None,
-    **_ignored,
-) -> None:
-    """Every check that needs no model: options, the calibration file, and an existing output folder."""
-    validate(dtype, quantize, group_size, head_bits, quant_mode)
-    if keep_layers is not None and layers is not None:
-        raise ConvertError("pass either --keep-layers or --layers, not both")
-    if layer_pick not in PICKS:
-        raise ConvertError(f"--layer-pick must be one of {', '.join(PICKS)}, got '{layer_pick}'")
-    if layer_pick != "even" and keep_layers is None:
-        raise ConvertError(f"--layer-pick {layer_pick} needs --keep-layers K")
-    if prune is not None:
-        parse_prune(prune)
-    if calibration is not None or layer_pick == "importance" or quant_mode in CALIBRATED:
-        calibration_texts(calibration)
-    if Path(out).exists() and not force:
-        raise ConvertError(f"output folder {out} already exists (pass --force to replace it)")
+@dataclass(frozen=True)
+class Options:
+    """What `convert` does to a model: every option of `mlx-spec convert` but the source and the output folder.
+
+    quantize: bits for MLX affine quantization (quant_mode "affine"), or the bits of quant_mode's format (mxfp4,
+    nvfp4, mxfp8; nf4 is rounded and stored dequantized: `make.quant`); head_bits: bits for the embedding and lm_head
+    (16 keeps them unquantized). keep_layers / layers: layer-drop (mutually exclusive); layer_pick: how keep_layers
+    picks its blocks (even, first, importance on the `calibration` file, default convert/calibration.txt). prune: a
+    `make.prune` spec ('2:4', ...), applied before quantization. recipe: the recipe's name, for the provenance.
+    """
+
+    dtype: str = "auto"
+    quantize: int | None = None
+    group_size: int = DEFAULT_GROUP_SIZE
+    head_bits: int | None = None
+    keep_layers: int | None = None
+    layers: Sequence[int] | None = None
+    force: bool = False
+    quant_mode: str = "affine"
+    prune: str | None = None
+    layer_pick: str = "even"
+    calibration: str | Path | None = None
+    recipe: str | None = None
+
+    def check(self, out) -> None:
+        """Every check that needs no model: options, the calibration file, and an existing output folder."""
+        validate(self.dtype, self.quantize, self.group_size, self.head_bits, self.quant_mode)
+        if self.keep_layers is not None and self.layers is not None:
+            raise ConvertError("pass either --keep-layers or --layers, not both")
+        if self.layer_pick not in PICKS:
+            raise ConvertError(f"--layer-pick must be one of {', '.join(PICKS)}, got '{self.layer_pick}'")
+        if self.layer_pick != "even" and self.keep_layers is None:
+            raise ConvertError(f"--layer-pick {self.layer_pick} needs --keep-layers K")
+        if self.prune is not None:
+            parse_prune(self.prune)
+        if self.calibration is not None or self.layer_pick == "importance" or self.quant_mode in CALIBRATED:
+            calibration_texts(self.calibration)
+        if Path(out).exists() and not self.force:
+            raise ConvertError(f"output folder {out} already exists (pass --force to replace it)")
+
+    @property
+    def target_dtype(self) -> str:
+        return auto_dtype() if self.dtype == "auto" else self.dtype
 
 
 def _weights_bytes(folder: Path) -> int:
@@ -144,84 +158,110 @@ def _eval_by_module(model) -> None:
 def convert_folder(
     src: Path,
     out,
+    options: Options = Options(),
     *,
     source: str,
     source_sha256: str,
-    dtype: str = "auto",
-    quantize: int | None = None,
-    group_size: int = DEFAULT_GROUP_SIZE,
-    head_bits: int | None = None,
-    keep_layers: int | None = None,
-    layers: Sequence[int] | None = None,
-    force: bool = False,
-    quant_mode: str = "affine",
-    prune: str | None = None,
-    layer_pick: str = "even",
-    calibration=None,
-    recipe: str | None = None,
     log: Callable[[str], None] = lambda _m: None,
 ) -> Path:
     """Convert the model folder `src` into an MLX folder at `out`, written atomically.
 
-    source / source_sha256: where `src` came from, for the provenance block (`make.resolve.convert`
-    resolves any model spec and passes them).
-    quantize: bits for MLX affine quantization (quant_mode "affine"), or the bits of quant_mode's format
-    (mxfp4, nvfp4, mxfp8; nf4 is rounded and stored dequantized: `make.quant`); head_bits: bits for
-    the embedding and lm_head (16 keeps them unquantized). keep_layers / layers: layer-drop (mutually
-    exclusive); layer_pick: how keep_layers picks its blocks (even, first, importance on the
-    `calibration` file, default convert/calibration.txt). prune: a `make.prune` spec ('2:4', ...),
-    applied before quantization. Operations run in the order drop, dtype, prune, quantize.
-    Returns `out`. Provenance goes into config.json under "mlx_spec".
+    source / source_sha256: where `src` came from, for the provenance block (`make.resolve.convert` resolves any
+    model spec and passes them). Operations run in the order drop, dtype, prune, quantize. Returns `out`.
+    Provenance goes into config.json under "mlx_spec".
     """
-    import mlx.core as mx
-    from mlx.utils import tree_map_with_path
-    from mlx_lm.utils import (
-        dequantize_model,
-        load_model,
-        load_tokenizer,
-        quantize_model,
-        save_config,
-        save_model,
-    )
+    from mlx_lm.utils import dequantize_model, save_config, save_model
 
-    check_options(
-        out,
-        dtype=dtype,
-        quantize=quantize,
-        group_size=group_size,
-        head_bits=head_bits,
-        keep_layers=keep_layers,
-        layers=layers,
-        force=force,
-        quant_mode=quant_mode,
-        prune=prune,
-        layer_pick=layer_pick,
-        calibration=calibration,
-    )
+    from ..models import eagle3, mtp
+
+    o = options
+    o.check(out)
     out = Path(out)
-
     started = time.perf_counter()
     src = Path(src)
     if not _weights_bytes(src):
         raise SourceError(f"{src}: no .safetensors weights found")
     src_cfg = json.loads((src / "config.json").read_text())
     prior = src_cfg.pop("mlx_spec", None)
-    from ..models import eagle3, mtp
-    from ..models.rope import overrides
+    if eagle3.is_head(src_cfg):
+        return _convert_head(src, out, o, source)
+    model, config, tokenizer = _load(src, src_cfg, out, o.dtype)
+
+    ops = list(prior["operations"]) if prior else []
+    layers, drop = _pick_layers(model, config, tokenizer, o, log)  # every refusal before any write
+    if layers is not None:
+        config = kept_config(config, layers)
+    # [drop] dtype [prune] [quantize] save
+    steps = 2 + (layers is not None) + (o.quantize is not None) + (o.prune is not None)
+    with progress(total=steps, desc=f"converting {src.name}", unit="step") as bar:
+        if layers is not None:
+            model.model.layers = [model.model.layers[i] for i in layers]  # saving renumbers them 0..K-1
+            ops.append(drop)
+            bar.update()
+
+        if any(getattr(m, "bits", None) for _, m in model.named_modules()):
+            model = dequantize_model(model)  # requantize/cast from float, never stack quantizations
+            config.pop("quantization", None)
+            config.pop("quantization_config", None)
+            ops.append({"op": "dequantize"})
+
+        ops.append(_cast(model, config, o.target_dtype))
+        bar.update()
+
+        if o.prune is not None:
+            op, _sparsity = prune_model(model, parse_prune(o.prune))
+            ops.append(op)
+            bar.update()
+
+        if o.quantize is not None:
+            model, config, op = _quantize(model, config, tokenizer, o, log)
+            ops.append(op)
+            bar.update()
+
+        keep_mtp = layers is None and o.prune is None and mtp.has_mtp(src)  # the target's own: a draft has none
+        if keep_mtp:
+            ops.append({"op": "mtp_layers", "file": mtp.FILE, "dtype": o.target_dtype, "note": "kept beside the model"})
+        config["mlx_spec"] = {
+            "source": prior["source"] if prior else str(source),
+            "source_sha256": prior["source_sha256"] if prior else source_sha256,
+            "operations": ops,
+            "version": __version__,
+            **({"recipe": o.recipe} if o.recipe else {}),
+        }
+        with atomic_dir(out, force=o.force) as tmp:
+            if keep_mtp:
+                import mlx.core as mx
+
+                mtp.save(tmp, src, getattr(mx, o.target_dtype))
+            save_model(tmp, model, donate_model=True)  # the lazy graph runs here: the longest step
+            save_config(config, tmp / "config.json")
+            tokenizer.save_pretrained(str(tmp))
+            for extra in ("generation_config.json",):
+                if (src / extra).is_file():
+                    shutil.copy(src / extra, tmp / extra)
+        bar.update()
+    log(f"wrote {out} in {time.perf_counter() - started:.1f} s")
+    return out
+
+
+def _convert_head(src: Path, out: Path, o: Options, source: str) -> Path:
+    """An EAGLE-3 head: cast and affine quantization only."""
     from .heads import convert_head
 
-    if eagle3.is_head(src_cfg):
-        if keep_layers is not None or layers is not None or prune or head_bits is not None or quant_mode != "affine":
-            raise ConvertError("an EAGLE-3 head converts with --dtype and --quantize BITS (affine) only")
-        return convert_head(
-            src,
-            out,
-            dtype=auto_dtype() if dtype == "auto" else dtype,
-            quantize=quantize,
-            group_size=group_size,
-            force=force,
-            source=str(source),
-        )
+    shrunk = o.keep_layers is not None or o.layers is not None or o.prune
+    if shrunk or o.head_bits is not None or o.quant_mode != "affine":
+        raise ConvertError("an EAGLE-3 head converts with --dtype and --quantize BITS (affine) only")
+    return convert_head(
+        src, out, dtype=o.target_dtype, quantize=o.quantize, group_size=o.group_size, force=o.force, source=str(source)
+    )
+
+
+def _load(src: Path, src_cfg: dict, out: Path, dtype: str):
+    """mlx-lm's lazy model, its config and its tokenizer, after checking the disk has room for the output."""
+    from mlx_lm.utils import load_model, load_tokenizer
+
+    from ..models.rope import overrides
+
     try:
         rope = overrides(src_cfg)  # transformers 5's rope_parameters, where mlx-lm reads them
     except UnsupportedError as e:
@@ -229,7 +269,6 @@ def convert_folder(
     ensure_free_space(
         out.parent, int(_weights_bytes(src) * (2 if dtype == "float32" else 1.1)), f"converting into {out}"
     )
-
     try:
         model, config = load_model(src, lazy=True, model_config=rope)
         tokenizer = load_tokenizer(src, eos_token_ids=config.get("eos_token_id"))
@@ -243,141 +282,111 @@ def convert_folder(
         raise SourceError(
             f"{src}: cannot load the model: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         ) from None
+    return model, config, tokenizer
 
-    ops = list(prior["operations"]) if prior else []
+
+def _pick_layers(model, config: dict, tokenizer, o: Options, log) -> tuple[list[int] | None, dict]:
+    """The blocks kept (sorted; None: all) and the layer-drop operation's record."""
     n_layers = len(model.layers)
+    layers = o.layers
+    similarity = None
     try:
-        if keep_layers is not None:
-            layers = keep_layer_indices(n_layers, keep_layers)  # "even"; also checks the count
-            if layer_pick == "first":
-                layers = list(range(keep_layers))
-            elif layer_pick == "importance":
-                tokens = calibration_tokens(tokenizer, calibration_texts(calibration))
+        if o.keep_layers is not None:
+            layers = keep_layer_indices(n_layers, o.keep_layers)  # "even"; also checks the count
+            if o.layer_pick == "first":
+                layers = list(range(o.keep_layers))
+            elif o.layer_pick == "importance":
+                tokens = calibration_tokens(tokenizer, calibration_texts(o.calibration))
                 log(f"ranking {n_layers} blocks on {sum(map(len, tokens))} calibration tokens")
                 similarity = block_similarity(model, tokens)
-                layers = most_important(similarity, keep_layers)
+                layers = most_important(similarity, o.keep_layers)
         elif layers is not None:
             check_layers(layers, n_layers)
     except ConvertError as e:
-        raise ConvertError(f"--{'keep-layers' if keep_layers is not None else 'layers'}: {e}") from None
-    if layers is not None:  # every refusal comes before the progress bar and before any write
-        layers = sorted(layers)
-        if not hasattr(getattr(model, "model", None), "layers"):
-            raise ConvertError(f"layer-drop: mlx-lm's {config.get('model_type')} keeps its blocks elsewhere")
-        config = kept_config(config, layers)
+        raise ConvertError(f"--{'keep-layers' if o.keep_layers is not None else 'layers'}: {e}") from None
+    if layers is None:
+        return None, {}
+    if not hasattr(getattr(model, "model", None), "layers"):
+        raise ConvertError(f"layer-drop: mlx-lm's {config.get('model_type')} keeps its blocks elsewhere")
+    kept = sorted(layers)
+    op = {"op": "layer_drop", "kept": kept, "of": n_layers, "pick": o.layer_pick if o.keep_layers else "list"}
+    if similarity is not None:
+        op["similarity"] = [round(v, 5) for v in similarity]
+    return kept, op
 
-    steps = (
-        2 + (layers is not None) + (quantize is not None) + (prune is not None)
-    )  # [drop] dtype [prune] [quantize] save
-    with progress(total=steps, desc=f"converting {src.name}", unit="step") as bar:
-        if layers is not None:
-            model.model.layers = [model.model.layers[i] for i in layers]  # saving renumbers them 0..K-1
-            ops.append(
-                {
-                    "op": "layer_drop",
-                    "kept": layers,
-                    "of": n_layers,
-                    "pick": layer_pick if keep_layers else "list",
-                    **({"similarity": [round(v, 5) for v in similarity]} if layer_pick == "importance" else {}),
-                }
-            )
-            bar.update()
 
-        if any(getattr(m, "bits", None) for _, m in model.named_modules()):
-            model = dequantize_model(model)  # requantize/cast from float, never stack quantizations
-            config.pop("quantization", None)
-            config.pop("quantization_config", None)
-            ops.append({"op": "dequantize"})
+def _cast(model, config: dict, target: str) -> dict:
+    """Cast the floating weights to `target` (but those mlx-lm's `cast_predicate` keeps); the operation's record."""
+    import mlx.core as mx
+    from mlx.utils import tree_map_with_path
 
-        target = auto_dtype() if dtype == "auto" else dtype
-        mx_dtype = getattr(mx, target)
-        keep = getattr(model, "cast_predicate", lambda _k: True)  # mlx-lm's: what must keep its dtype (routing biases)
-        model.update(
-            tree_map_with_path(
-                lambda k, v: v.astype(mx_dtype) if mx.issubdtype(v.dtype, mx.floating) and keep(k) else v,
-                model.parameters(),
-            )
+    mx_dtype = getattr(mx, target)
+    keep = getattr(model, "cast_predicate", lambda _k: True)  # mlx-lm's: what must keep its dtype (routing biases)
+    model.update(
+        tree_map_with_path(
+            lambda k, v: v.astype(mx_dtype) if mx.issubdtype(v.dtype, mx.floating) and keep(k) else v,
+            model.parameters(),
         )
-        config["torch_dtype"] = target
-        ops.append({"op": "dtype", "dtype": target})
-        bar.update()
+    )
+    config["torch_dtype"] = target
+    return {"op": "dtype", "dtype": target}
 
-        if prune is not None:
-            op, _sparsity = prune_model(model, parse_prune(prune))
-            ops.append(op)
-            bar.update()
 
-        if quantize is not None and quant_mode == "nf4":
-            ops.append(
-                {
-                    "op": "quantize",
-                    "mode": "nf4",
-                    "bits": 4,
-                    "block": 64,
-                    "linear_layers": nf4_model(model),
-                    "stored": target,
-                    "note": "simulated: rounded to NF4 and stored dequantized, no memory saved",
-                }
-            )
-            bar.update()
-        elif quantize is not None and quant_mode in CALIBRATED:
-            data = samples(calibration_tokens(tokenizer, calibration_texts(calibration), CALIBRATED_TOKENS))
-            log(f"{quant_mode}: calibrating on {data.size} tokens")
-            model, config = quantize_calibrated(quant_mode, model, config, data, quantize, group_size)
-            ops.append(
-                {
-                    "op": "quantize",
-                    "bits": quantize,
-                    "group_size": group_size,
-                    "mode": "affine",
-                    "method": quant_mode,
-                    "format": format_name(quantize, quant_mode),
-                    "calibration_tokens": data.size,
-                }
-            )
-            bar.update()
-        elif quantize is not None:
-            fp = quant_mode in FP_MODES
-            group = FP_MODES[quant_mode][0] if fp else group_size
+def _quantize(model, config: dict, tokenizer, o: Options, log) -> tuple:
+    """Quantize by `o.quant_mode` (nf4, a calibrated method, or MLX's affine and FP modes): (model, config, op)."""
+    from mlx_lm.utils import quantize_model
 
-            def predicate(path, _module):
-                if head_bits is not None and any(k in path for k in HEAD_KEYS):
-                    return False if head_bits == 16 else {"group_size": group_size, "bits": head_bits, "mode": "affine"}
-                return True
+    assert o.quantize is not None
+    if o.quant_mode == "nf4":
+        return (
+            model,
+            config,
+            {
+                "op": "quantize",
+                "mode": "nf4",
+                "bits": 4,
+                "block": 64,
+                "linear_layers": nf4_model(model),
+                "stored": o.target_dtype,
+                "note": "simulated: rounded to NF4 and stored dequantized, no memory saved",
+            },
+        )
+    if o.quant_mode in CALIBRATED:
+        data = samples(calibration_tokens(tokenizer, calibration_texts(o.calibration), CALIBRATED_TOKENS))
+        log(f"{o.quant_mode}: calibrating on {data.size} tokens")
+        model, config = quantize_calibrated(o.quant_mode, model, config, data, o.quantize, o.group_size)
+        return (
+            model,
+            config,
+            {
+                "op": "quantize",
+                "bits": o.quantize,
+                "group_size": o.group_size,
+                "mode": "affine",
+                "method": o.quant_mode,
+                "format": format_name(o.quantize, o.quant_mode),
+                "calibration_tokens": data.size,
+            },
+        )
+    group = FP_MODES[o.quant_mode][0] if o.quant_mode in FP_MODES else o.group_size
+    head_bits = o.head_bits
 
-            model, config = quantize_model(model, config, group, quantize, mode=quant_mode, quant_predicate=predicate)
-            _eval_by_module(model)
-            ops.append(
-                {
-                    "op": "quantize",
-                    "bits": quantize,
-                    "group_size": group,
-                    "mode": quant_mode,
-                    "format": format_name(quantize, quant_mode),
-                    **({"head_bits": head_bits} if head_bits is not None else {}),
-                }
-            )
-            bar.update()
+    def predicate(path, _module):
+        if head_bits is not None and any(k in path for k in HEAD_KEYS):
+            return False if head_bits == 16 else {"group_size": o.group_size, "bits": head_bits, "mode": "affine"}
+        return True
 
-        keep_mtp = layers is None and prune is None and mtp.has_mtp(src)  # the target's own: a draft has none to keep
-        if keep_mtp:
-            ops.append({"op": "mtp_layers", "file": mtp.FILE, "dtype": target, "note": "kept beside the model"})
-        config["mlx_spec"] = {
-            "source": prior["source"] if prior else str(source),
-            "source_sha256": prior["source_sha256"] if prior else source_sha256,
-            "operations": ops,
-            "version": __version__,
-            **({"recipe": recipe} if recipe else {}),
-        }
-        with atomic_dir(out, force=force) as tmp:
-            if keep_mtp:
-                mtp.save(tmp, src, mx_dtype)
-            save_model(tmp, model, donate_model=True)  # the lazy graph runs here: the longest step
-            save_config(config, tmp / "config.json")
-            tokenizer.save_pretrained(str(tmp))
-            for extra in ("generation_config.json",):
-                if (src / extra).is_file():
-                    shutil.copy(src / extra, tmp / extra)
-        bar.update()
-    log(f"wrote {out} in {time.perf_counter() - started:.1f} s")
-    return out
+    model, config = quantize_model(model, config, group, o.quantize, mode=o.quant_mode, quant_predicate=predicate)
+    _eval_by_module(model)
+    return (
+        model,
+        config,
+        {
+            "op": "quantize",
+            "bits": o.quantize,
+            "group_size": group,
+            "mode": o.quant_mode,
+            "format": format_name(o.quantize, o.quant_mode),
+            **({"head_bits": head_bits} if head_bits is not None else {}),
+        },
+    )

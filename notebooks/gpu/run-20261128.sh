@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What ran on the device machine on 2026-11-28 (docs/notebook.md §40): issue 46's agent suites and issue 45's
+# What ran on the device machine on 2026-11-28 (notebooks/NOTEBOOK.md §40): issue 46's agent suites and issue 45's
 # planner ablation on the real Qwen2.5-Coder 0.5B (MLX int4, group 64, made here by
 # `mlx-spec convert ~/.cache/mlx-spec/models/qwen2.5-coder-0.5b OUT --dtype bfloat16 -q int4`), on MLX's CUDA backend.
 # The parts (../shared/gpu/pack.sh's layout: p0, p1, and the model split into 7 parts of 55 MB) came in the calls

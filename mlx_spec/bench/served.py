@@ -24,17 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlx_spec.bench import prompts as bench_prompts
-from mlx_spec.bench.common import RunFile, machine_info, machine_line, md_table
-from mlx_spec.bench.prompts import Prompt
 from mlx_spec.errors import MlxSpecError
 from mlx_spec.named import DEFAULT_DRAFT, DEFAULT_MODEL, Log
 
-from .app import build_app
-from .defaults import DEFAULT_CLIENTS, SERVE_MAX_TOKENS, SERVE_REPEATS
-from .main import Running
-from .pair import Pair
+from . import prompts as bench_prompts
+from .common import RunFile, machine_info, machine_line, md_table
+from .host import Host, L, Loaded
+from .prompts import Prompt
 
+DEFAULT_CLIENTS = (1, 2, 4)  # concurrent clients per cell
+SERVE_MAX_TOKENS = 64  # per request: long enough for speculation to settle, short enough for 4 clients on a CPU
+SERVE_REPEATS = 3  # a multiple of 3: every client count gets as many HumanEval, edit and prose prompts
 WARMUP_TOKENS = 4
 MODES = ("off", "turns", "on", "mlx-lm")  # off (plain decoding) first: it is the baseline of the ratios
 SERVED = ("off", "turns", "on")
@@ -86,7 +86,7 @@ def _ask(client, text: str, max_tokens: int):
     )
 
 
-def run_mlx_lm(pair: Pair, cell: Cell, max_tokens: int) -> Cell:
+def run_mlx_lm(pair: Loaded, cell: Cell, max_tokens: int) -> Cell:
     """The cell's prompts through mlx-lm's `batch_generate` (greedy), timed the same way."""
     from mlx_lm.generate import batch_generate
 
@@ -300,21 +300,22 @@ def markdown(data: dict) -> str:
     )
 
 
-def run_throughput(s: ThroughputSettings, out: str, log: Log = lambda _m: None) -> RunFile:
-    """Measure every cell, rewriting the run file after each, and return it (JSON and markdown written)."""
+def run_throughput(host: Host[L], s: ThroughputSettings, out: str, log: Log = lambda _m: None) -> RunFile:
+    """Measure every cell on `host`'s servers, rewriting the run file after each, and return it (JSON and markdown
+    written)."""
     s.check()
-    on = Pair.load(s.model, s.draft, num_draft=s.num_draft, log=log)
-    off = dataclasses.replace(on, draft_spec=None, loaded={})
+    on = host.load(s.model, s.draft, num_draft=s.num_draft, more=(), log=log)
+    off = host.plain(on)
     plan = plan_prompts(on.tokenizer, s.clients, s.repeats, s.requests)
     run = RunFile("serve", Path(out), {"machine": machine_info(), "settings": dataclasses.asdict(s), "cells": []})
     concurrency = max(s.clients)
     cells: list[Cell] = []
     with (
-        Running(build_app(on, max_concurrency=concurrency, max_tokens=s.max_tokens)) as srv_on,
-        Running(build_app(on, max_concurrency=concurrency, max_tokens=s.max_tokens, batch=False)) as srv_turns,
-        Running(build_app(off, max_concurrency=concurrency, max_tokens=s.max_tokens)) as srv_off,
+        host.start(on, max_concurrency=concurrency, max_tokens=s.max_tokens) as url_on,
+        host.start(on, max_concurrency=concurrency, max_tokens=s.max_tokens, batch=False) as url_turns,
+        host.start(off, max_concurrency=concurrency, max_tokens=s.max_tokens) as url_off,
     ):
-        urls = {"on": srv_on.url, "turns": srv_turns.url, "off": srv_off.url}
+        urls = {"on": url_on, "turns": url_turns, "off": url_off}
 
         def measure(mode: str, cell: Cell, max_tokens: int) -> Cell:
             return run_mlx_lm(off, cell, max_tokens) if mode == "mlx-lm" else run_cell(urls[mode], cell, max_tokens)

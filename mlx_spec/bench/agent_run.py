@@ -19,19 +19,18 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 from mlx_spec import blas
-from mlx_spec.bench import agent, agent_sessions
-from mlx_spec.bench.common import folder_sha256, machine_info
-from mlx_spec.bench.results import ResultFile
 from mlx_spec.errors import MlxSpecError
 from mlx_spec.gen import registry
 from mlx_spec.make.resolve import resolve
-from mlx_spec.named import Log, load_model
+from mlx_spec.named import Log
 
-from .app import build_app
-from .main import Running
-from .pair import Pair
+from . import agent, agent_sessions
+from .common import folder_sha256, machine_info
+from .host import Host, L
+from .results import ResultFile
 
 WARMUP = [{"role": "user", "content": "Say hello."}]  # untimed, per configuration: MLX builds its kernels
 WARMUP_TOKENS = 4
@@ -153,13 +152,10 @@ def draft_models(suite: agent.AgentSuite) -> list[str]:
     return list(dict.fromkeys(m for d in suite.drafts if (m := registry.parse(d).model)))
 
 
-def load_pair(suite: agent.AgentSuite, folder: Path, log: Log) -> Pair:
+def load_pair(host: Host[L], suite: agent.AgentSuite, folder: Path, log: Log) -> L:
     """The target and every draft model the drafters name, loaded once for all the servers."""
     models = draft_models(suite)
-    pair = Pair.load(str(folder), models[0] if models else "none", log=log)
-    for m in models[1:]:
-        pair.loaded[m] = load_model(m, log)[:2]
-    return pair
+    return host.load(str(folder), models[0] if models else "none", num_draft=None, more=models[1:], log=log)
 
 
 def body(turn: agent_sessions.Turn, config: str, max_tokens: int) -> dict:
@@ -201,9 +197,16 @@ def record(turn: agent_sessions.Turn, config: str, target: str, seq: int, r: Rep
 
 
 def run_agent(
-    name_or_path: str, out: str, resume: str | None = None, log: Log = lambda _m: None, model: str | None = None
+    name_or_path: str,
+    out: str,
+    resume: str | None = None,
+    log: Log = lambda _m: None,
+    model: str | None = None,
+    *,
+    host: Host[Any],
 ) -> ResultFile:
-    """Run an agent suite into a result file (rewritten after every request) and its page."""
+    """Run an agent suite against `host`'s servers into a result file (rewritten after every request) and its
+    page."""
     import httpx
 
     if resume:
@@ -211,7 +214,7 @@ def run_agent(
     suite = agent.load(name_or_path, model)
     sessions = agent_sessions.build(suite.sessions)  # a missing module fails before anything loads
     folder = resolve(suite.model, log)
-    pair = load_pair(suite, folder, log)
+    pair = load_pair(host, suite, folder, log)
     for d in suite.drafts:
         pair.check_draft(d)  # a drafter the server cannot take fails before anything runs
     result = ResultFile.create(out, suite.as_dict(), machine_info())
@@ -223,7 +226,7 @@ def run_agent(
     configs = suite.configs
     with ExitStack() as stack:
         urls = {
-            c: stack.enter_context(Running(build_app(pair, max_concurrency=1, prefix_cache_bytes=cache))).url
+            c: stack.enter_context(host.start(pair, max_concurrency=1, prefix_cache_bytes=cache))
             for c in configs
             if c != agent.MLX_LM_SERVER
         }
