@@ -22,17 +22,17 @@ def _probe(model) -> str | None:
     """Two rows, of two tokens and of one, joined as the engine joins them, then one pass over both: it must run and
     give each row the logits it gets alone (afm7's shared-key layers read a position from the cache's width)."""
     run, rows, alone = recurrent.recording(model), Rows[int](), []
-    for i, (held, nxt) in enumerate((([3, 5], 7), ([4], 9))):
-        caches = [new_cache(model), new_cache(model)]
-        if not batchable(caches[0]):
-            kinds = ", ".join(sorted({type(c).__name__ for c in caches[0]}))
-            return f"{text_of(model).model_type}'s caches ({kinds}) do not join others'"
-        for c in caches:
-            mx.eval(run(mx.array([held], dtype=mx.uint32), cache=c))
-        alone.append(run(mx.array([[nxt]], dtype=mx.uint32), cache=caches[1])[0, -1])
-        rows.add(i, caches[0])
     what = f"{text_of(model).model_type} cannot run requests of different lengths in one pass"
     try:
+        for i, (held, nxt) in enumerate((([3, 5], 7), ([4], 9))):
+            caches = [new_cache(model), new_cache(model)]
+            if not batchable(caches[0]):
+                kinds = ", ".join(sorted({type(c).__name__ for c in caches[0]}))
+                return f"{text_of(model).model_type}'s caches ({kinds}) do not join others'"
+            for c in caches:
+                mx.eval(run(mx.array([held], dtype=mx.uint32), cache=c))
+            alone.append(run(mx.array([[nxt]], dtype=mx.uint32), cache=caches[1])[0, -1])
+            rows.add(i, caches[0])
         joint = run(mx.array([[7], [9]], dtype=mx.uint32), cache=rows.layers)[:, -1]
         mx.eval(joint)
     except Exception as e:  # mlx-lm's code for this type, whatever it raises

@@ -19,15 +19,14 @@ def cache_tokens(cache: list) -> int | None:
 
 
 def rewind(cache: list, n_tokens: int) -> bool:
-    """Trim every layer back to `n_tokens` tokens; False where one cannot go that far, or the layers disagree on what
-    they hold (a pass that a layer did not count): rebuild the cache then."""
+    """Trim every layer back to `n_tokens` tokens; False where one cannot go that far (rebuild the cache then)."""
     ok = True
     for c in cache:
         extra = getattr(c, "offset", 0) - n_tokens
         if extra > 0:
             trimmed = c.trim(extra) if c.is_trimmable() else 0
             ok = ok and (trimmed is None or trimmed >= extra)
-    return ok and all(c.offset == n_tokens for c in cache if hasattr(c, "offset"))
+    return ok
 
 
 def copy_prefix(cache: list, n: int, own: bool = True) -> list | None:

@@ -9,7 +9,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, can_trim_prompt_cache
 
 from ..errors import UnsupportedError
-from ..models.base import params_bytes
+from ..models.base import params_bytes, text_of
 from ..models.cache import unrewindable
 from . import hidden, recurrent, shapes, tree, verify
 from .ahead import Ahead
@@ -58,7 +58,7 @@ class Engine:
         """A row joins whose `cache` holds its context minus the last token (a lone row's cache is used as it is). A
         step queued ahead for the others is undone (`expect` spares it: call it a round before). A drafter whose
         rejected drafts the target's cache cannot take back is refused here, before the first token."""
-        why = unrewindable(cache) if row.parts else None
+        why = unrewindable(cache, len(text_of(self.target).blocks)) if row.parts else None
         if row.drafter is not None and why is not None:
             raise UnsupportedError(f"{row.drafter.name} drafting: the target's cache cannot take back a draft: {why}")
         if self.cache.owners and (why := apart(self.target)) is not None:

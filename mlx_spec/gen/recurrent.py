@@ -21,7 +21,9 @@ def _recording(model):
     if layers is None:  # not an mlx-lm model of blocks
         return model
     caches = make_prompt_cache(model)
-    idx = [i for i, c in enumerate(caches) if isinstance(c, ArraysCache) and not isinstance(layers[i], Recorder)]
+    # (a view of some blocks makes the whole model's caches where it counts them from its config: mamba2)
+    pairs = enumerate(zip(caches, layers))
+    idx = [i for i, (c, b) in pairs if isinstance(c, ArraysCache) and not isinstance(b, Recorder)]
     if not idx:  # no recurrent block
         return model
     holder = text_of(model).path  # the module holding the blocks (`model.layers` may be a copy of its list)

@@ -116,7 +116,7 @@ def build(
         n = int(s.arg) if s.arg else tunables.NGRAM_N
         return NGramDrafter(n=n, min_n=min(tunables.NGRAM_MIN_N, n))
     if s.kind == "hybrid":
-        why = unrewindable(new_cache(target))
+        why = unrewindable(new_cache(target), len(text_of(target).blocks))
         if why is not None:  # no source can serve: it runs as plain decoding, and says why
             return HybridDrafter([], None, f"{NO_SOURCE}: {why}")
         try:

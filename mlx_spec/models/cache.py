@@ -287,8 +287,11 @@ def rewindable(cache: list) -> list | None:
     return out
 
 
-def unrewindable(cache: list) -> str | None:
-    """Why a draft cannot be taken back from `cache` (a layer kind mlx-spec does not rewind), or None where it can."""
+def unrewindable(cache: list, blocks: int | None = None) -> str | None:
+    """Why a draft cannot be taken back from `cache` (a layer kind mlx-spec does not rewind), or None where it can;
+    blocks: the model's count of blocks (a recurrent state that is no block's is replayed by none)."""
+    if blocks is not None and len(cache) != blocks and any(isinstance(c, ArraysCache) for c in cache):
+        return "it keeps a state beside its blocks' caches (not one cache per block)"
     for c in cache:
         for m in c.caches if isinstance(c, CacheList) else (c,):
             if isinstance(m, (KVCache, RewindableCache, BatchKVCache)):
