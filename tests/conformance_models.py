@@ -1431,6 +1431,7 @@ CONFIGS = {
         "num_hidden_layers": 4,
         "intermediate_size": 128,
         "num_attention_heads": 4,
+        "n_shared_head": 2,
         "rms_norm_eps": 1e-05,
         "vocab_size": 256,
     },
