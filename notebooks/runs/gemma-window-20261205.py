@@ -19,7 +19,7 @@ from mlx_spec.gen.registry import build
 from mlx_spec.named import load_model
 
 SOURCE = (Path(__file__).parents[2] / "mlx_spec" / "gen" / "verify.py").read_text()
-MAX_TOKENS = 128
+MAX_TOKENS = 64
 
 
 def prompts(tok) -> dict[str, list[int]]:
