@@ -5,6 +5,7 @@ MoE with several experts); a type absent here fails `test_every_installed_type_h
 # Types that cannot be made or run here, with the reason (they are listed as skipped, never dropped).
 CANNOT_LOAD = {
     "bitnet": "its BitLinear layers run a Metal kernel only (no CPU back-end)",
+    "muse_spark": "its attention, norms and router run mlx_lm.kernels' Metal kernels only (no CPU or CUDA back-end)",
     "olmo": "its module exits on import without the ai2-olmo package",
     "prism_hadamard_qwen35": "its ModelArgs take only a packed 2-bit Hadamard checkpoint's manifest",
 }
@@ -30,7 +31,7 @@ QUICK = (
     "bailing_moe_linear",
 )
 
-SEEDS: dict[str, int] = {}  # a type whose default seed (0) gives mlx-lm a near-tie gets another here
+SEEDS: dict[str, int] = {"minimax_m3_vl": 2}  # a type whose default seed (0) gives mlx-lm a near-tie gets another here
 # the weights' scale where the default (4.0) overflows a type's activations or saturates its logits' soft cap
 SCALE: dict[str, float] = {"gemma3n": 0.5}
 
@@ -261,6 +262,31 @@ CONFIGS = {
             "original_max_position_embeddings": 4096,
             "type": "yarn",
         },
+    },
+    "deepseek_v41": {
+        "model_type": "deepseek_v41",
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "head_dim": 32,
+        "q_lora_rank": 32,
+        "qk_rope_head_dim": 16,
+        "o_groups": 2,
+        "o_lora_rank": 32,
+        "moe_intermediate_size": 64,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "rms_norm_eps": 1e-06,
+        "sliding_window": 8,
+        "compress_ratios": [0, 4, 4, 0],
+        "kv_source_layer_ids": [1, 2],
+        "index_source_layer_ids": [1, 2],
+        "index_n_heads": 2,
+        "index_head_dim": 32,
+        "index_topk": 2,
+        "max_position_embeddings": 1000,
+        "hc_mult": 2,
     },
     "dots1": {
         "model_type": "dots1",
@@ -1209,6 +1235,31 @@ CONFIGS = {
         "rotary_dim": 16,
         "vocab_size": 256,
     },
+    "minimax_m3_vl": {
+        "model_type": "minimax_m3_vl",
+        "text_config": {
+            "hidden_size": 64,
+            "intermediate_size": 64,
+            "dense_intermediate_size": 128,
+            "shared_intermediate_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "num_hidden_layers": 4,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "max_position_embeddings": 1000,
+            "rope_theta": 1000,
+            "vocab_size": 256,
+            "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+            "layer_types": ["full_attention", "sparse_attention", "full_attention", "sparse_attention"],
+            "index_n_heads": 2,
+            "index_head_dim": 16,
+            "index_block_size": 4,
+            "index_topk_blocks": 2,
+            "index_local_blocks": 1,
+        },
+    },
     "ministral3": {
         "model_type": "ministral3",
         "hidden_size": 64,
@@ -1256,6 +1307,29 @@ CONFIGS = {
         "num_experts_per_tok": 2,
         "num_key_value_heads": 2,
         "num_local_experts": 4,
+    },
+    "muse_spark": {
+        "model_type": "muse_spark",
+        "text_config": {
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "num_hidden_layers": 4,
+            "vocab_size": 256,
+            "rms_norm_eps": 1e-05,
+            "post_norm_eps": 1e-05,
+            "rope_parameters": {"rope_theta": 10000.0},
+            "layer_rope_theta": [10000.0, 10000.0, 0, 10000.0],
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            "sliding_window": 8,
+            "final_logit_softcapping": 30.0,
+            "output_multiplier": 1.0,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_hidden_size": 32,
+            "moe_intermediate_size": 64,
+        },
     },
     "nanbeige": {
         "model_type": "nanbeige",
