@@ -13,8 +13,16 @@ _SEEN: dict[int, str | None] = {}
 TOLERANCE = 1e-2  # of the largest logit: a batch's other kernels round differently (bfloat16), a wrong position more
 
 
+# Types whose mlx-lm attention depends on a key's column in the cache, which a row's padding and gaps shift, past what
+# a probe of a few tokens shows (the conformance suite's batched runs show it)
+BY_COLUMN = {"minimax_m3_vl": "its block-sparse attention groups keys by their column in the cache"}
+
+
 def apart(model) -> str | None:
     """Why rows cannot share a pass of `model` (one line), or None where they can."""
+    kind = text_of(model).model_type
+    if kind in BY_COLUMN:
+        return f"{kind} cannot run requests of different lengths in one pass ({BY_COLUMN[kind]})"
     return per_model(_SEEN, model, id(model), lambda: _probe(model))
 
 
