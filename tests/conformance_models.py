@@ -7,6 +7,8 @@ CANNOT_LOAD = {
     "bitnet": "its BitLinear layers run a Metal kernel only (no CPU back-end)",
     "muse_spark": "its attention, norms and router run mlx_lm.kernels' Metal kernels only (no CPU or CUDA back-end)",
     "olmo": "its module exits on import without the ai2-olmo package",
+    "phi3small": "its mlx-lm code corrupts the heap on MLX 0.32.4's CPU back-end: a 5-token pass into an empty KVCache "
+    "aborts the process (mlx-lm alone, no mlx-spec)",
     "prism_hadamard_qwen35": "its ModelArgs take only a packed 2-bit Hadamard checkpoint's manifest",
 }
 
@@ -1519,7 +1521,15 @@ CONFIGS = {
         "rms_norm_eps": 1e-05,
         "vocab_size": 256,
     },
-    "qwen": {"model_type": "qwen", "vocab_size": 256},
+    "qwen": {
+        "model_type": "qwen",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "kv_channels": 16,
+        "intermediate_size": 256,
+        "vocab_size": 256,
+    },
     "qwen2": {
         "model_type": "qwen2",
         "hidden_size": 64,
