@@ -169,7 +169,7 @@ def convert_folder(
     (mxfp4, nvfp4, mxfp8; nf4 is rounded and stored dequantized: `make.quant`); head_bits: bits for
     the embedding and lm_head (16 keeps them unquantized). keep_layers / layers: layer-drop (mutually
     exclusive); layer_pick: how keep_layers picks its blocks (even, first, importance on the
-    `calibration` file, default convert/calibration.txt). prune: a `make.prune` spec ('2:4', ...),
+    `calibration` file, default mlx_spec/recipes/calibration.txt). prune: a `make.prune` spec ('2:4', ...),
     applied before quantization. Operations run in the order drop, dtype, prune, quantize.
     Returns `out`. Provenance goes into config.json under "mlx_spec".
     """
