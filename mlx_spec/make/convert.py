@@ -205,7 +205,7 @@ def convert_folder(
     if not _weights_bytes(src):
         raise SourceError(f"{src}: no .safetensors weights found")
     src_cfg = json.loads((src / "config.json").read_text())
-    prior = src_cfg.pop("mlx_spec", None)
+    prior = src_cfg.pop("mlx_spec", None) or {}  # a folder mlx-spec made: its source (and operations, but random:NAME)
     from ..models import eagle3, mtp
     from ..models.rope import overrides
     from .heads import convert_head
@@ -244,7 +244,7 @@ def convert_folder(
             f"{src}: cannot load the model: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         ) from None
 
-    ops = list(prior["operations"]) if prior else []
+    ops = list(prior.get("operations", []))
     n_layers = len(model.layers)
     try:
         if keep_layers is not None:
@@ -363,8 +363,8 @@ def convert_folder(
         if keep_mtp:
             ops.append({"op": "mtp_layers", "file": mtp.FILE, "dtype": target, "note": "kept beside the model"})
         config["mlx_spec"] = {
-            "source": prior["source"] if prior else str(source),
-            "source_sha256": prior["source_sha256"] if prior else source_sha256,
+            "source": prior.get("source", str(source)),
+            "source_sha256": prior.get("source_sha256", source_sha256),
             "operations": ops,
             "version": __version__,
             **({"recipe": recipe} if recipe else {}),
