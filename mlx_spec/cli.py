@@ -145,8 +145,9 @@ ADAPTIVE = typer.Option(True, help="Adapt K and switch speculation off when it d
 
 @app.command()
 def generate(
+    text: str | None = typer.Argument(None, metavar="PROMPT", help="Prompt text (or --prompt)", show_default=False),
     model: str = MODEL,
-    prompt: str = typer.Option(DEFAULT_PROMPT, help="Prompt text"),
+    prompt: str | None = typer.Option(None, help=f"Prompt text, as the argument (default: {DEFAULT_PROMPT!r})"),
     draft: str | None = typer.Option(None, help=DRAFT_HELP),
     num_draft: int | None = NUM_DRAFT,
     max_tokens: int = typer.Option(DEFAULT_MAX_TOKENS, help="Max new tokens"),
@@ -177,6 +178,9 @@ def generate(
     from .make.resolve import resolve
     from .named import load_pair, make_drafter
 
+    if text is not None and prompt is not None:
+        raise MlxSpecError("give the prompt as the argument or as --prompt, not both")
+    prompt = text if text is not None else prompt if prompt is not None else DEFAULT_PROMPT
     _hint()
     spec = registry.parse(draft)  # once: every layer below takes the parsed spec
     cluster = Cluster.join(shard) if shard is not None else None

@@ -15,9 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _copy(dst: Path) -> Path:
-    """A second checkout: this one's package and recipes."""
-    for part in ("mlx_spec", "convert"):
-        shutil.copytree(REPO / part, dst / part, ignore=shutil.ignore_patterns("__pycache__"))
+    """A second checkout: this one's package (its recipes inside it)."""
+    shutil.copytree(REPO / "mlx_spec", dst / "mlx_spec", ignore=shutil.ignore_patterns("__pycache__"))
     return dst
 
 

@@ -23,6 +23,15 @@ def test_generate_plain_and_speculative_agree(tiny_models):
     assert len(set(outs.values())) == 1, outs
 
 
+def test_generate_takes_the_prompt_as_its_argument(tiny_models):
+    """`mlx-spec generate --model M "prompt"`, as `ollama run` takes it: the reply --prompt gives, not the default's."""
+    common = ["generate", "--model", str(tiny_models["qwen2"]), "--max-tokens", "12", "--no-chat"]
+    given = run_cli(*common, "def add(a, b):")
+    assert given.returncode == 0, given.stderr
+    assert given.stdout == run_cli(*common, "--prompt", "def add(a, b):").stdout
+    assert given.stdout != run_cli(*common).stdout  # the argument was read, not the default prompt
+
+
 def test_convert_cli_and_generate_from_result(tiny_models, tmp_path):
     out = tmp_path / "draft"
     res = run_cli(
@@ -92,6 +101,7 @@ def test_convert_cli_composes_the_draft_lab_methods(tiny_models, tmp_path):
         (["generate", "--model", "MODEL", "--temp", "-1"], "temp"),
         (["generate", "--model", "MODEL", "--draft", "OTHER"], "tokenizer differs"),
         (["generate", "--model", "/nonexistent/model.gguf"], "not found"),
+        (["generate", "--model", "MODEL", "--prompt", "a", "b"], "not both"),
     ],
 )
 def test_bad_input_is_one_line(tiny_models, tmp_path, args, match):

@@ -21,7 +21,8 @@ from .common import RunFile, git_revision, machine_info, md_table, median
 
 SIDES = ("old", "new")
 WORKER = Path(__file__).with_name("ab_worker.py")
-EXPORTED = ("mlx_spec", "convert")  # what a revision's worker needs: the package and the recipes it resolves names by
+# What a revision's worker needs: the package (its recipes inside it), and the recipes' folder of older revisions.
+EXPORTED = ("mlx_spec", "convert")
 
 
 @dataclass

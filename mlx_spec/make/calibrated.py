@@ -1,6 +1,6 @@
 """Calibrated quantization through mlx-lm's own `mlx_lm.quant` modules: GPTQ, AWQ and DWQ.
 
-We write no quantizer: each function feeds the project's calibration text (convert/calibration.txt,
+We write no quantizer: each function feeds the project's calibration text (mlx_spec/recipes/calibration.txt,
 or a file the caller names) to mlx-lm's implementation and returns the model and its `quantization`
 config. The result is ordinary MLX affine quantization, so it loads and runs like `--quantize intN`.
 mlx-lm's command-line versions download a calibration set from the web; ours ships with the project.

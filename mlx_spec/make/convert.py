@@ -182,12 +182,12 @@ def convert_folder(
     if not _weights_bytes(src):
         raise SourceError(f"{src}: no .safetensors weights found")
     src_cfg = json.loads((src / "config.json").read_text())
-    prior = src_cfg.pop("mlx_spec", None)
+    prior = src_cfg.pop("mlx_spec", None) or {}  # a folder mlx-spec made: its source (and operations, but random:NAME)
     if eagle3.is_head(src_cfg):
         return _convert_head(src, out, o, source)
     model, config, tokenizer = _load(src, src_cfg, out, o.dtype)
 
-    ops = list(prior["operations"]) if prior else []
+    ops = list(prior.get("operations", []))
     layers, drop = _pick_layers(model, config, tokenizer, o, log)  # every refusal before any write
     if layers is not None:
         config = kept_config(config, layers)
@@ -222,8 +222,8 @@ def convert_folder(
         if keep_mtp:
             ops.append({"op": "mtp_layers", "file": mtp.FILE, "dtype": o.target_dtype, "note": "kept beside the model"})
         config["mlx_spec"] = {
-            "source": prior["source"] if prior else str(source),
-            "source_sha256": prior["source_sha256"] if prior else source_sha256,
+            "source": prior.get("source", str(source)),
+            "source_sha256": prior.get("source_sha256", source_sha256),
             "operations": ops,
             "version": __version__,
             **({"recipe": o.recipe} if o.recipe else {}),

@@ -8,6 +8,8 @@ and the measured-importance layer skipping of SWIFT and Draft & Verify). `conver
 
 import sysconfig
 from collections.abc import Iterable, Sequence
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 import mlx.core as mx
@@ -16,7 +18,7 @@ from ..errors import ConvertError
 from ..models.base import text_of
 from .layers import Watched, with_blocks
 
-CALIBRATION = Path(__file__).resolve().parents[2] / "convert" / "calibration.txt"  # ships with the project
+CALIBRATION = files("mlx_spec") / "recipes" / "calibration.txt"  # package data, beside the recipes
 CALIBRATION_TOKENS = 1024  # tokens of calibration text per ranking: enough for a stable order, cheap to run
 PICKS = ("even", "first", "importance")  # how --keep-layers K chooses its blocks
 # Pure-Python standard library modules whose source joins the calibration text as a draft head's base vocabulary:
@@ -57,20 +59,20 @@ HEAD_MODULES = (
 
 def calibration_texts(path=None) -> list[str]:
     """The calibration passages (separated by two blank lines); a clear error for a missing, empty or binary file."""
-    path = Path(path) if path is not None else CALIBRATION
+    source: Traversable = Path(path) if path is not None else CALIBRATION
     try:
-        raw = path.read_bytes()
+        raw = source.read_bytes()
     except OSError as e:
-        raise ConvertError(f"calibration file {path}: {e.strerror or e}") from None
+        raise ConvertError(f"calibration file {source}: {e.strerror or e}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise ConvertError(f"calibration file {path}: not UTF-8 text") from None
+        raise ConvertError(f"calibration file {source}: not UTF-8 text") from None
     if "\x00" in text:
-        raise ConvertError(f"calibration file {path}: not text (it contains NUL bytes)")
+        raise ConvertError(f"calibration file {source}: not text (it contains NUL bytes)")
     passages = [p.strip() for p in text.split("\n\n\n") if p.strip()]
     if not passages:
-        raise ConvertError(f"calibration file {path}: empty")
+        raise ConvertError(f"calibration file {source}: empty")
     return passages
 
 

