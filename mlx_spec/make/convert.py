@@ -101,8 +101,8 @@ class Options:
     quantize: bits for MLX affine quantization (quant_mode "affine"), or the bits of quant_mode's format (mxfp4,
     nvfp4, mxfp8; nf4 is rounded and stored dequantized: `make.quant`); head_bits: bits for the embedding and lm_head
     (16 keeps them unquantized). keep_layers / layers: layer-drop (mutually exclusive); layer_pick: how keep_layers
-    picks its blocks (even, first, importance on the `calibration` file, default convert/calibration.txt). prune: a
-    `make.prune` spec ('2:4', ...), applied before quantization. recipe: the recipe's name, for the provenance.
+    picks its blocks (even, first, importance on the `calibration` file, default mlx_spec/recipes/calibration.txt).
+    prune: a `make.prune` spec ('2:4', ...), applied before quantization. recipe: the recipe's name, for the provenance.
     """
 
     dtype: str = "auto"
