@@ -4,12 +4,6 @@ import sys
 from pathlib import Path
 
 import typer
-from mlx_spec_apps.server.defaults import (
-    DEFAULT_HOST,
-    DEFAULT_MAX_CONCURRENCY,
-    DEFAULT_PORT,
-    PREFIX_CACHE_BYTES,
-)
 
 from . import blas
 from .bench.common import DEFAULT_OUT
@@ -28,6 +22,12 @@ from .named import (
     DRAFT_HELP,
     MODEL_HELP,
     NUM_DRAFT_HELP,
+)
+from .server.defaults import (
+    DEFAULT_HOST,
+    DEFAULT_MAX_CONCURRENCY,
+    DEFAULT_PORT,
+    PREFIX_CACHE_BYTES,
 )
 
 app = typer.Typer(
@@ -260,8 +260,7 @@ def chat(
     ),
 ):
     """Chat in the terminal; after each reply: tokens/s, drafts and acceptance, a speed-up estimate. /help: commands."""
-    from mlx_spec_apps.chat.repl import run
-
+    from .chat.repl import run
     from .gen import registry
 
     _hint()
@@ -337,9 +336,8 @@ def serve(
     ),
 ):
     """Serve the web chat at / and an OpenAI-compatible API at /v1, speculating for every concurrent request."""
-    from mlx_spec_apps.server.main import serve as run
-
     from .gen import registry
+    from .server.main import serve as run
 
     _hint()
     spec = registry.parse(draft)
@@ -524,9 +522,8 @@ def format_stats(s, drafting: bool = True) -> str:
 
 
 def _mount_bench() -> None:
-    from mlx_spec_apps.server.bench_cli import register
-
     from .bench import app as bench_app
+    from .server.bench_cli import register
 
     register(bench_app)  # `bench serve` drives the web app's server, a face above the bench package
     app.add_typer(bench_app, name="bench", help="Benchmarks: speeds as ratios against a baseline in the same run.")

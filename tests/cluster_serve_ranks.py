@@ -11,7 +11,7 @@ AS_IS, NO_ADMIT, NO_CANCEL = "as-is", "no-admit", "no-cancel"
 def dropping(what: str) -> None:
     """The followers take rank 0's steps but drop `what` of them: the requests admitted (their prompts never run
     there) or the requests cancelled (they go on generating there)."""
-    from mlx_spec_apps.server import lockstep
+    from mlx_spec.server import lockstep
 
     follow = lockstep.Lockstep.follow
 

@@ -350,7 +350,7 @@ class TtyStderr(io.StringIO):
 @pytest.fixture(scope="module")
 def served_pair(tiny_models):
     """The tiny target and draft as the server loads them."""
-    from mlx_spec_apps.server.pair import Pair
+    from mlx_spec.server.pair import Pair
 
     return Pair.load(str(tiny_models["qwen2"]), str(tiny_models["qwen2_draft"]))
 
@@ -531,7 +531,7 @@ class Scripted:
 
 def scripted_pair(tiny_models, pause=0.0, draft="suffix"):
     """The tiny target answering REPLY, drafted by `draft` with K=4 and the planner off (every round drafts)."""
-    from mlx_spec_apps.server.pair import Pair
+    from mlx_spec.server.pair import Pair
 
     base = Pair.load(str(tiny_models["qwen2"]), "none")
     tok = base.tokenizer
@@ -547,9 +547,10 @@ def served_like_plain(model_folder, draft: str, cli_draft: str) -> None:
     import threading
 
     import openai
-    from mlx_spec_apps.server.app import build_app
-    from mlx_spec_apps.server.main import Running
-    from mlx_spec_apps.server.pair import Pair
+
+    from mlx_spec.server.app import build_app
+    from mlx_spec.server.main import Running
+    from mlx_spec.server.pair import Pair
 
     asks = [[{"role": "user", "content": q}] for q in ("def add(a, b):", "class Point:", "import os", "x = [1, 2,")]
     replies = {}
@@ -625,7 +626,7 @@ class ToolAgent(Scripted):
 def scripted_tool_pair(tiny_models, reply: str = TOOL_REPLY, draft: str = "none"):
     """The tool-calling tiny target answering `reply` (a text, then a call, by default) after any prompt, or
     TOOL_ANSWER after one that holds TOOL_RESULT."""
-    from mlx_spec_apps.server.pair import Pair
+    from mlx_spec.server.pair import Pair
 
     folder = tool_model(tiny_models["qwen2"], tiny_models["qwen2"].parent / "qwen2_tools")
     base = Pair.load(str(folder), "none")

@@ -31,9 +31,9 @@ def aider_path() -> Path | None:
 
 @pytest.fixture(scope="module")
 def server():
-    from mlx_spec_apps.server.app import build_app
-    from mlx_spec_apps.server.main import Running
-    from mlx_spec_apps.server.pair import Pair
+    from mlx_spec.server.app import build_app
+    from mlx_spec.server.main import Running
+    from mlx_spec.server.pair import Pair
 
     if aider_path() is None:
         pytest.skip("aider not found: set MLX_SPEC_AIDER to its executable or its virtual environment")

@@ -417,8 +417,8 @@ def test_sliding_window_rows_batch_past_their_window_and_equal_their_solo_runs(t
 
 
 def test_a_joining_prompt_is_prefilled_a_chunk_per_round_beside_the_running_rows(served_pair):
-    from mlx_spec_apps.server.batching import Batcher
-    from mlx_spec_apps.server.params import Params
+    from mlx_spec.server.batching import Batcher
+    from mlx_spec.server.params import Params
 
     tok, model = served_pair.tokenizer, served_pair.target
     batcher = Batcher(served_pair, chunk=8)

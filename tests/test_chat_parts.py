@@ -4,10 +4,10 @@ import json
 
 import mlx.nn as nn
 import pytest
-from mlx_spec_apps.chat import commands, pair, report
-from mlx_spec_apps.chat.conversation import Chat, Settings
 
 from mlx_spec import named
+from mlx_spec.chat import commands, pair, report
+from mlx_spec.chat.conversation import Chat, Settings
 from mlx_spec.gen.session import Session
 from mlx_spec.gen.stats import Stats
 from mlx_spec.named import load_pair
@@ -178,8 +178,7 @@ def test_save_writes_the_transcript_with_stats_atomically(chat, tmp_path):
 
 
 def test_model_text_cannot_drive_the_terminal(capsys):
-    from mlx_spec_apps.chat.repl import _show
-
+    from mlx_spec.chat.repl import _show
     from mlx_spec.gen.stream import Event
 
     _show(Event(0, "a\x1b[2J\rb\n\tc\x9b", False, Stats()))

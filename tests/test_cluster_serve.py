@@ -12,13 +12,13 @@ from pathlib import Path
 import openai
 import pytest
 from conftest import PROMPTS, make_model
-from mlx_spec_apps.server.errors import ApiError
-from mlx_spec_apps.server.lockstep import STEP_LIMIT, Lockstep, Step, decode, encode
-from mlx_spec_apps.server.params import Params
-from mlx_spec_apps.server.scheduler import Job, Scheduler
 from test_cluster import Rank, local_ranks
 
 from mlx_spec.cluster import Cluster
+from mlx_spec.server.errors import ApiError
+from mlx_spec.server.lockstep import STEP_LIMIT, Lockstep, Step, decode, encode
+from mlx_spec.server.params import Params
+from mlx_spec.server.scheduler import Job, Scheduler
 
 RANKS = Path(__file__).with_name("cluster_serve_ranks.py")
 ASKS = [PROMPTS[0] + PROMPTS[1] + PROMPTS[0], PROMPTS[2]]  # the first is n-gram bait, as in test_cluster
@@ -33,7 +33,7 @@ def test_a_step_reads_back_as_rank_zero_wrote_it():
 
 
 def test_a_broken_group_answers_new_requests_with_a_503_naming_the_rank_and_health_says_so(tiny_models):
-    from mlx_spec_apps.server.pair import Pair
+    from mlx_spec.server.pair import Pair
 
     scheduler = Scheduler(Pair.load(str(tiny_models["qwen2"]), "none"), 4)
     lockstep = Lockstep(Cluster(Rank(0)))  # a stand-in group: nothing here runs a collective
@@ -106,9 +106,9 @@ def complete(client, prompt: str, temperature: float = 0.0, seed: int | None = N
 
 def one_machine(target: Path) -> list[str]:
     """Greedy replies to ASKS, then one seeded sampled reply, by the server on one machine, the target whole."""
-    from mlx_spec_apps.server.app import build_app
-    from mlx_spec_apps.server.main import Running
-    from mlx_spec_apps.server.pair import Pair
+    from mlx_spec.server.app import build_app
+    from mlx_spec.server.main import Running
+    from mlx_spec.server.pair import Pair
 
     with Running(build_app(Pair.load(str(target), "none"), max_concurrency=2)) as srv:
         client = openai.OpenAI(base_url=srv.url + "v1", api_key="unused", max_retries=0, timeout=60)

@@ -8,16 +8,16 @@ import openai
 import pytest
 from conftest import long_context
 from mlx_lm.generate import generate_step
-from mlx_spec_apps.server.app import build_app
-from mlx_spec_apps.server.main import Running
-from mlx_spec_apps.server.pair import Pair
-from mlx_spec_apps.server.pool import SessionPool
-from mlx_spec_apps.server.prefixes import MIN_SHARED, PrefixCache
 
 from mlx_spec.gen import registry
 from mlx_spec.gen.session import Session, Snapshot
 from mlx_spec.gen.verify import common_prefix
 from mlx_spec.named import load_model
+from mlx_spec.server.app import build_app
+from mlx_spec.server.main import Running
+from mlx_spec.server.pair import Pair
+from mlx_spec.server.pool import SessionPool
+from mlx_spec.server.prefixes import MIN_SHARED, PrefixCache
 
 SYSTEM = "You edit code. Tools: read(path), write(path, text), run(cmd). " + "".join(
     f"def f{i}(a, b):\n    return a + b * {i}\n" for i in range(24)

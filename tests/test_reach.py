@@ -306,9 +306,9 @@ def test_a_target_that_reads_the_cache_offset_as_one_number_runs_each_request_al
 
 
 def test_the_server_runs_a_target_alone_that_cannot_batch_and_its_requests_equal_plain(tok, caplog):
-    from mlx_spec_apps.server.batching import Batcher
-    from mlx_spec_apps.server.pair import Pair
-    from mlx_spec_apps.server.params import Params
+    from mlx_spec.server.batching import Batcher
+    from mlx_spec.server.pair import Pair
+    from mlx_spec.server.params import Params
 
     m = model("gpt_bigcode")
     pair = Pair("gpt_bigcode", registry.parse("hybrid"), m, tok)

@@ -11,11 +11,11 @@ import httpx
 import openai
 import pytest
 from conftest import one_line_error, run_cli, wait_for
-from mlx_spec_apps.server.app import build_app
-from mlx_spec_apps.server.main import Running
-from mlx_spec_apps.server.pair import Pair
 
 from mlx_spec.device import describe
+from mlx_spec.server.app import build_app
+from mlx_spec.server.main import Running
+from mlx_spec.server.pair import Pair
 
 MAX_TOKENS = 24
 HI = [{"role": "user", "content": "def add(a, b):"}]
@@ -185,7 +185,7 @@ def chunked(body: bytes, size: int = 64 * 1024):
 
 
 def test_a_body_past_what_the_context_can_hold_gets_a_413_at_once_and_the_server_carries_on(server, monkeypatch):
-    from mlx_spec_apps.server import params
+    from mlx_spec.server import params
 
     parse, parsed = params.parse_json, []
     monkeypatch.setattr(params, "parse_json", lambda raw: parsed.append(len(raw)) or parse(raw))

@@ -5,9 +5,10 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
-from mlx_spec_apps.server.app import build_app
-from mlx_spec_apps.server.main import Running
-from mlx_spec_apps.server.openapi import schema as openapi_schema
+
+from mlx_spec.server.app import build_app
+from mlx_spec.server.main import Running
+from mlx_spec.server.openapi import schema as openapi_schema
 
 pytestmark = pytest.mark.slow  # minutes: hundreds of requests, some of them generating
 

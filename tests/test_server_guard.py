@@ -4,13 +4,13 @@ loaded or allowed, and the API key kept off the command line."""
 import json
 
 import pytest
-from mlx_spec_apps.server.app import build_app
-from mlx_spec_apps.server.guard import host_name
-from mlx_spec_apps.server.main import api_key_from
-from mlx_spec_apps.server.pair import Pair
 from starlette.testclient import TestClient
 
 from mlx_spec.errors import MlxSpecError
+from mlx_spec.server.app import build_app
+from mlx_spec.server.guard import host_name
+from mlx_spec.server.main import api_key_from
+from mlx_spec.server.pair import Pair
 
 HI = [{"role": "user", "content": "def add(a, b):"}]
 BODIES = {  # every route that takes a body, with one it would run

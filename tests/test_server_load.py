@@ -9,14 +9,14 @@ import httpx
 import openai
 import pytest
 from conftest import health, wait_for
-from mlx_spec_apps.server.app import build_app
-from mlx_spec_apps.server.main import Running
-from mlx_spec_apps.server.pair import Pair
-from mlx_spec_apps.server.pool import IDLE_EXTRA
 
 from mlx_spec.gen.costs import Costs
 from mlx_spec.gen.engine import Engine
 from mlx_spec.gen.planner import Planner
+from mlx_spec.server.app import build_app
+from mlx_spec.server.main import Running
+from mlx_spec.server.pair import Pair
+from mlx_spec.server.pool import IDLE_EXTRA
 
 CLIENTS = 8
 PROMPTS = [

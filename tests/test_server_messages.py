@@ -9,12 +9,13 @@ import httpx
 import openai
 import pytest
 from conftest import TOOL_CALL, scripted_tool_pair
-from mlx_spec_apps.server.app import build_app
-from mlx_spec_apps.server.errors import ApiError
-from mlx_spec_apps.server.main import Running
-from mlx_spec_apps.server.messages import Reply, chat_body
-from mlx_spec_apps.server.scheduler import Done
-from mlx_spec_apps.server.tools import ToolCall
+
+from mlx_spec.server.app import build_app
+from mlx_spec.server.errors import ApiError
+from mlx_spec.server.main import Running
+from mlx_spec.server.messages import Reply, chat_body
+from mlx_spec.server.scheduler import Done
+from mlx_spec.server.tools import ToolCall
 
 CODE = "def add(a, b):"
 JSON = {"Content-Type": "application/json"}

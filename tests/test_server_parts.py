@@ -1,13 +1,14 @@
 """The server's pieces without a socket: stop strings, request checks, the session pool's choice, the wire format."""
 
 import pytest
-from mlx_spec_apps.server import params as P
-from mlx_spec_apps.server.errors import ApiError
-from mlx_spec_apps.server.pair import Pair
-from mlx_spec_apps.server.pool import SessionPool
-from mlx_spec_apps.server.scheduler import Delta, Done
-from mlx_spec_apps.server.stops import Mark, StopText
-from mlx_spec_apps.server.wire import Reply
+
+from mlx_spec.server import params as P
+from mlx_spec.server.errors import ApiError
+from mlx_spec.server.pair import Pair
+from mlx_spec.server.pool import SessionPool
+from mlx_spec.server.scheduler import Delta, Done
+from mlx_spec.server.stops import Mark, StopText
+from mlx_spec.server.wire import Reply
 
 
 def feed(stop, tokens):

@@ -21,15 +21,15 @@ import mlx.core as mx
 import openai
 import pytest
 from conftest import chi_square_pvalue_ok, wait_for
-from mlx_spec_apps.server.app import build_app
-from mlx_spec_apps.server.main import Running
-from mlx_spec_apps.server.pair import Pair
 from test_server_load import Slow, gated
 
 from mlx_spec.gen import verify
 from mlx_spec.gen.load import vocab_width
 from mlx_spec.gen.planner import Planner
 from mlx_spec.gen.sampling import Sampler
+from mlx_spec.server.app import build_app
+from mlx_spec.server.main import Running
+from mlx_spec.server.pair import Pair
 
 pytestmark = pytest.mark.slow  # chi-square laws over HTTP: 400 replies a case
 

@@ -9,9 +9,10 @@ import threading
 import httpx
 import pytest
 from conftest import health, wait_for
-from mlx_spec_apps.server.app import build_app
-from mlx_spec_apps.server.main import Running
-from mlx_spec_apps.server.pair import Pair
+
+from mlx_spec.server.app import build_app
+from mlx_spec.server.main import Running
+from mlx_spec.server.pair import Pair
 
 pytestmark = pytest.mark.slow  # a few hundred requests
 

@@ -4,9 +4,9 @@ import json
 
 import pytest
 from conftest import long_context, one_line_error, run_cli
-from mlx_spec_apps.server.bench_cli import Server
 
 from mlx_spec.bench.served import ThroughputSettings, run_throughput
+from mlx_spec.server.bench_cli import Server
 
 
 @pytest.mark.slow  # the throughput bench: two servers, every client count
@@ -64,7 +64,7 @@ def test_bench_serve_refuses_a_run_without_a_drafter_in_one_line(tiny_models):
 
 
 def test_bench_serve_is_mounted_under_the_bench_with_its_options():
-    """apps/server/bench_cli.py mounts the command on the bench; `mlx-spec bench` lists it."""
+    """mlx_spec/server/bench_cli.py mounts the command on the bench; `mlx-spec bench` lists it."""
     from typer.testing import CliRunner
 
     from mlx_spec.cli import app

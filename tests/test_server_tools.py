@@ -12,12 +12,13 @@ import openai
 import pytest
 from conftest import Scripted, long_context, real_enabled
 from mlx_lm.tool_parsers import json_tools, mistral
-from mlx_spec_apps.server.app import build_app
-from mlx_spec_apps.server.errors import ApiError
-from mlx_spec_apps.server.main import Running
-from mlx_spec_apps.server.pair import Pair
-from mlx_spec_apps.server.params import messages as checked
-from mlx_spec_apps.server.tools import Syntax, ToolCall, ToolText, parse_tools, split
+
+from mlx_spec.server.app import build_app
+from mlx_spec.server.errors import ApiError
+from mlx_spec.server.main import Running
+from mlx_spec.server.pair import Pair
+from mlx_spec.server.params import messages as checked
+from mlx_spec.server.tools import Syntax, ToolCall, ToolText, parse_tools, split
 
 # A compact Qwen2.5-style template: mlx-lm infers its parser ("json_tools") from "<tool_call>" and "tool_call.name".
 TEMPLATE = (

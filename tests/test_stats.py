@@ -7,15 +7,15 @@ import socket
 
 import pytest
 from conftest import REPLY, Scripted, scripted_pair, spec, wait_for
-from mlx_spec_apps.server import app as server_app
-from mlx_spec_apps.server.app import build_app
-from mlx_spec_apps.server.main import Running
 from starlette.testclient import TestClient
 from test_server_load import gated
 
 from mlx_spec.gen.drafters.self_draft import SelfDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.load import vocab_width
+from mlx_spec.server import app as server_app
+from mlx_spec.server.app import build_app
+from mlx_spec.server.main import Running
 
 CODE = "def add(a, b):\n    return a + b\n"
 

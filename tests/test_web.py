@@ -17,8 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import ASK, CODE, health, scripted_pair, wait_for
-from mlx_spec_apps.server.app import build_app
-from mlx_spec_apps.server.main import Running
+
+from mlx_spec.server.app import build_app
+from mlx_spec.server.main import Running
 
 CHROMIUM = shutil.which("chromium")
 ARGS = [

@@ -24,7 +24,7 @@ import pytest
 pytestmark = pytest.mark.slow  # builds a wheel, starts the installed command
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = {"mlx_spec": "mlx_spec", "apps": "mlx_spec_apps"}  # checkout folder -> the name it installs as
+PACKAGES = {"mlx_spec": "mlx_spec"}  # checkout folder -> the name it installs as
 TOP = ("pyproject.toml", "README.md", "LICENSE")
 
 
@@ -95,17 +95,17 @@ def installed(tmp_path_factory) -> Installed:
 
 
 def test_the_wheel_holds_every_file_of_the_packages(installed):
-    """Every file of mlx_spec/ and apps/ (code, recipes, calibration text, suites, the page and its vendored
+    """Every file of mlx_spec/ (code, recipes, calibration text, suites, the chat, the server, the page and its vendored
     libraries) is in the wheel under its installed name; no test or notebook is."""
     names = set(zipfile.ZipFile(installed.wheel).namelist())
     expected = {PACKAGES[f.split("/")[0]] + f[f.index("/") :] for f in installed.sources}
     assert expected - names == set()
-    assert {"mlx_spec/recipes/calibration.txt", "mlx_spec_apps/server/static/vendor/marked.umd.js"} <= names
+    assert {"mlx_spec/recipes/calibration.txt", "mlx_spec/server/static/vendor/marked.umd.js"} <= names
     assert not [n for n in names if n.startswith(("tests/", "notebooks/", "docs/"))]
 
 
 def test_the_packages_import_from_the_environment_not_the_checkout(installed):
-    code = "import mlx_spec, mlx_spec_apps, sys; print(mlx_spec.__file__); print(mlx_spec_apps.__file__)"
+    code = "import mlx_spec, mlx_spec.server.app, sys; print(mlx_spec.__file__); print(mlx_spec.server.app.__file__)"
     out = subprocess.run(
         [installed.python, "-c", code], cwd=installed.cwd, env=installed.env, capture_output=True, text=True
     )

@@ -8,7 +8,7 @@ from .common import machine_info
 from .results import ResultFile
 
 Log = Callable[[str], None]
-# suite kinds whose runs need a face above the bench, by kind: `agent` (apps/server/bench_cli.py registers it with
+# suite kinds whose runs need a face above the bench, by kind: `agent` (mlx_spec/server/bench_cli.py registers it with
 # its server)
 FACES: dict[str, Callable[..., ResultFile]] = {}
 

@@ -11,6 +11,7 @@ import uvicorn
 from mlx_spec.cluster import Cluster, ClusterError
 from mlx_spec.device import describe
 from mlx_spec.errors import MlxSpecError
+from mlx_spec.gen import registry
 from mlx_spec.named import Log
 
 from .app import build_app
@@ -79,7 +80,7 @@ def serve(
     api_key_file: Path | None = None,
     allowed_hosts: Sequence[str] = (),
     cors_origin: str | None = None,
-    allow_draft: Sequence[str] = (),
+    allow_draft: Sequence[registry.Spec] = (),
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
     num_draft: int | None = None,
     max_tokens: int | None = None,
