@@ -12,6 +12,12 @@ CANNOT_LOAD = {
     "prism_hadamard_qwen35": "its ModelArgs take only a packed 2-bit Hadamard checkpoint's manifest",
 }
 
+# Types whose runs fail for a reason not found yet: their tests run, expected to fail (xfail), each with what was seen.
+OPEN = {
+    "recurrent_gemma": "mlx-spec's plain tokens equal the model's own pass over the prompt (first token 54 at seed 0), "
+    "mlx-lm's generate_step gives another (10): which of mlx-lm's two paths is right is not settled",
+}
+
 # The families people run most (issue 55): the quick tier. Every other type runs in the slow tier.
 QUICK = (
     "gpt_oss",

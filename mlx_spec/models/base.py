@@ -86,9 +86,13 @@ class Text:
     def vocab_size(self) -> int:
         """The width of the logits (the padded vocabulary)."""
         v = getattr(self.args, "vocab_size", None)
-        if v is None and self.embed is None:
-            raise UnsupportedError(f"{self.model_type}: no vocabulary size in its config and no embed_tokens")
-        return v if v is not None else self.embed.weight.shape[0]
+        if v is not None:
+            return v
+        if self.embed is not None:
+            return self.embed.weight.shape[0]
+        import mlx.core as mx  # (a config that names it otherwise, e.g. phixtral's num_vocab): one token's logits
+
+        return self.model(mx.array([[0]])).shape[-1]
 
     @property
     def hidden_size(self) -> int | None:

@@ -92,7 +92,7 @@ class RewindableCache(ArraysCache):
             if keep <= 0:
                 done += length
                 continue
-            x, kw = x[:, :keep], _take(kw, None, keep)
+            x, kw = x[:, :keep], _take(kw, None, keep, x.shape[1])
             _replay(layer, x, kw, self)  # advances the offset by keep
             self._calls.append((list(state), layer, x, kw, self.offset))
             done = n
@@ -144,7 +144,7 @@ class RewindableRows(RewindableCache):
                 # mlx-lm leaves ArraysCache.cache unannotated: [None] * size until the first update
                 part.cache = [mx.zeros_like(a[idx]) if s is None else s[idx] for s, a in zip(before, self.cache)]  # type: ignore[misc]
                 if keep:
-                    _replay(layer, x[idx, :keep], _take(kw, rows, keep), part)
+                    _replay(layer, x[idx, :keep], _take(kw, rows, keep, width), part)
                 parts.append(part.cache)
                 for j, i in enumerate(rows):
                     index[i], self._rows[i] = count + j, (call, i, keep) if keep else None
@@ -184,18 +184,25 @@ class RewindableRows(RewindableCache):
         if row is not None:
             (before, layer, x, kw, _), i, k = row
             state = [None if s is None else s[i : i + 1] for s in before]
-            out._calls.append((state, layer, x[i : i + 1, :k], _take(kw, [i], k), out.offset))
+            out._calls.append((state, layer, x[i : i + 1, :k], _take(kw, [i], k, x.shape[1]), out.offset))
         return out
 
 
-def _take(kw: dict, rows: list[int] | None, keep: int) -> dict:
-    """A recorded call's keyword arguments for the given rows (None: all) and its first `keep` positions: the mask is
-    (rows, positions), a per-row array (a position) is (rows,)."""
+def _take(kw: dict, rows: list[int] | None, keep: int, length: int) -> dict:
+    """A recorded call's keyword arguments for the given rows (None: all) and its first `keep` of `length` positions:
+    the mask is (rows, ..., positions), another input of the call's positions (rwkv7's `v_first`) (rows, positions,
+    ...), a per-row array (a position) (rows,)."""
     out = dict(kw)
     for name, v in kw.items():
-        if isinstance(v, mx.array) and v.ndim and rows is not None:
+        if not isinstance(v, mx.array):
+            continue
+        if v.ndim and rows is not None:
             v = v[mx.array(rows)]
-        out[name] = v[..., :keep] if name == "mask" and v is not None else v
+        if name == "mask":
+            v = v[..., :keep]
+        elif v.ndim >= 2 and v.shape[1] == length:
+            v = v[:, :keep]
+        out[name] = v
     return out
 
 

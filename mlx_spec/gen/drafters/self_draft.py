@@ -165,4 +165,12 @@ class QuantSelfDrafter(SelfDrafter):
     def __init__(self, model, fmt: str, vocab_size: int, real_vocab: int | None = None, head_ids=None):
         self.format = fmt
         refuse(model, self.name, list(range(len(model.layers))), caches_only=True)  # before the copy is made
-        super().__init__(shared_copy(model, fmt), range(len(model.layers)), vocab_size, real_vocab, head_ids)
+        copy = shared_copy(model, fmt)
+        try:  # a model whose code reads a weight as a dense matrix (seed_oss) cannot run quantized
+            mx.eval(copy(mx.array([[0, 1]]), cache=new_cache(copy)))
+        except Exception as e:  # mlx-lm's code for this type, whatever it raises
+            raise UnsupportedError(
+                f"{self.name} drafting is not supported for {text_of(model).model_type}: its quantized copy does not "
+                f"run: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+            ) from None
+        super().__init__(copy, range(len(model.layers)), vocab_size, real_vocab, head_ids)
