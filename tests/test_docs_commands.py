@@ -7,18 +7,23 @@ that starts with `mlx-spec `. The lab notebook is left out: it records what ran 
 
 import functools
 import itertools
+import os
 import re
 import shlex
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 import typer.main
 from conftest import run_cli
-from typer._click.exceptions import NoArgsIsHelpError
 
 from mlx_spec.cli import app
 from mlx_spec.make import recipes
+from mlx_spec.named import DEFAULT_DRAFT
 
 REPO = Path(__file__).resolve().parents[1]
 HISTORY = {"notebook.md"}  # the lab's record of what ran, each command at its own revision
@@ -79,7 +84,7 @@ def shown_commands() -> list[Shown]:
                 )
             else:
                 texts = re.findall(r"`mlx-spec ([^`]*)`", line)
-            out += [Shown(doc.name, n, args) for t in texts for args in _words(t)]
+            out += [Shown(doc.name, n, args) for t in texts for args in _words(t) if args]
     return out
 
 
@@ -102,10 +107,10 @@ def _root():
 
 def parses(args: tuple[str, ...]) -> None:
     """Parse `args` as `mlx-spec` would (a usage error raises); a group named alone is a mention, not a call."""
-    try:
-        _root().main(list(args), prog_name="mlx-spec", standalone_mode=False)
-    except NoArgsIsHelpError:
-        assert len(args) == 1, args
+    root = _root()
+    if len(args) == 1 and getattr(root.commands.get(args[0]), "commands", None):
+        return
+    root.main(list(args), prog_name="mlx-spec", standalone_mode=False)
 
 
 @functools.cache
@@ -119,8 +124,7 @@ def _real(word: str) -> bool:
         word in _recipe_names()
         or word.endswith(".gguf")
         or word.startswith("./")
-        or bool(re.fullmatch(r"[A-Za-z][\w.-]*/[\w.-]+", word))
-        and not word.startswith(("out/", "heads/", "runs/"))
+        or (bool(re.fullmatch(r"[A-Za-z][\w.-]*/[\w.-]+", word)) and not word.startswith(("out/", "heads/", "runs/")))
     )
 
 
@@ -137,15 +141,15 @@ def tiny(args: tuple[str, ...], tmp: Path) -> list[str]:
 
 
 def runnable(words: list[str]) -> bool:
-    """What random:tiny can run in a test: listing and fetching, and generating or converting on one machine with the
-    drafters and layer counts a 4-layer model without heads has. The rest (serve, chat, the bench's suites,
-    train-head, draft-search, a sharded target) starts servers, terminals or runs of minutes: parsed only."""
+    """What random:tiny can run in a test: listing and fetching, and generating, converting or serving on one machine
+    with the drafters and layer counts a 4-layer model without heads has. The rest (chat, the bench's suites,
+    train-head, draft-search, a sharded target) needs a terminal, runs for minutes or needs a cluster: parsed only."""
     if words[0] in ("models", "fetch"):
         return True
-    if words[0] not in ("generate", "convert") or "--shard" in words:
+    if words[0] not in ("generate", "convert", "serve") or "--shard" in words:
         return False
     opts = dict(zip(words, words[1:]))
-    if any(opts.get(o, "").startswith(("eagle3", "mtp", "dflash")) for o in ("--draft",)):
+    if opts.get("--draft", "").startswith(("eagle3", "mtp", "dflash")):
         return False
     layers = [int(x) for o in ("--keep-layers", "--layers") for x in re.findall(r"\d+", opts.get(o, ""))]
     return all(n < 4 for n in layers)
@@ -170,7 +174,18 @@ def test_a_wrong_option_does_not_parse():
             parses(args)
 
 
-RUN = list({tuple(w): s for s in reversed(SHOWN) if runnable(w := tiny(s.args, Path("out")))}.values())[::-1]
+def _distinct_runnable() -> list[Shown]:
+    """The runnable commands, each once (the README and a doc often show the same one)."""
+    seen, out = set(), []
+    for s in SHOWN:
+        words = tuple(tiny(s.args, Path("out")))
+        if runnable(list(words)) and words not in seen:
+            seen.add(words)
+            out.append(s)
+    return out
+
+
+RUN = _distinct_runnable()
 
 
 @pytest.fixture(scope="module")
@@ -183,8 +198,38 @@ def home(tmp_path_factory):
 @pytest.mark.parametrize("shown", RUN, ids=str)
 def test_every_command_a_tiny_model_can_run_runs(shown, tmp_path, home):
     words = tiny(shown.args, tmp_path)
-    if words[0] == "generate":
+    if words[0] in ("generate", "serve"):  # the defaults name real models; a reply of a few tokens is enough
         words += [] if "--model" in words else ["--model", TINY]
+        words += (
+            [] if "--draft" in words or words[0] == "generate" else ["--draft", tiny((DEFAULT_DRAFT,), tmp_path)[0]]
+        )
         words += [] if "--max-tokens" in words else ["--max-tokens", "8"]
+    if words[0] == "serve":
+        _serves(words, home, tmp_path / "serve.log")
+        return
     res = run_cli(*words, env={"MLX_SPEC_HOME": str(home)})
     assert res.returncode == 0, f"{shown}\n{res.stderr}"
+
+
+def _serves(words: list[str], home: Path, log: Path) -> None:
+    """`mlx-spec serve ...` on a free port prints its URL first, answers a chat completion, and stops on Ctrl-C."""
+    opts = dict(zip(words, words[1:]))
+    words = [w for i, w in enumerate(words) if w != "--port" and (i == 0 or words[i - 1] != "--port")]
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mlx_spec.cli", *words, "--port", "0"],
+            env=dict(os.environ, MLX_SPEC_HOME=str(home)),
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()  # printed once the socket listens: the first line on stdout
+        assert url.startswith("http://"), f"stdout began {url!r}\n{log.read_text()}"
+        ask = {"model": opts.get("--model", TINY), "messages": [{"role": "user", "content": "hi"}]}
+        reply = httpx.post(url + "v1/chat/completions", json=ask, timeout=120)
+        assert reply.status_code == 200, reply.text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)

@@ -134,20 +134,33 @@ def test_generate_and_convert_run_from_the_wheel(installed, tmp_path):
     assert (out / "config.json").is_file()
 
 
-def test_serve_answers_and_serves_its_page(installed):
+def test_serve_answers_and_serves_its_page(installed, tmp_path):
     """The installed server: the model listed, a chat completion, the page and every file it links (vendor too)."""
-    proc = subprocess.Popen(
-        [installed.command, "serve", "--model", "random:tiny", "--draft", "suffix", "--port", "0", "--max-tokens", "4"],
-        cwd=installed.cwd,
-        env=installed.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    log = tmp_path / "serve.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [
+                installed.command,
+                "serve",
+                "--model",
+                "random:tiny",
+                "--draft",
+                "suffix",
+                "--port",
+                "0",
+                "--max-tokens",
+                "4",
+            ],
+            cwd=installed.cwd,
+            env=installed.env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
     try:
         assert proc.stdout is not None
         url = proc.stdout.readline().strip()  # printed once the socket listens
-        assert url.startswith("http://127.0.0.1:"), proc.stderr.read() if proc.stderr else ""
+        assert url.startswith("http://127.0.0.1:"), f"stdout began {url!r}\n{log.read_text()}"
         listed = httpx.get(url + "v1/models", timeout=30).json()["data"]
         assert [m["id"] for m in listed] == ["random:tiny"]
         reply = httpx.post(

@@ -175,6 +175,7 @@ def _tokenizer(vocab_size: int):
         vocab_size=vocab_size,
         special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,  # its bars go to stdout, where `fetch` prints the folder and `serve` its URL
     )
     tok.train_from_iterator(calibration_texts(), trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
