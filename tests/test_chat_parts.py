@@ -18,8 +18,10 @@ def spec_stats() -> Stats:
     return Stats(
         generation_tokens=101,
         generation_time=2.0,
+        first_tokens=1,  # the first round's, timed with the prompt
         proposed=50,
         accepted=40,
+        from_draft=40,
         spec_rounds=20,
         rounds=61,
         proposed_by_position=[20, 20, 10],
@@ -34,7 +36,7 @@ def test_stats_line_has_speed_drafts_acceptance_and_an_estimated_speedup():
         "[50.0 tok/s · 40% of tokens from drafts · acceptance 80% · mean accepted 2.00 · "
         "2.00x vs plain ~25.0 tok/s (est. from measured target steps)]"
     )
-    assert report.stats_line(Stats(generation_tokens=11, generation_time=1.0), 0.1, drafting=True) == (
+    assert report.stats_line(Stats(generation_tokens=11, generation_time=1.0, first_tokens=1), 0.1, drafting=True) == (
         "[10.0 tok/s · 0% of tokens from drafts · no draft tokens proposed · 1.00x vs plain ~10.0 tok/s "
         "(est. from measured target steps)]"
     )

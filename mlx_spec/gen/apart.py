@@ -31,8 +31,9 @@ def _probe(model) -> str | None:
     give each row the logits it gets alone (afm7's shared-key layers read a position from the cache's width)."""
     run, rows, alone = recurrent.recording(model), Rows[int](), []
     what = f"{text_of(model).model_type} cannot run requests of different lengths in one pass"
+    v = text_of(model).vocab_size  # (ids past it read no embedding row)
     try:
-        for i, (held, nxt) in enumerate((([3, 5], 7), ([4], 9))):
+        for i, (held, nxt) in enumerate((([3 % v, 5 % v], 7 % v), ([4 % v], 9 % v))):
             caches = [new_cache(model), new_cache(model)]
             if not batchable(caches[0]):
                 kinds = ", ".join(sorted({type(c).__name__ for c in caches[0]}))
@@ -41,7 +42,7 @@ def _probe(model) -> str | None:
                 mx.eval(run(mx.array([held], dtype=mx.uint32), cache=c))
             alone.append(run(mx.array([[nxt]], dtype=mx.uint32), cache=caches[1])[0, -1])
             rows.add(i, caches[0])
-        joint = run(mx.array([[7], [9]], dtype=mx.uint32), cache=rows.layers)[:, -1]
+        joint = run(mx.array([[7 % v], [9 % v]], dtype=mx.uint32), cache=rows.layers)[:, -1]
         mx.eval(joint)
     except Exception as e:  # mlx-lm's code for this type, whatever it raises
         return f"{what} ({(str(e).splitlines() or [''])[0]})"

@@ -23,7 +23,7 @@ def holder_of(model) -> str | None:
     import mlx.nn as nn
 
     ids = [id(b) for b in getattr(model, "layers", None) or ()]
-    level = [("", model)] if ids and isinstance(model, nn.Module) else []
+    level = [("", model)] if ids and hasattr(model, "children") else []  # (a wrapper that forwards to a model too)
     for _ in range(HOLDER_DEPTH):
         below = []
         for path, m in level:
