@@ -19,25 +19,25 @@ BY_COLUMN = {"minimax_m3_vl": "its block-sparse attention groups keys by their c
 
 
 def apart(model) -> str | None:
-    """Why rows cannot share a pass of `model` (one line), or None where they can."""
-    kind = text_of(model).model_type
-    if kind in BY_COLUMN:
-        return f"{kind} cannot run requests of different lengths in one pass ({BY_COLUMN[kind]})"
+    """Why rows cannot share a pass of `model` (one line), or None where they can (found once per model)."""
     return per_model(_SEEN, model, id(model), lambda: _probe(model))
 
 
 def _probe(model) -> str | None:
     """Two rows, of two tokens and of one, joined as the engine joins them, then one pass over both: it must run and
     give each row the logits it gets alone (afm7's shared-key layers read a position from the cache's width)."""
+    text = text_of(model)
+    what = f"{text.model_type} cannot run requests of different lengths in one pass"
+    if text.model_type in BY_COLUMN:
+        return f"{what} ({BY_COLUMN[text.model_type]})"
     run, rows, alone = recurrent.recording(model), Rows[int](), []
-    what = f"{text_of(model).model_type} cannot run requests of different lengths in one pass"
-    v = text_of(model).vocab_size  # (ids past it read no embedding row)
+    v = text.vocab_size  # (ids past it read no embedding row)
     try:
         for i, (held, nxt) in enumerate((([3 % v, 5 % v], 7 % v), ([4 % v], 9 % v))):
             caches = [new_cache(model), new_cache(model)]
             if not batchable(caches[0]):
                 kinds = ", ".join(sorted({type(c).__name__ for c in caches[0]}))
-                return f"{text_of(model).model_type}'s caches ({kinds}) do not join others'"
+                return f"{text.model_type}'s caches ({kinds}) do not join others'"
             for c in caches:
                 mx.eval(run(mx.array([held], dtype=mx.uint32), cache=c))
             alone.append(run(mx.array([[nxt]], dtype=mx.uint32), cache=caches[1])[0, -1])
