@@ -108,7 +108,9 @@ def differs(kind: str, prompt: str, got: list[int]) -> str | None:
     if got == want:
         return None
     i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    tie = f" (a near-tie: gap {gaps[i]:.1e}; give {kind} another seed)" if i < len(gaps) and gaps[i] < TIE else ""
+    gap = gaps[i] if i < len(gaps) else TIE
+    hint = "its logits saturate: lower its SCALE or raise its soft cap" if gap == 0 else f"give {kind} another seed"
+    tie = f" (a near-tie: gap {gap:.1e}; {hint})" if gap < TIE else ""
     mine, theirs = (x[i] if i < len(x) else "end" for x in (got, want))
     return f"{prompt} prompt, token {i}: {mine}, mlx-lm {theirs}{tie}"
 
