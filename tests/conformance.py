@@ -67,8 +67,11 @@ class Vocab:
 
 @functools.lru_cache(maxsize=4)
 def model(kind: str, **override):
-    """A tiny model of `kind` with seeded random weights, scaled so that its next-token distributions are peaked."""
+    """A tiny model of `kind` with seeded random weights, scaled so that its next-token distributions are peaked;
+    `override` replaces config fields (`vocab_size` the wrapped text model's too)."""
     config = {**CONFIGS[kind], **override}
+    if "vocab_size" in override and "text_config" in config:
+        config["text_config"] = {**config["text_config"], "vocab_size": override["vocab_size"]}
     module = importlib.import_module(f"mlx_lm.models.{kind}")
     mx.random.seed(SEEDS.get(kind, 0))
     m = module.Model(module.ModelArgs.from_dict(config))

@@ -6,162 +6,15 @@ import functools
 
 import mlx.core as mx
 import pytest
+from conformance import model as tiny
+from conformance_models import CONFIGS
 from conftest import make_tokenizer, plain_greedy, run_cli, spec
-from mlx.utils import tree_map
 
 from mlx_spec.errors import UnsupportedError
 from mlx_spec.gen import registry
 from mlx_spec.models.base import text_of
 
-V = 320  # conftest's tokenizer's vocabulary
-TEXT = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=V)
-# Tiny configs of each type, after mlx-lm's tests/test_models.py (test_all_models), made smaller.
-CONFIGS = {
-    "mistral3": {
-        "model_type": "mistral3",
-        "text_config": dict(TEXT, model_type="mistral", num_hidden_layers=4, rms_norm_eps=1e-5, rope_theta=1000.0),
-    },
-    "llama4": {
-        "model_type": "llama4",
-        "text_config": dict(
-            TEXT,
-            model_type="llama4",
-            attention_bias=False,
-            attention_chunk_size=8,  # crossed by the prompts: chunked attention in play
-            head_dim=16,
-            interleave_moe_layer_step=2,
-            intermediate_size_mlp=128,
-            max_position_embeddings=1000,
-            num_experts_per_tok=1,
-            num_hidden_layers=4,
-            num_local_experts=2,
-            rms_norm_eps=1e-4,
-            rope_scaling=None,
-            rope_theta=1000,
-            use_qk_norm=True,
-        ),
-    },
-    "gemma3n": {
-        "model_type": "gemma3n",
-        "vocab_size": V,
-        "text_config": dict(
-            TEXT,
-            model_type="gemma3n",
-            num_hidden_layers=4,
-            head_dim=16,
-            rms_norm_eps=1e-5,
-            num_kv_shared_layers=2,  # the last two layers read the caches of earlier ones
-            vocab_size_per_layer_input=V,
-            sliding_window=64,
-            max_position_embeddings=1000,
-            rope_local_base_freq=1.0,
-            rope_theta=1000.0,
-            final_logit_softcapping=30.0,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-            activation_sparsity_pattern=[0.0, 0.0, 0.0, 0.0],
-            hidden_size_per_layer_input=16,
-            altup_num_inputs=2,
-            altup_coef_clip=1.0,
-            altup_correct_scale=True,
-            altup_active_idx=0,
-            laurel_rank=8,
-        ),
-    },
-    "qwen3_vl": {
-        "model_type": "qwen3_vl",
-        "text_config": dict(
-            TEXT,
-            model_type="qwen3",
-            num_hidden_layers=4,
-            rms_norm_eps=1e-5,
-            head_dim=16,
-            max_position_embeddings=1000,
-            tie_word_embeddings=False,
-            rope_theta=1000,
-        ),
-    },
-    "gemma3": {
-        "model_type": "gemma3",
-        "vocab_size": V,
-        "text_config": dict(
-            TEXT,
-            model_type="gemma3_text",
-            num_hidden_layers=4,
-            head_dim=16,
-            query_pre_attn_scalar=16,
-            sliding_window=256,
-            sliding_window_pattern=2,
-        ),
-    },
-    "gemma4": {
-        "model_type": "gemma4",
-        "vocab_size": V,
-        "text_config": dict(
-            TEXT,
-            model_type="gemma4_text",
-            num_hidden_layers=4,
-            num_key_value_heads=1,
-            head_dim=16,
-            global_head_dim=32,
-            rms_norm_eps=1e-6,
-            vocab_size_per_layer_input=V,
-            num_kv_shared_layers=2,
-            hidden_size_per_layer_input=16,
-            sliding_window=256,
-            sliding_window_pattern=2,
-            final_logit_softcapping=30.0,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-            rope_parameters={
-                "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
-                "sliding_attention": {"rope_theta": 10000.0},
-            },
-        ),
-    },
-    "gemma3_text": dict(
-        TEXT,
-        model_type="gemma3_text",
-        num_hidden_layers=4,
-        head_dim=16,
-        query_pre_attn_scalar=16,
-        sliding_window=256,
-        sliding_window_pattern=2,
-    ),
-    "afm7": dict(
-        model_type="afm7",
-        vocab_size=V,
-        hidden_dim=64,
-        num_layers=4,
-        num_kv_reuse_layers=2,  # the last two layers read the first two's caches
-        num_heads=4,
-        num_kv_heads=2,
-    ),
-    "deepseek_v32": dict(
-        TEXT,
-        model_type="deepseek_v32",
-        moe_intermediate_size=64,
-        num_hidden_layers=2,
-        n_routed_experts=4,
-        n_group=2,
-        topk_group=1,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        kv_lora_rank=4,
-        q_lora_rank=4,
-        qk_rope_head_dim=16,
-        v_head_dim=16,
-        qk_nope_head_dim=16,
-    ),
-    "gpt_bigcode": dict(
-        model_type="gpt_bigcode",
-        n_embd=64,
-        n_layer=2,
-        n_inner=128,
-        n_head=4,
-        n_positions=1000,
-        layer_norm_epsilon=1e-5,
-        vocab_size=V,
-    ),
-}
+V = 320  # conftest's tokenizer's vocabulary: the conformance suite's models are made with it
 # Where mlx-lm keeps each wrapper's blocks, embedding and final norm: the adapter must find them there.
 BODY = {
     "mistral3": "language_model.model",
@@ -192,21 +45,10 @@ def tok(tmp_path_factory):
     return TokenizerWrapper(make_tokenizer(tmp_path_factory.mktemp("tok"), V))
 
 
-_MODELS: dict[str, object] = {}
-
-
+@functools.cache
 def model(kind: str):
-    """A random model of `kind`, weights sharpened (peaked distributions, as a trained model's), made once."""
-    from mlx_lm.utils import _get_classes
-
-    if kind not in _MODELS:
-        cls, args = _get_classes(CONFIGS[kind])
-        mx.random.seed(0)
-        m = cls(args.from_dict(CONFIGS[kind]))
-        m.update(tree_map(lambda w: w * 4.0 if w.ndim > 1 else w, m.parameters()))
-        mx.eval(m.parameters())
-        _MODELS[kind] = m
-    return _MODELS[kind]
+    """The conformance suite's tiny model of `kind` (tests/conformance_models.py), with the tokenizer's vocabulary."""
+    return tiny(kind, vocab_size=V)
 
 
 @pytest.mark.parametrize("kind", list(BODY))
@@ -221,7 +63,7 @@ def test_the_adapter_finds_each_types_text_model_where_mlx_lm_keeps_it(kind):
     x = mx.array([[5, 6, 7]])
     logits = m(x)
     assert text.vocab_size == text.embed.weight.shape[0] == logits.shape[-1] == V
-    assert text.hidden_size == 64
+    assert text.hidden_size == CONFIGS[kind].get("text_config", CONFIGS[kind])["hidden_size"]
     if kind not in ("gemma3n", "gemma4", "gemma3", "gemma3_text"):  # Gemma scales or soft-caps after the head
         assert mx.allclose(text.logits(body(x)), logits, atol=1e-4).item()
 
