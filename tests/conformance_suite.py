@@ -3,7 +3,7 @@ pytest-xdist runs them on two workers. The quick families run in the quick tier,
 
 import pytest
 from conformance import DRAFTERS, NEVER_REFUSED, PROMPTS, Alone, Refused, alone, batched, differs, plain, problems
-from conformance_models import CANNOT_LOAD, OPEN, QUICK
+from conformance_models import APART, CANNOT_LOAD, OPEN, QUICK
 
 
 def tiers(kinds, *rest):
@@ -46,6 +46,7 @@ def suite(kinds: list[str]):
             runs = batched(kind, spec)
         except Alone as e:  # whatever the drafter: the server runs each request alone, and says why once
             assert str(e) and "\n" not in str(e)
+            assert kind in APART, f"{kind}'s requests run alone: {e}"
             return
         except Refused as e:
             return refused_in_one_line(spec, e)

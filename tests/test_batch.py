@@ -472,3 +472,60 @@ def test_the_one_adapter_of_mlx_lms_batch_cache_agrees_with_it(target):
     for c in rows.layers + theirs:
         c.trim(1)
     assert [a.size() for a in rows.layers] == [b.size() for b in theirs]
+
+
+def _chunked_row(n: int, chunk: int, room: int):
+    """A llama4 chunked layer's cache of one row holding positions 0 .. n - 1, each key the position plus one."""
+    from mlx_spec.models.window import RoomyChunkedKVCache
+
+    c = RoomyChunkedKVCache(chunk, room)
+    pos = (mx.arange(n) + 1).astype(mx.float32)[None, None, :, None]  # (1, 1, n, 1)
+    c.update_and_fetch(pos, pos)
+    return [c]
+
+
+def _chunk_masks(c, N: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the mask each row's N next positions need over a joint cache's columns plus themselves, mlx-lm's llama4 mask
+    by column) from the positions the keys hold: a row's query at p sees its held positions and new ones in p's
+    chunk, up to p."""
+    keys = np.array(c.keys_and_values()[0])[:, 0, :, 0].astype(int) - 1  # (B, C): a column's position, -1: padding
+    offset = np.array(c.offset)
+    B, C = keys.shape
+    want = np.zeros((B, 1, N, C + N), dtype=bool)
+    for b in range(B):
+        held = np.where((keys[b] >= 0) & (keys[b] < offset[b]), keys[b], -1)  # -1: padding, or a gap a rewind left
+        pos = np.concatenate([held, offset[b] + np.arange(N)])
+        for n in range(N):
+            p = offset[b] + n
+            want[b, 0, n] = (pos >= 0) & (pos <= p) & (pos // chunk == p // chunk)
+    cols, q = np.arange(C + N), C + np.arange(N)[:, None]
+    by_column = (cols <= q) & (cols // chunk == q // chunk)
+    return want, np.broadcast_to(by_column, want.shape)
+
+
+def test_a_joint_chunked_cache_masks_each_rows_chunk_by_its_positions():
+    """llama4's chunked layers over a joint cache: rows of 11 and 5 positions (one left-padded, one with a gap a
+    rewind left) each see their own chunk by position, not by column; a commit drops the columns no row needs, and
+    rows in different chunks keep all of theirs."""
+    chunk, N = 4, 3
+    rows = Rows()
+    for i, n in enumerate((11, 5)):
+        rows.add(i, _chunked_row(n, chunk, room=2))
+    rows.rewind([1, 0])  # the first row drops position 10: a gap at its last column
+    (c,) = rows.layers
+    want, by_column = _chunk_masks(c, N, chunk)
+    assert np.array_equal(np.array(c.make_mask(N)), want)
+    assert not np.array_equal(want, by_column)  # (mlx-lm's mask by column gives these rows others' chunks)
+    rows = Rows()
+    for i, n in enumerate((403, 298)):  # next positions in chunks 100 and 74
+        rows.add(i, _chunked_row(n, chunk, room=2))
+    rows.start_round()
+    (c,) = rows.layers
+    assert c.size() < 298  # the columns of positions no row can see again are gone
+    want, _ = _chunk_masks(c, 1, chunk)
+    assert np.array_equal(np.array(c.make_mask(1)), want)
+    keys = np.array(c.keys_and_values()[0])[:, 0, :, 0].astype(int) - 1
+    for b, (n, w) in enumerate(zip((403, 298), want[:, 0, 0, :-1])):
+        assert sorted(keys[b][w]) == list(range(n // chunk * chunk, n))  # each row's whole chunk is still held
+    out = rows.remove(1, 298)[0]
+    assert (out.offset, out.start_position) == (298, 298 - out.keys.shape[2])

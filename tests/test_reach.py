@@ -140,15 +140,15 @@ def test_the_cli_names_what_hybrid_left_out_before_generating(tiny_models):
 
 def test_a_target_that_reads_the_cache_offset_as_one_number_runs_each_request_alone():
     """gpt_bigcode's mlx-lm code cannot take rows of different lengths, afm7's gives a row beside another other logits
-    (it reads a position from the cache's width), llama4's chunked caches do not join: the probe says so in one line;
-    targets that can (qwen3_vl's text model, gemma3n's window) get None."""
+    (it reads a position from the cache's width): the probe says so in one line; targets that can (qwen3_vl's text
+    model, gemma3n's window, llama4's chunks) get None."""
     from mlx_spec.gen.apart import apart
 
     why = apart(model("gpt_bigcode"))
     assert why is not None and why.startswith("gpt_bigcode cannot run requests of different lengths in one pass (")
     assert "\n" not in why
     assert apart(model("qwen3_vl")) is None and apart(model("gemma3n")) is None
-    assert "do not join" in apart(model("llama4"))
+    assert apart(model("llama4")) is None
     assert apart(model("afm7")).endswith("(a row's logits beside another differ from its own)")
 
 

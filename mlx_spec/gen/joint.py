@@ -7,14 +7,15 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from ..models.cache import CacheGroup, RaggedKVCache, RewindableCache, RewindableRows, commit
-from ..models.window import SlidingKVCache
+from ..models.window import RoomyChunkedKVCache, SlidingKVCache
 from .cache import rewind
 
 
 def batchable(cache: Sequence) -> bool:
-    """Whether a generation's cache can join others: plain and sliding-window KV caches, rewindable recurrent ones."""
+    """Whether a generation's cache can join others: plain, sliding-window and chunked KV caches, rewindable recurrent
+    ones."""
     return all(
-        type(c) in (KVCache, SlidingKVCache)
+        type(c) in (KVCache, SlidingKVCache, RoomyChunkedKVCache)
         or (isinstance(c, RewindableCache) and not isinstance(c, RewindableRows))
         or (isinstance(c, CacheGroup) and all(type(m) in (KVCache, SlidingKVCache) for m in c.caches))
         for c in cache

@@ -1,5 +1,6 @@
 """Recording recurrent layers' calls, so that their caches (`models.cache.RewindableCache`) rewind: a view of the
-model whose recurrent blocks record each call; the caller's model and caches stay."""
+model whose recurrent blocks record each call (and whose llama4 body runs joint rows by their own positions:
+`models.llama4`); the caller's model and caches stay."""
 
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
@@ -7,13 +8,14 @@ from ..errors import UnsupportedError
 from ..make.layers import per_model, with_blocks
 from ..models.base import text_of
 from ..models.cache import Recorder
+from ..models.llama4 import by_rows
 
 _VIEWS: dict[int, object] = {}
 
 
 def recording(model):
     """`model`, or a view of it whose recurrent blocks record their calls (made once per model, the model unchanged)."""
-    return per_model(_VIEWS, model, id(model), lambda: _recording(model))
+    return per_model(_VIEWS, model, id(model), lambda: _recording(by_rows(model)))
 
 
 def _recording(model):

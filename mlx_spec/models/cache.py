@@ -12,7 +12,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import ArraysCache, BatchKVCache, CacheList, ChunkedKVCache, KVCache, RotatingKVCache
 
-from .window import ROOM, RoomyChunkedKVCache, SlidingKVCache, window_mask
+from .window import ROOM, RoomyChunkedKVCache, SlidingKVCache, position_mask
 
 MAX_CALLS = 64  # calls of a layer kept for rewinding: more than a round makes (K draft passes + the verify)
 MAX_RECORD = 256  # a longer call (a prefill chunk) is not kept: trimming into it reports failure
@@ -329,35 +329,49 @@ class RaggedKVCache(BatchKVCache):
 
     gaps: mx.array | None = None
     window: int | None = None  # a sliding window's: rows see their last `window` positions (`SlidingKVCache`)
+    chunk: int | None = None  # llama4's chunked attention: rows see their positions in their own chunk
     room: int = ROOM
 
     @classmethod
-    def of(cls, cache: KVCache) -> "RaggedKVCache":
+    def of(cls, cache: KVCache | RoomyChunkedKVCache) -> "RaggedKVCache":
         """A joint cache of one row holding a copy of `cache`'s positions."""
-        if not isinstance(cache, SlidingKVCache):
+        if isinstance(cache, SlidingKVCache):
+            start = cache.start
+        elif isinstance(cache, RoomyChunkedKVCache):
+            start = cache.start_position
+        else:
             return cls.merge([cache]) if cache.keys is not None else cls([0])
         held = KVCache()
         if cache.keys is not None:
-            held.keys, held.values = cache.state
-            held.offset = cache.held()
-        out = cls.merge([held]) if cache.keys is not None else cls([0])
+            held.offset = cache.offset - start
+            held.keys, held.values = cache.keys[..., : held.offset, :], cache.values[..., : held.offset, :]
+        out = cls.merge([held]) if held.offset else cls([0])
         out.offset = mx.array([cache.offset])  # each row's next position: what RoPE reads
-        out.window, out.room = cache.window, cache.room
+        if isinstance(cache, SlidingKVCache):
+            out.window, out.room = cache.window, cache.room
+        else:
+            out.chunk, out.room = cache.chunk_size, cache.room
         return out
+
+    @property
+    def span(self) -> int | None:
+        """The most recent positions a query may see (a window, or a chunk at most), or None: all of them."""
+        return self.window or self.chunk
 
     def _valid(self, width: int) -> mx.array:
         """(B, width) which of the first `width` columns hold a row's positions (not padding, not a gap)."""
         return (mx.arange(width)[None] >= self.left_padding[:, None]) & ~self._gaps(width)
 
     def forget(self) -> None:
-        """A sliding window's columns that no row can see again, even after a round's rewind, are dropped (at least
-        a step of them)."""
-        if self.window is None or self.keys is None or self._idx < self.window - 1 + self.room + self.step:
+        """A sliding window's (a chunk's) columns that no row can see again, even after a round's rewind, are dropped
+        (at least a step of them)."""
+        span = self.span
+        if span is None or self.keys is None or self._idx < span - 1 + self.room + self.step:
             return
         valid = self._valid(self._idx)
         first = self.offset - valid.sum(axis=1)  # each row's oldest position held
         pos = first[:, None] + mx.cumsum(valid.astype(mx.int32), axis=1) - 1
-        needed = valid & (pos >= (self.offset - (self.window - 1 + self.room))[:, None])
+        needed = valid & (pos >= (self.offset - (span - 1 + self.room))[:, None])
         cut = int(mx.min(mx.where(needed.any(axis=1), mx.argmax(needed, axis=1), self._idx)).item())
         if cut < self.step:
             return
@@ -386,8 +400,8 @@ class RaggedKVCache(BatchKVCache):
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None, **kwargs):
         window = window_size or self.window
-        if window is not None:  # by position: a gap's columns are no positions
-            return window_mask(self._valid(self._idx), self.offset, N, window)
+        if window is not None or self.chunk is not None:  # by position: a gap's columns are no positions
+            return position_mask(self._valid(self._idx), self.offset, N, window, self.chunk)
         mask = create_causal_mask(N, offset=self._idx, left_padding=self.left_padding, **kwargs)
         return mask if self.gaps is None else mask & ~self._gaps(self._idx + N)[:, None, None, :]
 
@@ -402,17 +416,25 @@ class RaggedKVCache(BatchKVCache):
         return self.keys, self.values  # type: ignore[return-value]
 
     def extract(self, idx):
-        if self.gaps is None and self.window is None:
+        if self.gaps is None and self.span is None:
             return super().extract(idx)
-        cache = KVCache() if self.window is None else SlidingKVCache(self.window, self.room)
+        cache: KVCache | RoomyChunkedKVCache = KVCache()
+        if self.window is not None:
+            cache = SlidingKVCache(self.window, self.room)
+        elif self.chunk is not None:
+            cache = RoomyChunkedKVCache(self.chunk, self.room)
         cols = mx.array(self._columns(idx))
         keys, values = self._arrays()
         cache.keys = mx.contiguous(mx.take(keys[idx : idx + 1], cols, axis=2))
         cache.values = mx.contiguous(mx.take(values[idx : idx + 1], cols, axis=2))
         cache.offset = cache.keys.shape[2]
-        if isinstance(cache, SlidingKVCache):
+        if self.span is not None:
             cache.offset = int(self.offset[idx].item())  # type: ignore[arg-type]  # (an integer array: an int)
-            cache.start = cache.offset - cache.keys.shape[2]
+            start = cache.offset - cache.keys.shape[2]
+            if isinstance(cache, SlidingKVCache):
+                cache.start = start
+            elif isinstance(cache, RoomyChunkedKVCache):
+                cache.start_position = start
         return cache
 
     def filter(self, batch_indices):

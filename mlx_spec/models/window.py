@@ -1,4 +1,5 @@
-"""Sliding-window attention caches that rewind: the window and a round's positions more, held in temporal order.
+"""Sliding-window and chunked attention caches that rewind: the window (a chunk) and a round's positions more, held
+in temporal order; the mask of a joint cache's rows by their positions.
 
 mlx-lm's `RotatingKVCache` writes in place over its oldest position once full, so a rejected draft cannot be taken
 back past the window; these hold `room` positions beyond it (the masks take the window apart from what is held).
@@ -127,13 +128,21 @@ class RoomyChunkedKVCache(ChunkedKVCache):
             self.keys, self.values = self.keys[..., cut:held, :], self.values[..., cut:held, :]
 
 
-def window_mask(valid: mx.array, offset: mx.array, N: int, window: int) -> mx.array:
+def position_mask(
+    valid: mx.array, offset: mx.array, N: int, window: int | None = None, chunk: int | None = None
+) -> mx.array:
     """(B, 1, N, C + N) mask of N new positions per row over C held columns plus themselves, by position: `valid`
-    (B, C) marks the columns holding a row's positions (its latest, in order), `offset` (B,) the next position."""
+    (B, C) marks the columns holding a row's positions (its latest, in order), `offset` (B,) the next position. A
+    query sees its row's positions up to its own: the last `window` of them, or those in its `chunk` (llama4's)."""
     count = valid.sum(axis=1)
     held = (offset - count)[:, None] + mx.cumsum(valid.astype(mx.int32), axis=1) - 1  # (B, C) position of a column
     new = offset[:, None] + mx.arange(N)[None]  # (B, N)
     keys = mx.concatenate([held, new], axis=1)[:, None, :]  # (B, 1, C + N)
     seen = mx.concatenate([valid, mx.ones(new.shape, dtype=mx.bool_)], axis=1)[:, None, :]
     q = new[:, :, None]  # (B, N, 1)
-    return (seen & (keys <= q) & (keys > q - window))[:, None]
+    mask = seen & (keys <= q)
+    if window is not None:
+        mask = mask & (keys > q - window)
+    if chunk is not None:
+        mask = mask & (keys // chunk == q // chunk)
+    return mask[:, None]
