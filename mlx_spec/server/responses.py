@@ -323,7 +323,7 @@ def usage(stats: dict) -> dict:
     }
 
 
-class Reply:
+class ResponsesReply:
     """One response's objects: the response, its output items as they grow, and its stream's events in order (each
     with its sequence number). Events carry copies: the items go on growing after an event is made. `tools`: the
     request's as offered, to name namespaced calls as the client does and to report the tools left out."""
@@ -465,7 +465,7 @@ def routes(api) -> list[Route]:
         a = ask(await api.body(request), store)
         prompt = api.chat_prompt(a.chat)
         run = await api.start(request, prompt.ids, prompt.params, "resp", param="input")
-        reply = Reply(run.id.replace("-", "_", 1), api.pair.name, a.echo, a.tools)
+        reply = ResponsesReply(run.id.replace("-", "_", 1), api.pair.name, a.echo, a.tools)
 
         def finished() -> None:
             run.finish = "tool_calls" if reply.calls else None
