@@ -54,7 +54,7 @@ class Drafting:
     def propose(
         self, members: Sequence[Member], k: int, target=None, chunk: int | None = None, tree: int = 0
     ) -> list[Draft]:
-        """At most k tokens a member; target: the engine's `joint.Rows`; chunk: the most catch-up a member is fed;
+        """At most k tokens a member; target: the engine's `JointCache`; chunk: the most catch-up a member is fed;
         tree: a drafter that `trees` drafts a tree of that many tokens, k deep, for a member alone (else a chain)."""
         return [m.part.propose(m.context, k, m.sampler) for m in members]
 

@@ -13,7 +13,7 @@ from ...models.base import text_of
 from ...models.head import SubsetHead
 from .. import recurrent, shapes
 from ..cache import new_cache
-from ..joint import Rows
+from ..joint import JointCache
 from ..sampling import sample
 from ..tunables import HINDSIGHT_MAX, HINDSIGHT_MIN, PREFILL_STEP
 from ..tunables import NGRAM_SYNC_TAIL as SYNC_TAIL
@@ -96,7 +96,7 @@ class ModelDrafter(Drafter):
         """What each place's drafter reads beside its n tokens fed from `starts` (None: tokens alone)."""
         return None
 
-    def tree(self, state: mx.array, k: int, nodes: int, rows: Rows) -> tuple[mx.array, tuple[int, ...]]:
+    def tree(self, state: mx.array, k: int, nodes: int, rows: JointCache) -> tuple[mx.array, tuple[int, ...]]:
         """A tree of `nodes` draft tokens, k deep, from `state`, and each one's parent (a drafter that `trees`)."""
         raise NotImplementedError
 
@@ -124,11 +124,11 @@ D = TypeVar("D", bound=ModelDrafter)
 
 
 class ModelDrafting(Drafting, Generic[D]):
-    """The rows drafting with one draft model over their caches as one (`joint.Rows`): catch-up, then k - 1 passes."""
+    """The rows drafting with one draft model over their caches as one (`JointCache`): catch-up, then k - 1 passes."""
 
     def __init__(self, part: D):
         self.model, self.part = part.model, part
-        self.rows: Rows[D] = Rows()  # owners: the members' drafters
+        self.rows: JointCache[D] = JointCache()  # owners: the members' drafters
 
     def takes(self, part) -> bool:
         return getattr(part, "model", None) is self.model and not part.in_target_cache
@@ -185,7 +185,7 @@ class ModelDrafting(Drafting, Generic[D]):
             except ValueError:  # a cache that cannot go back that far (a sliding window): every row starts over
                 for o in [o for o in places if o is not None]:
                     o.cache, o.fed, o.drafted = None, [], None
-                self.rows = Rows()
+                self.rows = JointCache()
                 return self._draft(members, k, chunk, tree)
         self.rows.start_round()
         outs, state, cold = self._feed(feeds, [j + 1 if r else 0 for j, r in zip(judge, ready)])
