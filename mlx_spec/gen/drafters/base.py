@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import mlx.core as mx
 
@@ -33,6 +33,16 @@ class Draft:
 
     def __len__(self) -> int:
         return self.tokens.size
+
+
+@dataclass
+class Kept:
+    """A drafter's state over a conversation's first tokens, copied (`Drafter.fork`): `key` names the drafters that
+    can adopt it (a table's source, a draft model's id), `nbytes` the memory it holds."""
+
+    key: str | int
+    state: Any
+    nbytes: int = 0
 
 
 class Member(NamedTuple):
@@ -98,6 +108,15 @@ class Drafter:
     def behind(self, context: list[int]) -> int:
         """Context tokens this drafter would feed before drafting at `context` (0 for table lookups)."""
         return 0
+
+    def fork(self, tokens: list[int]) -> Kept | None:
+        """A copy of its state over `tokens`, a conversation's first tokens, for a later one to `adopt` (None: it
+        keeps none)."""
+        return None
+
+    def adopt(self, kept: Kept, n: int) -> None:
+        """Start from `kept`'s state over its first `n` tokens, a prefix of the next context, where `kept` is of its
+        kind (its `key`); else keep its own."""
 
 
 def extends(context: list[int], held: list[int]) -> bool:

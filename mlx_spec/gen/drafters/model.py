@@ -12,12 +12,12 @@ from ...errors import GenerationError
 from ...models.base import text_of
 from ...models.head import SubsetHead
 from .. import recurrent, shapes
-from ..cache import new_cache
+from ..cache import copy_prefix, new_cache
 from ..joint import JointCache
 from ..sampling import sample
 from ..tunables import HINDSIGHT_MAX, HINDSIGHT_MIN, PREFILL_STEP
 from ..tunables import NGRAM_SYNC_TAIL as SYNC_TAIL
-from .base import Draft, Drafter, Drafting, Member
+from .base import Draft, Drafter, Drafting, Kept, Member
 
 
 class ModelDrafter(Drafter):
@@ -58,6 +58,28 @@ class ModelDrafter(Drafter):
             tokens, n = self.drafted
             self.fed.extend(tokens.tolist()[:n])
             self.drafted = None
+
+    def fork(self, tokens: list[int]) -> Kept | None:
+        """A copy of its cache's first positions where they hold `tokens` from `origin` on (none for a learned head,
+        which also needs the target's states there, nor for a view drafting in the target's cache)."""
+        if self.in_target_cache or self.reads:
+            return None
+        m = len(tokens) - self.origin  # the draft cache holds the context from position `origin` on
+        self.settle()
+        if self.cache is None or self.fed[:m] != tokens[self.origin :]:
+            return None
+        cache = copy_prefix(self.cache, m)
+        return None if cache is None else Kept(id(self.model), (cache, self.fed[:m]), sum(c.nbytes for c in cache))
+
+    def adopt(self, kept: Kept, n: int) -> None:
+        """Its cache becomes a copy of `kept`'s, up to the context's first `n` tokens, where `kept` ran its model."""
+        if self.in_target_cache or self.reads or kept.key != id(self.model):
+            return
+        cache, fed = kept.state
+        m = min(len(fed), n - self.origin)
+        if m > 0:
+            self.settle()
+            self.cache, self.fed = copy_prefix(cache, m, own=False), fed[:m]
 
     def agrees(self, context: list[int]) -> int:
         """How many first tokens of `fed` equal the context's (its last aside): from the last count, checked in O(1) by
