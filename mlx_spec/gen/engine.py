@@ -19,7 +19,7 @@ from .drafters.base import Draft, Drafting, Member
 from .joint import JointCache
 from .planner import PLAIN, Ask, Outcome, Plan, Planner, tree_key
 from .registry import default_num_draft
-from .rows import FINISH_REASONS, Row, Step  # noqa: F401  (Step, FINISH_REASONS: the engine's output)
+from .rows import Row, Step
 from .tunables import PREFILL_STEP
 from .verify import shadow_judgement
 
