@@ -26,7 +26,7 @@ from mlx_spec.gen.drafters.ngram import NGramDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.engine import Engine
 from mlx_spec.gen.generate import speculative_generate_step
-from mlx_spec.gen.joint import Rows, batchable
+from mlx_spec.gen.joint import JointCache, batchable
 from mlx_spec.gen.planner import PLAIN, Ask, Plan, Planner
 from mlx_spec.gen.rows import Row
 from mlx_spec.gen.sampling import GREEDY, Sampler
@@ -126,7 +126,7 @@ def test_a_row_rewound_further_than_the_others_keeps_a_masked_gap_and_no_keys_mo
     prompts = [REPEATING, PROMPT, [2, 2, 1, 0, 2]]
     fed = [[0, 1, 2], [3, 0, 1], [2, 2, 3]]  # one pass of three positions per row, after each cache's context
     drop = [1, 3, 2]  # each row keeps the first 2, 0 and 1 of them
-    rows = Rows()
+    rows = JointCache()
     for i, p in enumerate(prompts):
         rows.add(i, row(target, p, None, 1)[1])
     rows.start_round()
@@ -458,7 +458,7 @@ def test_the_one_adapter_of_mlx_lms_batch_cache_agrees_with_it(target):
     from mlx_lm.models.cache import BatchKVCache
 
     solo = [row(target, p, None, 1)[1] for p in (REPEATING, PROMPT)]
-    rows = Rows()
+    rows = JointCache()
     for i, c in enumerate(solo):
         rows.add(i, c)
     theirs = [BatchKVCache.merge([a, b]) for a, b in zip(*solo)]

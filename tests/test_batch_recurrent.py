@@ -14,7 +14,7 @@ from mlx_spec.gen.drafters.base import Draft, Drafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.engine import Engine
 from mlx_spec.gen.generate import speculative_generate_step
-from mlx_spec.gen.joint import Rows, batchable
+from mlx_spec.gen.joint import JointCache, batchable
 from mlx_spec.gen.load import vocab_width
 from mlx_spec.gen.planner import Planner
 from mlx_spec.gen.rows import Row
@@ -118,8 +118,8 @@ def test_every_row_equals_its_solo_greedy_run_as_rows_join_and_leave(models, arc
     planner = Planner(adaptive=False) if not packing else AlwaysPacks(adaptive=False)
     if not packing:  # a device where an empty place costs nothing and a copy is dear: the place runs along
         launch_bound(planner)
-    drops, real = [], Rows.rewind  # a spy: each rewind's drop per place, recorded, then the rewind itself
-    monkeypatch.setattr(Rows, "rewind", lambda self, drop: (drops.append(list(drop)), real(self, drop))[1])
+    drops, real = [], JointCache.rewind  # a spy: each rewind's drop per place, recorded, then the rewind itself
+    monkeypatch.setattr(JointCache, "rewind", lambda self, drop: (drops.append(list(drop)), real(self, drop))[1])
     runs, empty = joining_and_leaving(model, prompts, planner)
     for got, want in runs:
         assert got == want
@@ -176,7 +176,7 @@ def test_rows_rewound_across_several_passes_equal_solo_caches(models, arch, back
     prompts = prompts + [prompts[0][:5]]
     fed = [[5 * i + j for j in range(5)] for i in range(1, 6)]
     drop = [0, 2, 3, 4, 5]
-    rows = Rows()
+    rows = JointCache()
     for i, p in enumerate(prompts):
         cache = new_cache(model)
         prefill_cache(model, cache, p[:-1], None)

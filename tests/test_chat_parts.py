@@ -51,8 +51,8 @@ def test_stats_detail_lists_each_position_and_the_times():
 
 def test_compare_table_is_the_m3_max_layout_plain_row_first():
     table = report.compare_table(
-        report.Row("qwen2.5-coder-1.5b float32", "N/A", "N/A", 20.0),
-        report.Row("qwen2.5-coder-1.5b float32", "hybrid:qwen2.5-coder-0.5b", "int4", 29.0),
+        report.CompareRow("qwen2.5-coder-1.5b float32", "N/A", "N/A", 20.0),
+        report.CompareRow("qwen2.5-coder-1.5b float32", "hybrid:qwen2.5-coder-0.5b", "int4", 29.0),
     )
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()]
     assert rows[0] == ["Target", "Draft", "Quantization", "Token/s", "Relative Improvement"]

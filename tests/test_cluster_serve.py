@@ -16,7 +16,7 @@ from test_cluster import Rank, local_ranks
 
 from mlx_spec.cluster import Cluster
 from mlx_spec.server.errors import ApiError
-from mlx_spec.server.lockstep import STEP_LIMIT, Lockstep, Step, decode, encode
+from mlx_spec.server.lockstep import STEP_LIMIT, Lockstep, SharedStep, decode, encode
 from mlx_spec.server.params import Params
 from mlx_spec.server.scheduler import Job, Scheduler
 
@@ -27,9 +27,9 @@ MAX_TOKENS = 16
 
 def test_a_step_reads_back_as_rank_zero_wrote_it():
     p = Params(12, temp=0.7, top_p=0.9, seed=3, stop=["\n\n"], draft="none")
-    step = Step([("chatcmpl-1", [5, 6, 7], p)], {"chatcmpl-0"})
+    step = SharedStep([("chatcmpl-1", [5, 6, 7], p)], {"chatcmpl-0"})
     assert decode(1, encode(step)) == step
-    assert encode(Step()) == b"" and decode(1, b"") == Step() and decode(2, b"").stop
+    assert encode(SharedStep()) == b"" and decode(1, b"") == SharedStep() and decode(2, b"").stop
 
 
 def test_a_broken_group_answers_new_requests_with_a_503_naming_the_rank_and_health_says_so(tiny_models):

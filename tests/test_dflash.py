@@ -36,7 +36,7 @@ from mlx_spec.gen.drafters.dflash import DFlashDrafter
 from mlx_spec.gen.drafters.hybrid import HybridDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
 from mlx_spec.gen.hidden import taps
-from mlx_spec.gen.joint import Rows
+from mlx_spec.gen.joint import JointCache
 from mlx_spec.gen.load import vocab_width
 from mlx_spec.gen.rows import Row
 from mlx_spec.gen.sampling import GREEDY, Sampler
@@ -328,7 +328,7 @@ def test_each_draft_alone_or_in_a_hybrid_is_mlx_vlms_block_and_the_output_plain_
     assert len(proposals) > 10 and are_references(target, folder, proposals)
 
 
-class KeepsBlock(Rows):
+class KeepsBlock(JointCache):
     """The drafting's cache, rewound but for the block: its keys stay among the context's."""
 
     def rewind(self, drop):

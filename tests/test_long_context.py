@@ -76,7 +76,7 @@ def test_a_drafter_adopting_a_kept_prefix_indexes_the_rest_only_and_drafts_as_if
     kept = make().fork(prefix)
     fresh, adopted = make(), make()
     adopted.reset(code(500, seed=3))  # another conversation's tables: replaced
-    adopted.adopt(kept)
+    adopted.adopt(kept, len(prefix))
     Watched.read = 0
     adopted.reset(Watched(prefix + rest[:300]))
     assert Watched.read < 400  # the rest, not the 16k-token prefix again
@@ -85,7 +85,7 @@ def test_a_drafter_adopting_a_kept_prefix_indexes_the_rest_only_and_drafts_as_if
         context = prefix + rest[:i]
         assert adopted.propose(context, 8).tokens.tolist() == fresh.propose(context, 8).tokens.tolist()
     again, other = make(), code(200, seed=4)  # the kept tables were copied, not grown by the first adopter
-    again.adopt(kept)
+    again.adopt(kept, len(prefix))
     fresh = make()
     for d in (again, fresh):
         d.reset(prefix + other)

@@ -10,6 +10,7 @@ from conftest import long_context
 from mlx_lm.generate import generate_step
 
 from mlx_spec.gen import registry
+from mlx_spec.gen.drafters.base import Draft, Drafter, Kept
 from mlx_spec.gen.session import Session, Snapshot
 from mlx_spec.gen.verify import common_prefix
 from mlx_spec.named import load_model
@@ -53,7 +54,7 @@ class Sized:
 
 
 def snap(tokens, nbytes):
-    return Snapshot(list(tokens), [Sized(nbytes)], {}, {})
+    return Snapshot(list(tokens), [Sized(nbytes)], {})
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +156,43 @@ def test_greedy_output_with_a_prefix_hit_equals_plain_decoding(models, spec):
     assert cached > 200 and out_b == plain(target, b1)
     if "MODEL" in spec:  # the draft model's cache came with the prefix: it was fed the rest, not the whole prompt
         assert 0 < counted.fed - before < len(b1) - cached + 4 * N
+
+
+class Remembers(Drafter):
+    """A lookup drafter of no known kind that declares a state to keep: the tokens a snapshot covers (drafts none)."""
+
+    name = "remembers"
+
+    def __init__(self):
+        self.adopted: list[int] | None = None
+
+    def propose(self, context, k, sampler=None):
+        return Draft.of([])
+
+    def fork(self, tokens):
+        return Kept(self.name, list(tokens), nbytes=8)
+
+    def adopt(self, kept, n):
+        if kept.key == self.name:
+            self.adopted = kept.state[:n]
+
+
+def test_a_drafter_that_declares_a_state_to_keep_gets_it_back_with_a_kept_prefix(models):
+    target, tok = models[:2]
+    ids = ask(tok, USERS[0])
+    first = Session(target, tok, Remembers())
+    list(first.prefill(ids))
+    snap = first.snapshot(100)
+    assert snap is not None and snap.kept["remembers"].state == ids[:100]
+    assert snap.nbytes == sum(c.nbytes for c in snap.cache) + 8  # its memory counts toward the store's bound
+    drafter = Remembers()
+    second = Session(target, tok, drafter)
+    second.adopt(snap, 60)
+    list(second.prefill(ids))
+    assert drafter.adopted == ids[:60]
+    plain_drafter = Session(target, tok, Drafter())  # one that declares nothing keeps nothing
+    list(plain_drafter.prefill(ids))
+    assert plain_drafter.snapshot(100).kept == {}
 
 
 def test_caches_that_cannot_be_copied_keep_the_pool_as_it_was(tiny_models):

@@ -13,7 +13,7 @@ from conftest import TOOL_CALL, scripted_tool_pair
 from mlx_spec.server.app import build_app
 from mlx_spec.server.errors import ApiError
 from mlx_spec.server.main import Running
-from mlx_spec.server.messages import Reply, chat_body
+from mlx_spec.server.messages import MessagesReply, chat_body
 from mlx_spec.server.scheduler import Done
 from mlx_spec.server.tools import ToolCall
 
@@ -106,7 +106,7 @@ def test_bad_input_is_one_400_that_names_it(body, says):
 
 def test_parallel_calls_are_blocks_of_their_own_and_the_usage_splits_off_the_cache():
     calls = [ToolCall("c1", "get_weather", '{"city": "Paris"}'), ToolCall("c2", "get_time", "not json")]
-    reply = Reply("msg_x", "tiny")
+    reply = MessagesReply("msg_x", "tiny")
     events = reply.add(["\n", calls[0], "\n", calls[1]])
     stats = {"prompt_tokens": 50, "prompt_cached": 40, "generation_tokens": 9, "finish_reason": "stop"}
     events += reply.finish(Done("stop", stats))
@@ -120,7 +120,7 @@ def test_parallel_calls_are_blocks_of_their_own_and_the_usage_splits_off_the_cac
         "cache_read_input_tokens": 40,
         "cache_creation_input_tokens": 0,
     }
-    cut = Reply("msg_y", "tiny")
+    cut = MessagesReply("msg_y", "tiny")
     cut.add(["So", calls[0]])
     cut.finish(Done("length", dict(stats, finish_reason="length")))
     assert cut.final["stop_reason"] == "max_tokens"  # a call, then the length ran out: not a finished tool turn

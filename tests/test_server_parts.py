@@ -8,7 +8,7 @@ from mlx_spec.server.pair import Pair
 from mlx_spec.server.pool import SessionPool
 from mlx_spec.server.scheduler import Delta, Done
 from mlx_spec.server.stops import Mark, StopText
-from mlx_spec.server.wire import Reply
+from mlx_spec.server.wire import CompletionReply
 
 
 def feed(stop, tokens):
@@ -136,7 +136,7 @@ def test_pool_takes_the_idle_session_sharing_the_longest_prefix_and_stays_bounde
 
 
 def test_reply_chunks_carry_flags_and_the_last_one_the_stats():
-    r = Reply("chatcmpl-1", "tiny", chat=True)
+    r = CompletionReply("chatcmpl-1", "tiny", chat=True)
     pieces = [("a", Mark(1, 3)), ("b", Mark(0, 3)), ("c", Mark(0, 4))]
     c = r.chunk(Delta(pieces, dict(tokens=3, rounds=2, spec_rounds=1, drafted=3, accepted=1)))
     assert c["choices"][0]["delta"] == {"content": "abc"}

@@ -14,7 +14,7 @@ from mlx_spec.server.app import build_app
 from mlx_spec.server.errors import ApiError
 from mlx_spec.server.main import Running
 from mlx_spec.server.pair import Pair
-from mlx_spec.server.responses import Kept, Reply, Store, ask
+from mlx_spec.server.responses import Kept, ResponsesReply, Store, ask
 from mlx_spec.server.scheduler import Done
 from mlx_spec.server.tools import ToolCall
 
@@ -98,7 +98,7 @@ def test_a_namespace_offers_its_functions_under_flat_names_and_hosted_tools_are_
     assert a.chat["messages"][1]["tool_calls"][0]["function"]["name"] == "agents__spawn"
     assert a.chat["tool_choice"] == {"type": "function", "function": {"name": "agents__spawn"}}
     assert a.tools.left == [{"type": "web_search"}, {"type": "custom", "namespace": "agents", "name": "note"}]
-    reply = Reply("resp_x", "tiny", {}, a.tools)
+    reply = ResponsesReply("resp_x", "tiny", {}, a.tools)
     events = reply.add([ToolCall("c2", "agents__spawn", "{}"), ToolCall("c3", "get_weather", "{}")])
     reply.finish(Done("stop", {"prompt_tokens": 5, "generation_tokens": 9}))
     spawned, weather = reply.final["output"]
@@ -157,7 +157,7 @@ def test_bad_input_is_one_400_that_names_it(body, says):
 
 def test_parallel_calls_are_items_of_their_own_and_whitespace_between_opens_no_message():
     calls = [ToolCall("c1", "get_weather", '{"city": "Paris"}'), ToolCall("c2", "get_time", "{}")]
-    reply = Reply("resp_x", "tiny", {})
+    reply = ResponsesReply("resp_x", "tiny", {})
     events = reply.add(["Checking.", "\n", calls[0], "\n", calls[1], "\n"])
     events += reply.finish(Done("stop", {"prompt_tokens": 5, "generation_tokens": 9, "prompt_cached": 2}))
     added = [e for e in events if e["type"] == "response.output_item.added"]

@@ -41,7 +41,7 @@ BLOCKS = 2  # the draft model's blocks: the target's first ones
 
 
 @dataclass(frozen=True)
-class Reply:
+class SeenReply:
     """What a caller sees of a reply: its text, whether the model ended it (EOS) and the server's statistics."""
 
     text: str
@@ -81,7 +81,7 @@ class Clients:
         self.anthropic = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0, timeout=120)
         self.ids = ids
 
-    def ask(self, case: Case, i: int, ids: list[int]) -> Reply:
+    def ask(self, case: Case, i: int, ids: list[int]) -> SeenReply:
         """Request i of `case` (seeded: with seed i); the completions API sends `ids` as its prompt."""
         seed = i if case.seeded else None
         options = dict(top_k=case.top_k, draft=case.draft)  # OpenAI's clients know neither
@@ -92,20 +92,22 @@ class Clients:
                 model="tiny", messages=ASK, max_tokens=MAX_TOKENS, seed=seed, extra_body=extra, **sampling
             )
             c = r.choices[0]
-            return Reply(c.message.content, c.finish_reason == "stop", r.model_extra["mlx_spec"], r.usage.prompt_tokens)
+            return SeenReply(
+                c.message.content, c.finish_reason == "stop", r.model_extra["mlx_spec"], r.usage.prompt_tokens
+            )
         if case.api == "completions":
             r = self.openai.completions.create(
                 model="tiny", prompt=ids, max_tokens=MAX_TOKENS, seed=seed, extra_body=extra, **sampling
             )
             c = r.choices[0]
-            return Reply(c.text, c.finish_reason == "stop", r.model_extra["mlx_spec"], r.usage.prompt_tokens)
+            return SeenReply(c.text, c.finish_reason == "stop", r.model_extra["mlx_spec"], r.usage.prompt_tokens)
         if case.api == "responses":
             if seed is not None:
                 extra["seed"] = seed
             r = self.openai.responses.create(
                 model="tiny", input=ASK, max_output_tokens=MAX_TOKENS, store=False, extra_body=extra, **sampling
             )
-            return Reply(r.output_text, r.status == "completed", r.model_extra["mlx_spec"], r.usage.input_tokens)
+            return SeenReply(r.output_text, r.status == "completed", r.model_extra["mlx_spec"], r.usage.input_tokens)
         assert case.api == "messages" and not case.seeded  # Anthropic's API takes no seed
         extra.update(temperature=case.temperature)  # anthropic 2.x's create() takes no sampling arguments
         if case.top_p is not None:
@@ -113,7 +115,7 @@ class Clients:
         m = self.anthropic.messages.create(model="tiny", messages=ASK, max_tokens=MAX_TOKENS, extra_body=extra)
         text = "".join(b.text for b in m.content if b.type == "text")
         prompt = m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0)
-        return Reply(text, m.stop_reason == "end_turn", m.model_extra["mlx_spec"], prompt)
+        return SeenReply(text, m.stop_reason == "end_turn", m.model_extra["mlx_spec"], prompt)
 
 
 def exact_law(target, tokenizer, ids: list[int], probs_fn) -> dict[tuple[str, bool], float]:
@@ -151,7 +153,7 @@ def bait(target, ids: list[int], probs_fn) -> list[int]:
     return ids + [x] + ids
 
 
-def judge(replies: list[Reply], law: dict) -> tuple[bool, float, float]:
+def judge(replies: list[SeenReply], law: dict) -> tuple[bool, float, float]:
     """(not rejected, chi-square, critical value) of the replies against the law; a reply outside its support
     rejects it outright."""
     counts: dict[tuple[str, bool], int] = {}
@@ -186,7 +188,7 @@ class Served:
     clients: Clients
     pair: Pair
 
-    def replies(self, case: Case, together: bool, n: int, ids: list[int]) -> list[Reply]:
+    def replies(self, case: Case, together: bool, n: int, ids: list[int]) -> list[SeenReply]:
         """n replies of `case`: one request at a time, or in waves of WAVE requests let in at once (`together`)."""
         mx.random.seed(0)  # the server's unseeded draws come from this process's key: the same start each time
         if not together:

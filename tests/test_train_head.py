@@ -13,7 +13,7 @@ from mlx_spec.gen import registry
 from mlx_spec.models import eagle3
 from mlx_spec.train import data as td
 from mlx_spec.train.data import Shards
-from mlx_spec.train.head import HELD, Plan, chain_acceptance, draft_vocab, initial_head, train
+from mlx_spec.train.head import HELD, TrainingPlan, chain_acceptance, draft_vocab, initial_head, train
 
 READS = [1, 2, 3]
 
@@ -23,7 +23,7 @@ def trained_for(steps: int, tiny_target, tmp_path_factory):
     target, tok = tiny_target
     out = tmp_path_factory.mktemp("head") / "h"
     seqs = td.sequences(tok, CORPUS * 10, 48)  # 120 steps: 31 shards, the first held out, each other seen about once
-    plan = Plan("tiny", READS, 96, 48, minutes=None, lr=3e-3, warmup=1, max_steps=steps)
+    plan = TrainingPlan("tiny", READS, 96, 48, minutes=None, lr=3e-3, warmup=1, max_steps=steps)
     train(target, plan, out, seqs)
     shards = Shards(out / "data")
     ids = draft_vocab(shards, 96, target.args.vocab_size)
@@ -99,7 +99,7 @@ def test_resume_goes_on_from_the_checkpoint(brief, tiny_target, tmp_path):
     before = record["done"]["steps"]
     train(
         target,
-        Plan("tiny", READS, 96, 48, minutes=None, max_steps=before + 5),
+        TrainingPlan("tiny", READS, 96, 48, minutes=None, max_steps=before + 5),
         out,
         td.sequences(tok, CORPUS * 10, 48),
         resume=True,
@@ -114,7 +114,7 @@ def test_a_text_of_a_sequence_or_two_trains_a_head_holding_out_what_it_can_spare
     """Little text is trained on: of two sequences one is held out, of one none (its curve is then measured on it)."""
     target, tok = tiny_target
     seqs, said = td.sequences(tok, CORPUS * 10, 48)[:n], []
-    train(target, Plan("tiny", READS, 96, 48, minutes=None, max_steps=3), tmp_path / "h", seqs, log=said.append)
+    train(target, TrainingPlan("tiny", READS, 96, 48, minutes=None, max_steps=3), tmp_path / "h", seqs, log=said.append)
     record = json.loads((tmp_path / "h" / "train.json").read_text())
     assert record["held"] == held and record["done"]["steps"] == 3 and (tmp_path / "h" / eagle3.FILE).is_file()
     assert any("none is held out" in line for line in said) == (held == 0)
@@ -125,7 +125,7 @@ def test_a_run_out_of_time_before_its_features_still_trains_on_the_first_shard(t
     trains one step on it: the run yields a head, whatever the machine's speed."""
     target, tok = tiny_target
     seqs = td.sequences(tok, CORPUS * 10, 48)
-    train(target, Plan("tiny", READS, 96, 48, minutes=1e-9), tmp_path / "h", seqs)
+    train(target, TrainingPlan("tiny", READS, 96, 48, minutes=1e-9), tmp_path / "h", seqs)
     record = json.loads((tmp_path / "h" / "train.json").read_text())
     assert Shards(tmp_path / "h" / "data").count() == 8 and record["done"]["steps"] == 1  # one shard, one step
 

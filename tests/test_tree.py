@@ -28,7 +28,7 @@ from mlx_spec.gen.cache import new_cache
 from mlx_spec.gen.drafters.eagle3 import Eagle3Drafter
 from mlx_spec.gen.drafters.hybrid import HybridDrafter
 from mlx_spec.gen.drafters.suffix import SuffixDrafter
-from mlx_spec.gen.joint import Rows
+from mlx_spec.gen.joint import JointCache
 from mlx_spec.gen.planner import PLAIN, Ask, Outcome, Plan, Planner, tree_key
 from mlx_spec.gen.sampling import Sampler
 from mlx_spec.gen.tunables import PROBE_MIN, TREE_PER_DEPTH, TREE_WIDTH
@@ -127,7 +127,7 @@ def test_a_heads_tree_feeds_each_node_beside_its_parents_state_attending_to_its_
         return cache, head(mx.array(context)[None], states, cache)[:, -1]
 
     cache, state = fed()
-    rows = Rows()
+    rows = JointCache()
     rows.add(d, cache)
     k = 3
     tokens, parents = d.tree(state, k, 1000, rows)

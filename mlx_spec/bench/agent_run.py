@@ -44,7 +44,7 @@ def order(configs: list[str], turn: int) -> list[str]:
 
 
 @dataclasses.dataclass
-class Reply:
+class StreamedReply:
     """One streamed reply as the client saw it."""
 
     text: str = ""
@@ -62,9 +62,9 @@ class Reply:
         return n / (self.last - self.ttft) if n > 0 and self.last > self.ttft else None
 
 
-def stream(client, url: str, body: dict) -> Reply:
+def stream(client, url: str, body: dict) -> StreamedReply:
     """POST a streamed chat completion and time it: the first and last chunk carrying text or a call."""
-    r = Reply()
+    r = StreamedReply()
     t0 = time.perf_counter()
     with client.stream("POST", url + "v1/chat/completions", json=body) as resp:
         if resp.status_code != 200:
@@ -168,7 +168,9 @@ def body(turn: agent_sessions.Turn, config: str, max_tokens: int) -> dict:
     return b
 
 
-def record(turn: agent_sessions.Turn, config: str, target: str, seq: int, r: Reply, plain: Reply | None) -> dict:
+def record(
+    turn: agent_sessions.Turn, config: str, target: str, seq: int, r: StreamedReply, plain: StreamedReply | None
+) -> dict:
     same = None if plain is None else (r.text, r.calls) == (plain.text, plain.calls)
     return {
         "key": f"{target}|{config}|{turn.id}",
@@ -240,7 +242,7 @@ def run_agent(
             stream(client, urls[c], body(warm, c, WARMUP_TOKENS))
         turns = [t for session in sessions for t in session]
         for i, turn in enumerate(turns):  # every configuration answers a turn before any answers the next
-            replies: dict[str, Reply] = {}
+            replies: dict[str, StreamedReply] = {}
             sent: dict[str, int] = {}
             for c in order(configs, i):
                 sent[c] = len(configs) * i + len(sent)

@@ -121,10 +121,8 @@ def measure(suite, cluster, model, drafter, ids, link: "Link", eos, max_tokens: 
 
 
 def _weights_gb(drafter) -> float:
-    """GB of the draft models among a drafter's parts (0 for n-gram and suffix, which hold none)."""
-    from ..gen.drafters.model import ModelDrafter
-
-    return sum(params_gb(p.model) for p in drafter.parts if isinstance(p, ModelDrafter))
+    """GB of the networks a drafter's parts run (0 for n-gram and suffix, which run none)."""
+    return sum(params_gb(p.model) for p in drafter.parts if p.model is not None)
 
 
 def summarize(data: dict) -> list[dict]:

@@ -21,7 +21,7 @@ TARGET_STEP_MS = 200.0  # the decode step we compare against: a large target mod
 
 
 @dataclass
-class Row:
+class LookupCost:
     """Cost at one context length."""
 
     context: int
@@ -50,8 +50,8 @@ def _size(drafter) -> int:
     return len(drafter._counts) if hasattr(drafter, "_counts") else len(drafter.index.length)
 
 
-def run(lengths: Sequence[int] = CONTEXT_LENGTHS, calls: int = CALLS, drafter_kind: str = "ngram") -> list[Row]:
-    """Time reset() and propose() at each context length; returns one Row per length."""
+def run(lengths: Sequence[int] = CONTEXT_LENGTHS, calls: int = CALLS, drafter_kind: str = "ngram") -> list[LookupCost]:
+    """Time reset() and propose() at each context length; returns one LookupCost per length."""
     make, k = DRAFTERS[drafter_kind]
     stream = code_like_stream(max(lengths) + WARMUP + calls)
     rows = []
@@ -70,11 +70,13 @@ def run(lengths: Sequence[int] = CONTEXT_LENGTHS, calls: int = CALLS, drafter_ki
             context.append(tok)
             drafted += len(drafter.propose(context, k).tokens)
         propose_s = time.perf_counter() - t0
-        rows.append(Row(length, propose_s / calls * 1e6, index_s / length * 1e6, drafted / calls, _size(drafter)))
+        rows.append(
+            LookupCost(length, propose_s / calls * 1e6, index_s / length * 1e6, drafted / calls, _size(drafter))
+        )
     return rows
 
 
-def report(rows: list[Row], drafter_kind: str = "ngram") -> str:
+def report(rows: list[LookupCost], drafter_kind: str = "ngram") -> str:
     """The cost table and its share of a target decode step."""
     title = (
         f"N-gram drafter (N=5, K={DEFAULT_K['ngram']})"

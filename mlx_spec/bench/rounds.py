@@ -37,7 +37,7 @@ def trace_rounds(record: dict) -> list[Round]:
 
 
 @dataclass
-class Tally:
+class Savings:
     """Rounds, tokens and seconds saved by one source."""
 
     rounds: int = 0
@@ -51,15 +51,15 @@ class Tally:
         return f"{self.rounds}r/{self.tokens}t {self.saved_s:+.1f}s"
 
 
-def price(rounds: Sequence[Round], step: float) -> dict[str, Tally]:
+def price(rounds: Sequence[Round], step: float) -> dict[str, Savings]:
     """Per source ("plain" for plain steps): its rounds, their tokens, and the seconds they saved at `step` a token."""
-    out: dict[str, Tally] = defaultdict(Tally)
+    out: dict[str, Savings] = defaultdict(Savings)
     for r in rounds:
         out[r.source or "plain"].add(1, r.tokens, r.tokens * step - r.seconds)
     return dict(out)
 
 
-def _cells(per: dict[str, Tally]) -> str:
+def _cells(per: dict[str, Savings]) -> str:
     return "  ".join(f"{source} {t}" for source, t in sorted(per.items()))
 
 
@@ -74,7 +74,7 @@ def report(data: dict, rows: Sequence[str] | None = None, prompt_set: str | None
     for r in data["records"]:
         plain[(r["row"], r["prompt"])] += [x.seconds for x in trace_rounds(r) if not x.source]
     lines: list[list[str]] = []
-    totals: defaultdict[str, defaultdict[str, Tally]] = defaultdict(lambda: defaultdict(Tally))  # row, source
+    totals: defaultdict[str, defaultdict[str, Savings]] = defaultdict(lambda: defaultdict(Savings))  # row, source
     for r in data["records"]:
         row = by_key[r["row"]]
         label = r["row"][len(row["target"]) + 1 :]

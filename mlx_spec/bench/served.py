@@ -37,7 +37,6 @@ SERVE_MAX_TOKENS = 64  # per request: long enough for speculation to settle, sho
 SERVE_REPEATS = 3  # a multiple of 3: every client count gets as many HumanEval, edit and prose prompts
 WARMUP_TOKENS = 4
 MODES = ("off", "turns", "on", "mlx-lm")  # off (plain decoding) first: it is the baseline of the ratios
-SERVED = ("off", "turns", "on")
 
 
 @dataclass

@@ -14,7 +14,7 @@ from mlx_spec.make.paths import atomic_file
 
 from . import pair
 from .prompt import Seen
-from .report import Row
+from .report import CompareRow
 
 
 @dataclass
@@ -191,8 +191,8 @@ class Chat:
         if last is None:
             raise ValueError("no reply to compare yet")
         return (
-            Row(name, "N/A", "N/A", plain_tps),
-            Row(name, named.table_name(last.draft), last.draft_quantization, last.stats.generation_tps),
+            CompareRow(name, "N/A", "N/A", plain_tps),
+            CompareRow(name, named.table_name(last.draft), last.draft_quantization, last.stats.generation_tps),
         )
 
     # ------------------------------------------------------------------ /save

@@ -56,7 +56,7 @@ def stats_detail(stats: Stats) -> str:
 
 
 @dataclass
-class Row:
+class CompareRow:
     """One line of the /compare table."""
 
     target: str
@@ -65,7 +65,7 @@ class Row:
     tps: float
 
 
-def compare_table(plain: Row, spec: Row) -> str:
+def compare_table(plain: CompareRow, spec: CompareRow) -> str:
     """The two rows in the M3 Max layout, plain first; improvement relative to the plain row."""
     return aligned_table(
         COLUMNS,

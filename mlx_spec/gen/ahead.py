@@ -50,7 +50,7 @@ class Ahead:
         return step
 
     def drop(self, cache) -> None:
-        """Undo the queued step for every place of `cache` (`joint.Rows`)."""
+        """Undo the queued step for every place of `cache` (`JointCache`)."""
         if self.step is not None:
             cache.rewind([1] * len(cache.owners))
             self.step = None

@@ -7,7 +7,7 @@ from ..make.layers import per_model
 from ..models.base import text_of
 from . import recurrent
 from .cache import new_cache
-from .joint import Rows, batchable
+from .joint import JointCache, batchable
 
 _SEEN: dict[int, str | None] = {}
 TOLERANCE = 1e-2  # of the largest logit: a batch's other kernels round differently (bfloat16), a wrong position more
@@ -30,7 +30,7 @@ def _probe(model) -> str | None:
     what = f"{text.model_type} cannot run requests of different lengths in one pass"
     if text.model_type in BY_COLUMN:
         return f"{what} ({BY_COLUMN[text.model_type]})"
-    run, rows, alone = recurrent.recording(model), Rows[int](), []
+    run, rows, alone = recurrent.recording(model), JointCache[int](), []
     v = text.vocab_size  # (ids past it read no embedding row)
     try:
         for i, (held, nxt) in enumerate((([3 % v, 5 % v], 7 % v), ([4 % v], 9 % v))):

@@ -16,16 +16,16 @@ from .ahead import Ahead
 from .apart import apart
 from .cache import context_limit
 from .drafters.base import Draft, Drafting, Member
-from .joint import Rows
+from .joint import JointCache
 from .planner import PLAIN, Ask, Outcome, Plan, Planner, tree_key
 from .registry import default_num_draft
-from .rows import FINISH_REASONS, Row, Step  # noqa: F401  (Step, FINISH_REASONS: the engine's output)
+from .rows import Row, Step
 from .tunables import PREFILL_STEP
 from .verify import shadow_judgement
 
 
 class Engine:
-    """The rows generating together over one target: their cache (`joint.Rows`), one planner, one drafting per
+    """The rows generating together over one target: their cache (`JointCache`), one planner, one drafting per
     costly source, and a plain step queued ahead where the rounds are plain."""
 
     def __init__(self, model, planner: Planner | None = None, chunk: int = PREFILL_STEP):
@@ -34,7 +34,7 @@ class Engine:
         self.limit, self.chunk = context_limit(model), chunk
         self.taps: hidden.Taps | None = None  # the view that keeps the states some row's drafter reads
         self.planner = planner if planner is not None else Planner()
-        self.cache: Rows[Row] = Rows()
+        self.cache: JointCache[Row] = JointCache()
         self.drafting: dict[str, Drafting] = {}
         self.ahead = Ahead()
         self.last_read, self.outside = time.perf_counter(), 0.0  # the round clock; seconds spent in the caller since

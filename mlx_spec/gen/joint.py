@@ -48,7 +48,7 @@ def _extract(joint: list, i: int, tokens: int) -> list:
 Owner = TypeVar("Owner")
 
 
-class Rows(Generic[Owner]):
+class JointCache(Generic[Owner]):
     """The cache the rows run over (`layers`, [] without rows) and the row in each of its places (`owners`; None: a
     row left)."""
 

@@ -12,15 +12,13 @@ from .drafters.base import Drafter
 from .sampling import GREEDY, Sampler
 from .stats import Stats
 
-FINISH_REASONS = ("stop", "length", "context")  # EOS; max_tokens; the model's context is full
-
 
 class Step(NamedTuple):
     """One generated token, as the target alone would have produced it."""
 
     token: int
     from_draft: bool  # this token was a draft token the target accepted
-    finish_reason: str | None  # on the last token: one of FINISH_REASONS
+    finish_reason: str | None  # on the last token: "stop" (EOS), "length" (max_tokens), "context" (it is full)
 
 
 @dataclass

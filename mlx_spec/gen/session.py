@@ -4,10 +4,7 @@ from collections.abc import Generator
 from typing import NamedTuple
 
 from .cache import cache_tokens, copy_prefix, new_cache, prefill_cache, rewind
-from .drafters.base import Drafter
-from .drafters.model import ModelDrafter
-from .drafters.ngram import NGramDrafter
-from .drafters.suffix import SuffixDrafter
+from .drafters.base import Drafter, Kept
 from .planner import Planner
 from .registry import default_num_draft
 from .stream import Event, stream_generate
@@ -15,24 +12,16 @@ from .verify import common_prefix
 
 
 class Snapshot(NamedTuple):
-    """Copies of the caches holding a conversation's first tokens: the target's, each draft model's (by the id of its
-    model) with the tokens it was fed, and the suffix and n-gram tables over them."""
+    """Copies of the caches holding a conversation's first tokens: the target's, and each drafter state that a
+    drafter keeps over them (`Drafter.fork`: a draft model's cache, a suffix or n-gram table), by its key."""
 
     tokens: list[int]
     cache: list
-    drafts: dict[int, tuple[list, list[int]]]
-    tables: dict[str, SuffixDrafter | NGramDrafter]  # by source: drafters whose tables index the tokens
+    kept: dict[str | int, Kept]
 
     @property
     def nbytes(self) -> int:
-        return sum(c.nbytes for c in self.cache) + sum(c.nbytes for d, _ in self.drafts.values() for c in d)
-
-
-def _own_caches(drafter: Drafter | None) -> list[ModelDrafter]:
-    """The drafter's draft models with caches of their own (a learned head, which also needs the target's states
-    there, catches up instead)."""
-    parts = drafter.parts if drafter is not None else ()
-    return [p for p in parts if isinstance(p, ModelDrafter) and not p.in_target_cache and not p.reads]
+        return sum(c.nbytes for c in self.cache) + sum(k.nbytes for k in self.kept.values())
 
 
 class Session:
@@ -71,17 +60,9 @@ class Session:
         cache = copy_prefix(self.cache, n) if n <= len(self.tokens) else None
         if cache is None:
             return None
-        drafts = {}
-        for p in _own_caches(self.drafter):
-            m = n - p.origin  # the draft cache holds the context from position `origin` on
-            p.settle()
-            if p.cache is not None and p.fed[:m] == self.tokens[p.origin : n]:
-                c = copy_prefix(p.cache, m)
-                if c is not None:
-                    drafts[id(p.model)] = (c, p.fed[:m])
         parts = self.drafter.parts if self.drafter is not None else ()
-        tables = {p.name: p.fork(self.tokens[:n]) for p in parts if isinstance(p, SuffixDrafter | NGramDrafter)}
-        return Snapshot(self.tokens[:n], cache, drafts, tables)
+        kept = {k.key: k for p in parts if (k := p.fork(self.tokens[:n])) is not None}
+        return Snapshot(self.tokens[:n], cache, kept)
 
     def adopt(self, snap: Snapshot, n: int) -> None:
         """Start over from the first `n` tokens of `snap` (a kept prefix); the drafter's caches follow at the next
@@ -93,20 +74,11 @@ class Session:
 
     def _reuse(self, ids: list[int]) -> None:
         """Trim the target cache to the longest prefix it shares with `ids` (keeping >= 1 token to feed)."""
-        if self._given is not None:  # the draft models' copies of an adopted prefix
+        if self._given is not None:  # the drafters' copies of an adopted prefix
             (snap, n), self._given = self._given, None
-            for p in _own_caches(self.drafter):
-                cache, fed = snap.drafts.get(id(p.model), (None, []))
-                m = min(len(fed), n - p.origin)
-                if cache is not None and m > 0:
-                    p.settle()
-                    p.cache, p.fed = copy_prefix(cache, m, own=False), fed[:m]
-            for q in self.drafter.parts if self.drafter is not None and n == len(snap.tokens) else ():
-                kept = snap.tables.get(q.name)  # (tables index all the snapshot's tokens: no trimmed copy)
-                if isinstance(q, SuffixDrafter) and isinstance(kept, SuffixDrafter):
-                    q.adopt(kept)
-                elif isinstance(q, NGramDrafter) and isinstance(kept, NGramDrafter):
-                    q.adopt(kept)
+            for p in self.drafter.parts if self.drafter is not None else ():
+                for k in snap.kept.values():
+                    p.adopt(k, n)
         held = cache_tokens(self.cache)
         if held is None or held != len(self.tokens):  # an interrupted update we could not rewind
             self.reset()

@@ -200,47 +200,6 @@ def _dequantizable(qtype: int) -> bool:
         return False
 
 
-def read_gguf_info(gguf_path: Path) -> dict:
-    """Summarize a GGUF file without dequantizing anything.
-
-    Returns a dict with path, file_size, gguf_version, architecture, name, supported
-    (bool), problems (list of strings), n_layers, hidden_size, n_heads, n_kv_heads,
-    context_length, vocab_size, n_tensors, n_params, tensor_types ({type name: count}),
-    file_type, tokenizer_model and has_chat_template. Raises SourceError for a missing,
-    non-GGUF, corrupt or truncated file.
-    """
-    info = read_header(Path(gguf_path))
-    check_bounds(info)
-    arch = info.architecture
-    types: dict[str, int] = {}
-    for t in info.tensors:
-        types[t.type_name] = types.get(t.type_name, 0) + 1
-    found = problems(info)
-    embd = next((t for t in info.tensors if t.name == "token_embd.weight"), None)
-    tokens = info.get("tokenizer.ggml.tokens")
-    return {
-        "path": str(info.path),
-        "file_size": info.size,
-        "gguf_version": info.version,
-        "architecture": arch,
-        "name": info.get("general.name"),
-        "supported": not found,
-        "problems": found,
-        "n_layers": _int(info.get("{arch}.block_count")),
-        "hidden_size": _int(info.get("{arch}.embedding_length")),
-        "n_heads": _int(info.get("{arch}.attention.head_count")),
-        "n_kv_heads": _int(info.get("{arch}.attention.head_count_kv")),
-        "context_length": _int(info.get("{arch}.context_length")),
-        "vocab_size": embd.shape[-1] if embd else (len(tokens) if tokens is not None else None),
-        "n_tensors": len(info.tensors),
-        "n_params": sum(math.prod(t.shape) for t in info.tensors),
-        "tensor_types": types,
-        "file_type": _int(info.get("general.file_type")),
-        "tokenizer_model": info.get("tokenizer.ggml.model"),
-        "has_chat_template": bool(info.get("tokenizer.chat_template")),
-    }
-
-
 def problems(info: GGUFFile) -> list[str]:
     """Why this file cannot be converted (empty when it can)."""
     out = []
@@ -254,9 +213,3 @@ def problems(info: GGUFFile) -> list[str]:
     if bad:
         out.append(f"tensor type {', '.join(bad)} is not supported (the gguf package cannot dequantize it)")
     return out
-
-
-def _int(v):
-    if isinstance(v, (list, np.ndarray)):  # per-layer arrays: report the largest
-        return int(max(v)) if len(v) else None
-    return None if v is None else int(v)

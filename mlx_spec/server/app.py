@@ -36,7 +36,7 @@ from .guard import HostCheck, check_json, host_names
 from .pair import Pair
 from .scheduler import Delta, Done, Failed, Scheduler
 from .tools import Syntax, ToolCall, Tools, ToolText, parse_tools
-from .wire import Reply, live
+from .wire import CompletionReply, live
 
 STATIC = Path(__file__).parent / "static"
 RUN = "mlx_spec.run"  # the request scope's key for its Run, which the log line reads
@@ -286,7 +286,7 @@ class Api:
         self.authorize(request)
         prompt = self.chat_prompt(await self.body(request))
         run = await self.start(request, prompt.ids, prompt.params, "chatcmpl")
-        reply = Reply(run.id, self.pair.name, chat=True)
+        reply = CompletionReply(run.id, self.pair.name, chat=True)
 
         async def whole() -> dict:
             pieces = [d async for d in run.items(watch=True) if isinstance(d, Delta)]
@@ -333,7 +333,7 @@ class Api:
             raise bad_request(f"token id {max(prompt)} is outside the vocabulary", param="prompt")
         ids = self.pair.text_ids(prompt) if isinstance(prompt, str) else prompt
         run = await self.start(request, ids, p, "cmpl", param="prompt")
-        reply = Reply(run.id, self.pair.name, chat=False)
+        reply = CompletionReply(run.id, self.pair.name, chat=False)
 
         async def whole() -> dict:
             pieces = [d async for d in run.items(watch=True) if isinstance(d, Delta)]

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Member:
+class Joined:
     """A request in an engine: its row, its engine and its own streaming detokenizer."""
 
     row: Row
@@ -60,7 +60,7 @@ class Batcher(Generic[J]):
         # rounds measure are not a pass's cost. They learn in a planner of their own, apart from the costs that
         # decide whether a request joins the shared engine (`Planner.pays`).
         self.solo = Planner(adaptive=pair.adaptive)
-        self.members: dict[J, Member] = {}  # job -> member
+        self.joined: dict[J, Joined] = {}  # job -> its row in an engine
         self.joining: dict[J, Joining] = {}  # job -> its prefill under way, in arrival order
         self._apart: str | None = None  # why the target's requests never share a pass
         self._asked = False  # whether `apart` probed the target yet
@@ -76,20 +76,20 @@ class Batcher(Generic[J]):
         return self._apart
 
     def __len__(self) -> int:
-        return len(self.members) + len(self.joining)
+        return len(self.joined) + len(self.joining)
 
     def __contains__(self, job) -> bool:
-        return job in self.members or job in self.joining
+        return job in self.joined or job in self.joining
 
     def shared_rows(self) -> int:
         """Requests in the shared engine or joining it."""
-        return sum(x.engine is self.shared for x in list(self.members.values()) + list(self.joining.values()))
+        return sum(x.engine is self.shared for x in list(self.joined.values()) + list(self.joining.values()))
 
     @property
     def engines(self) -> list[Engine]:
         """Every engine with a row or a row on its way, the shared one first."""
         seen = {id(self.shared): self.shared}
-        for x in list(self.members.values()) + list(self.joining.values()):
+        for x in list(self.joined.values()) + list(self.joining.values()):
             seen.setdefault(id(x.engine), x.engine)
         return list(seen.values())
 
@@ -143,7 +143,7 @@ class Batcher(Generic[J]):
         j.engine.add(j.row, job.session.cache)
         detok = self.pair.tokenizer.detokenizer
         detok.reset()
-        self.members[job] = Member(j.row, j.engine, detok)
+        self.joined[job] = Joined(j.row, j.engine, detok)
 
     def leave(self, job) -> None:
         """Take the request's row out; its session gets the row's cache (context minus the last token). One still
@@ -151,19 +151,19 @@ class Batcher(Generic[J]):
         if job in self.joining:
             self.joining.pop(job).prefill.close()
             return
-        member = self.members.pop(job)
+        member = self.joined.pop(job)
         cache = member.engine.remove(member.row)
         job.session.restore(cache, member.row.context[:-1])
 
     def round(self, engine: Engine) -> list[tuple[J, Event]]:
         """One round of an engine: every member's new tokens, as events."""
-        jobs = {id(m.row): job for job, m in self.members.items()}
+        jobs = {id(m.row): job for job, m in self.joined.items()}
         out = []
         rows = engine.rows
         if rows:
             for i, steps in engine.round().items():
                 job = jobs[id(rows[i])]
-                member = self.members[job]
+                member = self.joined[job]
                 for s in steps:
                     if s.token not in member.row.eos:
                         member.detok.add_token(s.token)
@@ -179,9 +179,9 @@ class Batcher(Generic[J]):
 
     def clear(self, engine: Engine) -> list[J]:
         """Forget an engine after a failed round: the jobs that were in it or joining it."""
-        jobs = [job for job, x in list(self.members.items()) + list(self.joining.items()) if x.engine is engine]
+        jobs = [job for job, x in list(self.joined.items()) + list(self.joining.items()) if x.engine is engine]
         for job in jobs:
-            x = self.members.pop(job, None) or self.joining.pop(job)
+            x = self.joined.pop(job, None) or self.joining.pop(job)
             if isinstance(x, Joining):
                 x.prefill.close()
         if engine is self.shared:

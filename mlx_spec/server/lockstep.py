@@ -25,7 +25,7 @@ STEP_LIMIT = 20.0
 
 
 @dataclass
-class Step:
+class SharedStep:
     """One turn of the scheduler's loop as every rank runs it: the requests admitted (id, prompt ids, settings), the
     ids of active requests cancelled, and whether the server stops."""
 
@@ -34,7 +34,7 @@ class Step:
     stop: bool = False
 
 
-def encode(step: Step) -> bytes:
+def encode(step: SharedStep) -> bytes:
     """A step's admissions and cancellations as JSON bytes (empty where it has none)."""
     if not step.admitted and not step.cancelled:
         return b""
@@ -42,16 +42,16 @@ def encode(step: Step) -> bytes:
     return json.dumps({"admitted": admitted, "cancelled": sorted(step.cancelled)}).encode()
 
 
-def decode(op: int, payload: bytes) -> Step:
+def decode(op: int, payload: bytes) -> SharedStep:
     """The step `encode` wrote, under its op."""
     if op == _STOP:
-        return Step(stop=True)
+        return SharedStep(stop=True)
     if op != _RUN:
         raise ClusterError(f"rank 0 sent a step this rank cannot read (op {op})")
     if not payload:
-        return Step()
+        return SharedStep()
     d = json.loads(payload)
-    return Step([(i, ids, Params(**p)) for i, ids, p in d["admitted"]], set(d["cancelled"]))
+    return SharedStep([(i, ids, Params(**p)) for i, ids, p in d["admitted"]], set(d["cancelled"]))
 
 
 class Lockstep:
@@ -73,7 +73,7 @@ class Lockstep:
         """The planner every engine of this rank plans with: rank 0's plans on every rank."""
         return Agreed(adaptive=adaptive, cluster=self.cluster, limit=self.limit)
 
-    def share(self, step: Step) -> None:
+    def share(self, step: SharedStep) -> None:
         """Rank 0: send the step to the other ranks (`Cluster.send`: its length, then its payload if any)."""
         with self.guard():
             self.cluster.send(None if step.stop else encode(step), self.limit, self.limit)
@@ -83,7 +83,7 @@ class Lockstep:
         the other ranks (they wait for rank 0 as long as it takes)."""
         return Deadline(self.cluster, STEP_LIMIT) if self.lead else contextlib.nullcontext()
 
-    def follow(self) -> Step:
+    def follow(self) -> SharedStep:
         """The other ranks: rank 0's next step (waiting as long as rank 0 is idle)."""
         with self.guard():
             payload = self.cluster.send(None, math.inf, self.limit)

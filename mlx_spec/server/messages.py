@@ -206,7 +206,7 @@ def tool_use(call: ToolCall) -> dict:
     }
 
 
-class Reply:
+class MessagesReply:
     """One reply's message object and its stream's events in order, each an (event name, data) pair: a text block
     opens at the first text since the start or a call, and closes before the next call."""
 
@@ -336,7 +336,7 @@ def routes(api) -> list[Route]:
         prompt = api.chat_prompt(chat)
         prompt.params.stop = stops
         run = await api.start(request, prompt.ids, prompt.params, "msg")
-        reply = Reply(run.id.replace("-", "_", 1), api.pair.name, len(prompt.ids))
+        reply = MessagesReply(run.id.replace("-", "_", 1), api.pair.name, len(prompt.ids))
 
         def finished() -> None:
             run.finish = "tool_use" if reply.called else None

@@ -250,7 +250,7 @@ def tool_choice(body: dict, offered: Offered):
 
 
 @dataclass
-class Ask:
+class ChatForm:
     """A Responses request as chat completions sees it."""
 
     chat: dict  # the /v1/chat/completions body of the same conversation, tools and options
@@ -259,7 +259,7 @@ class Ask:
     tools: Offered = field(default_factory=Offered)  # the tools as offered: flat names and the ones left out
 
 
-def ask(body: dict, store: Store) -> Ask:
+def ask(body: dict, store: Store) -> ChatForm:
     """The request in chat completions' terms, continuing `previous_response_id` from `store`."""
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
@@ -308,7 +308,7 @@ def ask(body: dict, store: Store) -> Ask:
         "store": body.get("store", True) is not False,
         "metadata": body.get("metadata") or {},
     }
-    return Ask(chat, history, echo, offered)
+    return ChatForm(chat, history, echo, offered)
 
 
 def usage(stats: dict) -> dict:
@@ -323,7 +323,7 @@ def usage(stats: dict) -> dict:
     }
 
 
-class Reply:
+class ResponsesReply:
     """One response's objects: the response, its output items as they grow, and its stream's events in order (each
     with its sequence number). Events carry copies: the items go on growing after an event is made. `tools`: the
     request's as offered, to name namespaced calls as the client does and to report the tools left out."""
@@ -465,7 +465,7 @@ def routes(api) -> list[Route]:
         a = ask(await api.body(request), store)
         prompt = api.chat_prompt(a.chat)
         run = await api.start(request, prompt.ids, prompt.params, "resp", param="input")
-        reply = Reply(run.id.replace("-", "_", 1), api.pair.name, a.echo, a.tools)
+        reply = ResponsesReply(run.id.replace("-", "_", 1), api.pair.name, a.echo, a.tools)
 
         def finished() -> None:
             run.finish = "tool_calls" if reply.calls else None

@@ -24,7 +24,7 @@ from mlx_spec.gen.stats import Stats
 from .batching import Batcher
 from .defaults import PREFIX_CACHE_BYTES
 from .errors import ApiError
-from .lockstep import Lockstep, Step
+from .lockstep import Lockstep, SharedStep
 from .pair import Pair
 from .params import Params
 from .pool import IDLE_EXTRA, SessionPool
@@ -230,7 +230,7 @@ class Scheduler:
         """A rank other than 0: replay rank 0's steps on this thread until rank 0 stops."""
         self._run()
 
-    def _next_step(self) -> Step:
+    def _next_step(self) -> SharedStep:
         """The loop's next step: the jobs admitted and cancelled (rank 0 shares it; the other ranks take rank 0's)."""
         if self.lockstep is not None and not self.lockstep.lead:
             step = self.lockstep.follow()
@@ -241,7 +241,7 @@ class Scheduler:
         with self._cv:
             while not self._stopping and not self._active and not self._waiting:
                 self._cv.wait()
-            step = Step(stop=self._stopping)
+            step = SharedStep(stop=self._stopping)
             while not self._stopping and self._waiting and len(self._active) < self.max_concurrency:
                 job = self._waiting.popleft()
                 job.state, job.started = "active", time.monotonic()

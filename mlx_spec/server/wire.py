@@ -57,7 +57,7 @@ def joined(earlier: dict | None, later: dict) -> dict:
     return {k: earlier.get(k, []) + v if isinstance(v, list) else v for k, v in later.items()}
 
 
-class Reply:
+class CompletionReply:
     """Builds the objects of one reply: `chat` (chat.completion) or `text` (text_completion)."""
 
     def __init__(self, id: str, model: str, chat: bool):

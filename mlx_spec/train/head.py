@@ -29,7 +29,7 @@ OPTIMIZER = "optimizer.safetensors"  # AdamW's moments, beside the head, for --r
 
 
 @dataclass
-class Plan:
+class TrainingPlan:
     """What a training run is: its data, its head and its budget (kept in DIR/train.json, with what it did)."""
 
     target: str
@@ -203,7 +203,7 @@ def chain_acceptance(head, batch: dict, t2d: mx.array, steps: int = STEPS) -> li
 
 def train(
     target,
-    plan: Plan,
+    plan: TrainingPlan,
     out: Path,
     seqs: list[list[int]],
     *,
@@ -222,7 +222,7 @@ def train(
     check_out(out, resume)
     if resume:
         done = json.loads(state.read_text())
-        plan = Plan(**{**done, "minutes": plan.minutes, "max_steps": plan.max_steps})
+        plan = TrainingPlan(**{**done, "minutes": plan.minutes, "max_steps": plan.max_steps})
     out.mkdir(parents=True, exist_ok=True)
     shards = Shards(out / "data")
     bytes_per_token = len(plan.reads) * text_of(target).args.hidden_size * 2 + TOP * 6 + 4
@@ -303,13 +303,13 @@ def check_out(out: Path, resume: bool) -> None:
         raise SourceError(f"{out} exists and is not empty: pass --resume to go on, or another folder")
 
 
-def learning_rate(plan: Plan, steps: int, elapsed: float) -> float:
+def learning_rate(plan: TrainingPlan, steps: int, elapsed: float) -> float:
     """The rate at a step: linear warmup over `plan.warmup` steps, then a cosine over the budget (`elapsed`, its share
     spent) down to a tenth (the steps a budget of minutes holds are not known in advance)."""
     return plan.lr * min(1.0, (steps + 1) / plan.warmup) * (0.55 + 0.45 * math.cos(math.pi * min(1.0, elapsed)))
 
 
-def _point(head, batch, t2d, steps: int, started: float, plan: Plan) -> dict:
+def _point(head, batch, t2d, steps: int, started: float, plan: TrainingPlan) -> dict:
     acc = chain_acceptance(head, batch, t2d)
     return {
         "steps": steps,
@@ -319,7 +319,7 @@ def _point(head, batch, t2d, steps: int, started: float, plan: Plan) -> dict:
     }
 
 
-def _save(head, opt, out: Path, plan: Plan, steps: int, curve: list, shards: Shards) -> None:
+def _save(head, opt, out: Path, plan: TrainingPlan, steps: int, curve: list, shards: Shards) -> None:
     """The head in the speculators layout, beside its optimizer's state and its training record (each file written
     whole or not at all)."""
     weights = eagle3.tensors(head)

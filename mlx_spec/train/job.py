@@ -11,7 +11,7 @@ from ..make.paths import atomic_file, home
 from ..models.base import params_bytes, text_of
 from ..models.eagle3 import default_reads
 from . import data as td
-from .head import Plan, check_out, train
+from .head import TrainingPlan, check_out, train
 
 Log = Callable[[str], None]
 REPLIES = "replies.json"  # the target's replies, kept beside the features
@@ -108,7 +108,7 @@ def run(
     streams = _replies(model, tokenizer, out / "data" / REPLIES, regenerate, held, reply_tokens, until, log)
     share = 0.5 if streams else 0.4  # replies up to a quarter of the minutes, then the features up to half
     seqs = td.sequences(tokenizer, texts, length, exclude=held, streams=streams)
-    plan = Plan(
+    plan = TrainingPlan(
         target,
         default_reads(len(model.layers)),
         draft_vocab,

@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import mlx.core as mx
 
@@ -35,6 +35,16 @@ class Draft:
         return self.tokens.size
 
 
+@dataclass
+class Kept:
+    """A drafter's state over a conversation's first tokens, copied (`Drafter.fork`): `key` names the drafters that
+    can adopt it (a table's source, a draft model's id), `nbytes` the memory it holds."""
+
+    key: str | int
+    state: Any
+    nbytes: int = 0
+
+
 class Member(NamedTuple):
     """A row a drafter drafts for: its part, context, sampling rule (None: greedy) and place in the target's cache."""
 
@@ -54,7 +64,7 @@ class Drafting:
     def propose(
         self, members: Sequence[Member], k: int, target=None, chunk: int | None = None, tree: int = 0
     ) -> list[Draft]:
-        """At most k tokens a member; target: the engine's `joint.Rows`; chunk: the most catch-up a member is fed;
+        """At most k tokens a member; target: the engine's `JointCache`; chunk: the most catch-up a member is fed;
         tree: a drafter that `trees` drafts a tree of that many tokens, k deep, for a member alone (else a chain)."""
         return [m.part.propose(m.context, k, m.sampler) for m in members]
 
@@ -98,6 +108,15 @@ class Drafter:
     def behind(self, context: list[int]) -> int:
         """Context tokens this drafter would feed before drafting at `context` (0 for table lookups)."""
         return 0
+
+    def fork(self, tokens: list[int]) -> Kept | None:
+        """A copy of its state over `tokens`, a conversation's first tokens, for a later one to `adopt` (None: it
+        keeps none)."""
+        return None
+
+    def adopt(self, kept: Kept, n: int) -> None:
+        """Start from `kept`'s state over its first `n` tokens, a prefix of the next context, where `kept` is of its
+        kind (its `key`); else keep its own."""
 
 
 def extends(context: list[int], held: list[int]) -> bool:

@@ -58,7 +58,7 @@ def block_mask(cache: list, n: int) -> mx.array | None:
 
 
 class DFlashDrafting(ModelDrafting[DFlashDrafter]):
-    """The rows drafting with one DFlash module over their caches as one (`joint.Rows`): each row's new context
+    """The rows drafting with one DFlash module over their caches as one (`JointCache`): each row's new context
     states in one pass, every row's block in a second."""
 
     def _draft(self, members: Sequence[Member], k: int, chunk: int | None, tree: int = 0) -> list[Draft]:

@@ -12,12 +12,12 @@ from ...errors import GenerationError
 from ...models.base import text_of
 from ...models.head import SubsetHead
 from .. import recurrent, shapes
-from ..cache import new_cache
-from ..joint import Rows
+from ..cache import copy_prefix, new_cache
+from ..joint import JointCache
 from ..sampling import sample
 from ..tunables import HINDSIGHT_MAX, HINDSIGHT_MIN, PREFILL_STEP
 from ..tunables import NGRAM_SYNC_TAIL as SYNC_TAIL
-from .base import Draft, Drafter, Drafting, Member
+from .base import Draft, Drafter, Drafting, Kept, Member
 
 
 class ModelDrafter(Drafter):
@@ -59,6 +59,28 @@ class ModelDrafter(Drafter):
             self.fed.extend(tokens.tolist()[:n])
             self.drafted = None
 
+    def fork(self, tokens: list[int]) -> Kept | None:
+        """A copy of its cache's first positions where they hold `tokens` from `origin` on (none for a learned head,
+        which also needs the target's states there, nor for a view drafting in the target's cache)."""
+        if self.in_target_cache or self.reads:
+            return None
+        m = len(tokens) - self.origin  # the draft cache holds the context from position `origin` on
+        self.settle()
+        if self.cache is None or self.fed[:m] != tokens[self.origin :]:
+            return None
+        cache = copy_prefix(self.cache, m)
+        return None if cache is None else Kept(id(self.model), (cache, self.fed[:m]), sum(c.nbytes for c in cache))
+
+    def adopt(self, kept: Kept, n: int) -> None:
+        """Its cache becomes a copy of `kept`'s, up to the context's first `n` tokens, where `kept` ran its model."""
+        if self.in_target_cache or self.reads or kept.key != id(self.model):
+            return
+        cache, fed = kept.state
+        m = min(len(fed), n - self.origin)
+        if m > 0:
+            self.settle()
+            self.cache, self.fed = copy_prefix(cache, m, own=False), fed[:m]
+
     def agrees(self, context: list[int]) -> int:
         """How many first tokens of `fed` equal the context's (its last aside): from the last count, checked in O(1) by
         its ends as `extends` does, walked on over the tokens since; else from 0."""
@@ -96,7 +118,7 @@ class ModelDrafter(Drafter):
         """What each place's drafter reads beside its n tokens fed from `starts` (None: tokens alone)."""
         return None
 
-    def tree(self, state: mx.array, k: int, nodes: int, rows: Rows) -> tuple[mx.array, tuple[int, ...]]:
+    def tree(self, state: mx.array, k: int, nodes: int, rows: JointCache) -> tuple[mx.array, tuple[int, ...]]:
         """A tree of `nodes` draft tokens, k deep, from `state`, and each one's parent (a drafter that `trees`)."""
         raise NotImplementedError
 
@@ -124,11 +146,11 @@ D = TypeVar("D", bound=ModelDrafter)
 
 
 class ModelDrafting(Drafting, Generic[D]):
-    """The rows drafting with one draft model over their caches as one (`joint.Rows`): catch-up, then k - 1 passes."""
+    """The rows drafting with one draft model over their caches as one (`JointCache`): catch-up, then k - 1 passes."""
 
     def __init__(self, part: D):
         self.model, self.part = part.model, part
-        self.rows: Rows[D] = Rows()  # owners: the members' drafters
+        self.rows: JointCache[D] = JointCache()  # owners: the members' drafters
 
     def takes(self, part) -> bool:
         return getattr(part, "model", None) is self.model and not part.in_target_cache
@@ -185,7 +207,7 @@ class ModelDrafting(Drafting, Generic[D]):
             except ValueError:  # a cache that cannot go back that far (a sliding window): every row starts over
                 for o in [o for o in places if o is not None]:
                     o.cache, o.fed, o.drafted = None, [], None
-                self.rows = Rows()
+                self.rows = JointCache()
                 return self._draft(members, k, chunk, tree)
         self.rows.start_round()
         outs, state, cold = self._feed(feeds, [j + 1 if r else 0 for j, r in zip(judge, ready)])

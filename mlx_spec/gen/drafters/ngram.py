@@ -6,7 +6,7 @@ from ..tunables import NGRAM_MIN_TRUST as DEFAULT_MIN_TRUST
 from ..tunables import NGRAM_N as DEFAULT_N
 from ..tunables import NGRAM_TRUST_EMA as TRUST_EMA
 from ..tunables import NGRAM_TRUST_RECOVERY as TRUST_RECOVERY
-from .base import Draft, Drafter, extends
+from .base import Draft, Drafter, Kept, extends
 
 
 class NGramDrafter(Drafter):
@@ -37,15 +37,18 @@ class NGramDrafter(Drafter):
         self._tokens: list[int] = []  # our own copy of what is indexed, so caller mutation can't desync us
         self._index(prompt)
 
-    def fork(self, prefix: list[int]) -> "NGramDrafter":
-        """A drafter like this one indexing `prefix` alone (a kept prefix's tables)."""
+    def fork(self, tokens: list[int]) -> Kept:
+        """Tables like this drafter's indexing `tokens` alone (a kept prefix's)."""
         other = NGramDrafter(self.n, self.min_n, self.min_trust)
-        other._rebuild(prefix)
-        return other
+        other._rebuild(tokens)
+        return Kept(self.name, other)
 
-    def adopt(self, kept: "NGramDrafter") -> None:
-        """Start from a copy of `kept`'s tables (a prefix of the next context): the next reset indexes the rest."""
-        self._counts, self._best, self._tokens = dict(kept._counts), dict(kept._best), list(kept._tokens)
+    def adopt(self, kept: Kept, n: int) -> None:
+        """Start from a copy of `kept`'s tables where they index just the `n` tokens (a prefix of the next context):
+        the next reset indexes the rest."""
+        other = kept.state
+        if kept.key == self.name and len(other._tokens) == n:
+            self._counts, self._best, self._tokens = dict(other._counts), dict(other._best), list(other._tokens)
 
     def _index(self, tokens: list[int]) -> None:
         """UPDATE with each token in turn: pair it with its previous n-1, ..., min_n-1 tokens."""

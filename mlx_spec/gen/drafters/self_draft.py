@@ -13,7 +13,7 @@ from ...models.base import text_of
 from ...models.cache import RaggedKVCache, rewindable
 from .. import recurrent
 from ..cache import cache_tokens, new_cache, rewind
-from ..joint import Rows
+from ..joint import JointCache
 from ..tunables import IMPORTANCE_TOKENS, QUANT_SELF_GROUP
 from .base import Draft, Drafting, Member
 from .model import ModelDrafter, draft_steps
@@ -84,7 +84,7 @@ class SelfDrafter(ModelDrafter):
     def propose(self, context: list[int], k: int, sampler=None) -> Draft:
         if self.target_cache is None:
             raise GenerationError("self drafter used before reset(prompt, target_cache)")
-        rows: Rows[SelfDrafter] = Rows()
+        rows: JointCache[SelfDrafter] = JointCache()
         rows.add(self, self.target_cache)
         return self.drafting().propose([Member(self, context, sampler, 0)], k, rows)[0]
 

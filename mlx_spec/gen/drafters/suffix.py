@@ -9,7 +9,7 @@ from ..tunables import SUFFIX_MATCH_TAIL as MATCH_TAIL
 from ..tunables import SUFFIX_MEMORY_TOKENS as MEMORY_TOKENS
 from ..tunables import SUFFIX_MIN_MATCH as MIN_MATCH
 from ..tunables import SUFFIX_MIN_SCORE as MIN_SCORE
-from .base import Draft, Drafter, extends
+from .base import Draft, Drafter, Kept, extends
 
 SEPARATOR = -1  # between the outputs in a memory: no match runs across two, and no draft past one
 
@@ -146,16 +146,19 @@ class SuffixDrafter(Drafter):
         self._sync(prompt)
         self._prompt_len = len(prompt)
 
-    def fork(self, prefix: list[int]) -> "SuffixDrafter":
-        """A drafter like this one indexing `prefix` alone (a kept prefix's tables)."""
-        other = SuffixDrafter(self.memory)
-        other._sync(prefix)
-        return other
+    def fork(self, tokens: list[int]) -> Kept:
+        """An index of `tokens` alone (a kept prefix's)."""
+        index = SuffixIndex()
+        for token in tokens:
+            index.extend(token)
+        return Kept(self.name, index)
 
-    def adopt(self, kept: "SuffixDrafter") -> None:
-        """Start from a copy of `kept`'s index (a prefix of the next context): the next reset indexes the rest."""
-        self._remember()
-        self.index, self._prompt_len = kept.index.copy(), None
+    def adopt(self, kept: Kept, n: int) -> None:
+        """Start from a copy of `kept`'s index where it indexes just the `n` tokens (a prefix of the next context):
+        the next reset indexes the rest."""
+        if kept.key == self.name and len(kept.state.tokens) == n:
+            self._remember()
+            self.index, self._prompt_len = kept.state.copy(), None
 
     def _remember(self) -> None:
         if self.memory is not None and self._prompt_len is not None:  # the last generation's output is final
