@@ -508,7 +508,7 @@ def test_a_joint_chunked_cache_masks_each_rows_chunk_by_its_positions():
     rewind left) each see their own chunk by position, not by column; a commit drops the columns no row needs, and
     rows in different chunks keep all of theirs."""
     chunk, N = 4, 3
-    rows = Rows()
+    rows = JointCache()
     for i, n in enumerate((11, 5)):
         rows.add(i, _chunked_row(n, chunk, room=2))
     rows.rewind([1, 0])  # the first row drops position 10: a gap at its last column
@@ -516,7 +516,7 @@ def test_a_joint_chunked_cache_masks_each_rows_chunk_by_its_positions():
     want, by_column = _chunk_masks(c, N, chunk)
     assert np.array_equal(np.array(c.make_mask(N)), want)
     assert not np.array_equal(want, by_column)  # (mlx-lm's mask by column gives these rows others' chunks)
-    rows = Rows()
+    rows = JointCache()
     for i, n in enumerate((403, 298)):  # next positions in chunks 100 and 74
         rows.add(i, _chunked_row(n, chunk, room=2))
     rows.start_round()
