@@ -39,7 +39,7 @@ def new_id(prefix: str) -> str:
 
 
 @dataclass
-class Kept:
+class StoredResponse:
     """A finished response as `previous_response_id` and GET see it."""
 
     history: list[dict]  # its conversation in chat messages, without instructions, its own reply last
@@ -51,15 +51,15 @@ class Store:
 
     def __init__(self, size: int = KEPT):
         self.size = size
-        self._kept: OrderedDict[str, Kept] = OrderedDict()
+        self._kept: OrderedDict[str, StoredResponse] = OrderedDict()
 
-    def put(self, id: str, kept: Kept) -> None:
+    def put(self, id: str, kept: StoredResponse) -> None:
         self._kept[id] = kept
         self._kept.move_to_end(id)
         while len(self._kept) > self.size:
             self._kept.popitem(last=False)
 
-    def get(self, id: str) -> Kept | None:
+    def get(self, id: str) -> StoredResponse | None:
         kept = self._kept.get(id)
         if kept is not None:
             self._kept.move_to_end(id)
@@ -470,7 +470,7 @@ def routes(api) -> list[Route]:
         def finished() -> None:
             run.finish = "tool_calls" if reply.calls else None
             if a.echo["store"]:
-                store.put(reply.id, Kept(a.history + [reply.turn()], reply.final))
+                store.put(reply.id, StoredResponse(a.history + [reply.turn()], reply.final))
 
         return await api.reply(run, prompt, reply, finished)
 
