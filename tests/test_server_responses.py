@@ -14,7 +14,7 @@ from mlx_spec.server.app import build_app
 from mlx_spec.server.errors import ApiError
 from mlx_spec.server.main import Running
 from mlx_spec.server.pair import Pair
-from mlx_spec.server.responses import StoredResponse, ResponsesReply, Store, ask
+from mlx_spec.server.responses import ResponsesReply, Store, StoredResponse, ask
 from mlx_spec.server.scheduler import Done
 from mlx_spec.server.tools import ToolCall
 
@@ -114,7 +114,9 @@ def test_a_namespace_offers_its_functions_under_flat_names_and_hosted_tools_are_
 def test_previous_response_id_continues_the_kept_conversation():
     store = Store(size=2)
     call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
-    store.put("resp_a", StoredResponse([{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]}], {}))
+    store.put(
+        "resp_a", StoredResponse([{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]}], {})
+    )
     a = ask(
         {
             "previous_response_id": "resp_a",
