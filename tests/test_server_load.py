@@ -224,7 +224,7 @@ def test_a_client_that_disconnects_stops_its_generation_within_one_round_and_fre
         later = health(srv)
         assert next(q for q in later["requests"] if q["id"] == job_id)["rounds"] == job["rounds"]
         assert later["rounds"] == h["rounds"]  # nothing runs any more
-        assert later["sessions"] == {"total": 0, "idle": 0}  # its session and caches were freed
+        assert later["sessions"] == {"total": 0, "idle": 0, "idle_bytes": 0}  # its session and caches were freed
 
 
 def test_four_batched_requests_of_other_lengths_drafters_and_finishes_each_equal_their_solo_run(

@@ -1,7 +1,10 @@
 """A soak over loopback: chat, Responses and Messages requests, streamed and not, seeded, from clients that sometimes
 leave mid-reply, against a server with a short queue and a small prefix cache. Nothing is lost, every reply equals
-its solo run, the bounds hold, and MLX's memory comes back to where it started."""
+its solo run, the bounds hold, MLX's memory comes back to what the kept caches account for, and no request's objects
+outlive it."""
 
+import asyncio
+import gc
 import json
 import random
 import threading
@@ -9,10 +12,14 @@ import threading
 import httpx
 import pytest
 from conftest import health, wait_for
+from mlx.utils import tree_flatten
 
+from mlx_spec.gen.rows import Row
+from mlx_spec.gen.session import Session
 from mlx_spec.server.app import build_app
 from mlx_spec.server.main import Running
 from mlx_spec.server.pair import Pair
+from mlx_spec.server.scheduler import Job
 
 pytestmark = pytest.mark.slow  # a few hundred requests
 
@@ -81,14 +88,41 @@ def ask(http: httpx.Client, url: str, route: str, i: int, stream: bool, leave_af
         return text
 
 
+def live(*classes: type) -> dict[type, list]:
+    """The objects of each class alive in this process (the server runs in it), after a collection."""
+    gc.collect()
+    found: dict[type, list] = {c: [] for c in classes}
+    for o in gc.get_objects():
+        for c in classes:
+            if c in type(o).__mro__:  # not isinstance: it asks some objects their __class__, and they warn
+                found[c].append(o)
+    return found
+
+
+def unaccounted(h: dict, weights: int) -> int:
+    """MLX's active bytes beyond the weights and the caches the server says it keeps (idle sessions, prefixes)."""
+    return h["memory"]["active_bytes"] - weights - h["sessions"]["idle_bytes"] - h["prefix_cache"]["bytes"]
+
+
+def kv_bytes_per_token(folder, itemsize: int) -> int:
+    """A token's keys and values over every layer, from the model's config."""
+    c = json.loads((folder / "config.json").read_text())
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    return c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * head_dim * itemsize
+
+
 def test_a_soak_of_mixed_requests_and_leaving_clients_loses_nothing_and_gives_memory_back(tiny_models):
     pair = Pair.load(str(tiny_models["qwen2"]), "suffix", num_draft=3)
     app = build_app(pair, max_concurrency=MAX_CONCURRENCY, max_queue=MAX_QUEUE, prefix_cache_bytes=PREFIX_BYTES)
+    params = [v for _, v in tree_flatten(pair.target.parameters())]
+    weights = sum(v.nbytes for v in params)
     with Running(app) as srv, httpx.Client(timeout=120) as http:
+        queues = len(live(asyncio.Queue)[asyncio.Queue])  # the server's own, before any request
         solo = {(route, i): ask(http, srv.url, route, i, False) for route in ROUTES for i in range(len(ASKS))}
         for (route, i), text in solo.items():  # and again, streamed: the same text
             assert ask(http, srv.url, route, i, True) == text, (route, i)
-        start = wait_for(srv, lambda h: h["active"] == h["queued"] == 0)["memory"]["active_bytes"]
+        start = wait_for(srv, lambda h: h["active"] == h["queued"] == 0)
+        tasks = len(live(asyncio.Task)[asyncio.Task])
 
         answered, left, refused, samples, errors = [0], [0], [0], [], []
         lock, stop = threading.Lock(), threading.Event()
@@ -139,7 +173,24 @@ def test_a_soak_of_mixed_requests_and_leaving_clients_loses_nothing_and_gives_me
         assert end["completed"] >= base + answered[0], done  # every reply received was counted completed
         taken = max(s["active"] + s["queued"] for s in samples)  # a slot the thread has yet to fill takes one more
         assert taken <= MAX_CONCURRENCY + MAX_QUEUE, taken
-        assert all(s["prefix_cache"]["bytes"] <= PREFIX_BYTES for s in samples + [end])
+        assert end["prefix_cache"]["max_bytes"] == PREFIX_BYTES
+        kept = max(s["prefix_cache"]["bytes"] for s in samples + [end])
+        assert kept <= PREFIX_BYTES, kept
         assert end["sessions"]["total"] <= MAX_CONCURRENCY + 2  # the pool's bound (IDLE_EXTRA)
-        memory = end["memory"]["active_bytes"]
-        assert memory <= 1.1 * start, (start, memory)
+        # MLX's memory: what the kept caches do not account for grows by less than one request's keys and values
+        # (a request's state kept past its end, for each of its requests, would be dozens of them)
+        longest = max(r["prompt_tokens"] for r in end["requests"]) + MAX_TOKENS
+        one = longest * kv_bytes_per_token(tiny_models["qwen2"], params[0].dtype.size)
+        grown = unaccounted(end, weights) - unaccounted(start, weights)
+        assert grown < one, (grown, one, start, end)
+        assert end["memory"]["active_bytes"] <= 1.1 * start["memory"]["active_bytes"], (start["memory"], end["memory"])
+
+        # Python's: no row is left, no session beyond the pool's, no job but those /health lists (its recent ones), no
+        # stream queue but theirs and the server's own, no task beyond those before the soak
+        found = live(Row, Session, Job, asyncio.Queue, asyncio.Task)
+        assert not found[Row], len(found[Row])
+        assert len(found[Session]) == end["sessions"]["total"], (len(found[Session]), end["sessions"])
+        listed = {r["id"] for r in end["requests"]}
+        assert all(j.id in listed for j in found[Job]), (len(found[Job]), len(listed))
+        assert len(found[asyncio.Queue]) <= queues + len(found[Job]), (len(found[asyncio.Queue]), queues)
+        assert len(found[asyncio.Task]) <= tasks, (len(found[asyncio.Task]), tasks)

@@ -43,6 +43,12 @@ class Session:
         self.accept: dict = {}  # the conversation's acceptance of each draft source, kept across turns
         self.set_drafter(drafter, num_draft)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the caches the conversation holds: the target's and its own draft models'."""
+        drafts = [c for p in _own_caches(self.drafter) if p.cache is not None for c in p.cache]
+        return sum(c.nbytes for c in self.cache) + sum(c.nbytes for c in drafts)
+
     def set_drafter(self, drafter: Drafter | None, num_draft: int | None = None) -> None:
         """Switch drafters (None: plain decoding); the conversation, cache and planner's measurements stay."""
         self.drafter: Drafter | None = drafter

@@ -185,6 +185,7 @@ class Scheduler:
         """Counters for /health."""
         with self._cv:
             jobs = list(self._active) + list(self._recent)
+            idle = list(self.pool.idle)  # idle only: an active one's caches change under the model thread
             broken = self.lockstep.broken if self.lockstep is not None else None
             sharded = None
             if self.lockstep is not None:
@@ -199,7 +200,7 @@ class Scheduler:
                 "max_queue": self.max_queue,
                 "batched": self.batcher.shared_rows(),
                 **self.counts,
-                "sessions": {"total": self.pool.total, "idle": len(self.pool.idle)},
+                "sessions": {"total": self.pool.total, "idle": len(idle), "idle_bytes": sum(s.nbytes for s in idle)},
                 "prefix_cache": self.pool.prefixes.stats() if self.pool.prefixes is not None else None,
                 "requests": [j.summary() for j in jobs],
             }
