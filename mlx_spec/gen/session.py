@@ -46,8 +46,8 @@ class Session:
     @property
     def nbytes(self) -> int:
         """Bytes of the caches the conversation holds: the target's and its own draft models'."""
-        drafts = [c for p in _own_caches(self.drafter) if p.cache is not None for c in p.cache]
-        return sum(c.nbytes for c in self.cache) + sum(c.nbytes for c in drafts)
+        parts = self.drafter.parts if self.drafter is not None else ()
+        return sum(c.nbytes for c in self.cache) + sum(p.nbytes for p in parts)
 
     def set_drafter(self, drafter: Drafter | None, num_draft: int | None = None) -> None:
         """Switch drafters (None: plain decoding); the conversation, cache and planner's measurements stay."""

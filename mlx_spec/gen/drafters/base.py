@@ -109,6 +109,11 @@ class Drafter:
         """Context tokens this drafter would feed before drafting at `context` (0 for table lookups)."""
         return 0
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays it holds of its own (a draft model's cache; 0 for none)."""
+        return 0
+
     def fork(self, tokens: list[int]) -> Kept | None:
         """A copy of its state over `tokens`, a conversation's first tokens, for a later one to `adopt` (None: it
         keeps none)."""

@@ -59,6 +59,12 @@ class ModelDrafter(Drafter):
             self.fed.extend(tokens.tolist()[:n])
             self.drafted = None
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its own cache (none where it drafts in the target's or catches up a learned head's)."""
+        own = self.cache is not None and not self.in_target_cache and not self.reads
+        return sum(c.nbytes for c in self.cache) if own else 0
+
     def fork(self, tokens: list[int]) -> Kept | None:
         """A copy of its cache's first positions where they hold `tokens` from `origin` on (none for a learned head,
         which also needs the target's states there, nor for a view drafting in the target's cache)."""
