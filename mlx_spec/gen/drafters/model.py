@@ -62,8 +62,9 @@ class ModelDrafter(Drafter):
     @property
     def nbytes(self) -> int:
         """Bytes of its own cache (none where it drafts in the target's or catches up a learned head's)."""
-        own = self.cache is not None and not self.in_target_cache and not self.reads
-        return sum(c.nbytes for c in self.cache) if own else 0
+        if self.cache is None or self.in_target_cache or self.reads:
+            return 0
+        return sum(c.nbytes for c in self.cache)
 
     def fork(self, tokens: list[int]) -> Kept | None:
         """A copy of its cache's first positions where they hold `tokens` from `origin` on (none for a learned head,
