@@ -7,7 +7,6 @@ import copy
 import functools
 import inspect
 import weakref
-from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -276,7 +275,9 @@ class InGroup:
 
     def __init__(self, module, slot: int, members):
         self.module, self.slot = module, slot
-        self.fresh = [partial(ArraysCache, len(m.cache)) if isinstance(m, ArraysCache) else KVCache for m in members]
+        self.fresh = [
+            functools.partial(ArraysCache, len(m.cache)) if isinstance(m, ArraysCache) else KVCache for m in members
+        ]
 
     def __call__(self, x, cache):
         self.module(x, cache=CacheList(*(cache if i == self.slot else new() for i, new in enumerate(self.fresh))))
