@@ -18,9 +18,7 @@ OPEN: dict[str, str] = {}
 # Types whose requests the server runs alone (`gen.apart`), with what the probe says; any other type must batch.
 APART = {
     "afm7": "it reads a position from the cache's width",
-    "baichuan_m1": "a recurrent state beside attention in one CacheList",
     "deepseek_v41": "its caches (mlx-lm's LayerCache) do not join others'",
-    "falcon_h1": "a recurrent state beside attention in one CacheList",
     "gpt_bigcode": "it reads the cache's offset as one number",
     "longcat_flash_ngram": "its n-gram embedding's cache of recent ids does not join rows of different lengths",
     "minimax_m3_vl": "its block-sparse attention groups keys by their column in the cache",

@@ -8,7 +8,7 @@ import mlx.core as mx
 import pytest
 from conformance import model as tiny
 from conformance_models import CONFIGS
-from conftest import make_tokenizer, plain_greedy, run_cli, spec
+from conftest import close, make_tokenizer, plain_greedy, run_cli, spec
 
 from mlx_spec.errors import UnsupportedError
 from mlx_spec.gen import registry
@@ -127,6 +127,51 @@ def test_self_drafts_through_a_layer_of_several_caches(tok):
     drafter = registry.build("hybrid", model("deepseek_v32"), tok)
     assert drafter.left_out is None and [p.name for p in drafter.parts] == ["suffix", "ngram", "self"]
     check("deepseek_v32", registry.build("self", model("deepseek_v32"), tok), tok)
+
+
+BESIDE = ("falcon_h1", "baichuan_m1")  # a recurrent state beside attention in each layer's one CacheList
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["rewound", "broken-kv-only"])
+@pytest.mark.parametrize("kind", BESIDE)
+def test_a_recurrent_state_beside_attention_rewinds_with_it(kind, broken, monkeypatch):
+    """falcon_h1's Mamba state and baichuan_m1's convolution state share a CacheList with a KV cache: a rewind keeps 3
+    of 8 tokens in both, so the next pass gives a fresh cache's logits; a rewind that trims the KV cache and leaves
+    the recurrent state unreplayed (broken) does not."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlx_spec.gen import recurrent
+    from mlx_spec.gen.cache import new_cache, rewind
+    from mlx_spec.models.cache import RewindableCache
+
+    if broken:  # the recurrent member says it trimmed, its state left where the 8 tokens took it
+
+        def kv_only(self, n):
+            self.offset -= n
+            return n
+
+        monkeypatch.setattr(RewindableCache, "trim", kv_only)
+    m, prompt, cont = model(kind), list(range(3, 23)), [7, 9, 11, 13, 15, 17, 19, 21]
+    cache, run = new_cache(m), recurrent.recording(m)  # the submodule writing the recurrent state records its calls
+    run(mx.array(prompt)[None], cache=cache)
+    run(mx.array(cont)[None], cache=cache)
+    assert rewind(cache, len(prompt) + 3) and {c.offset for c in cache} == {len(prompt) + 3}
+    again = m(mx.array(cont[3:])[None], cache=cache)
+    fresh = make_prompt_cache(m)
+    m(mx.array(prompt + cont[:3])[None], cache=fresh)
+    ref = m(mx.array(cont[3:])[None], cache=fresh)
+    assert close(again, ref) != broken
+
+
+@pytest.mark.parametrize("kind", BESIDE)
+def test_every_drafter_runs_where_a_recurrent_state_sits_beside_attention(kind, tok):
+    """Nothing refused: hybrid keeps its self source, and self and ngram equal plain greedy, drafting and rejecting
+    (so rewinding both members of each layer)."""
+    drafter = registry.build("hybrid", model(kind), tok)
+    assert drafter.left_out is None and [p.name for p in drafter.parts] == ["suffix", "ngram", "self"]
+    for draft in ("self", "ngram"):
+        stats = check(kind, draft, tok)
+        assert stats.proposed > stats.accepted, draft
 
 
 def test_the_cli_names_what_hybrid_left_out_before_generating(tiny_models):

@@ -13,11 +13,11 @@ from .cache import rewind
 
 def batchable(cache: Sequence) -> bool:
     """Whether a generation's cache can join others: plain, sliding-window and chunked KV caches, rewindable recurrent
-    ones."""
+    ones, and layers of several of these."""
     return all(
         type(c) in (KVCache, SlidingKVCache, RoomyChunkedKVCache)
         or (isinstance(c, RewindableCache) and not isinstance(c, RewindableRows))
-        or (isinstance(c, CacheGroup) and all(type(m) in (KVCache, SlidingKVCache) for m in c.caches))
+        or (isinstance(c, CacheGroup) and batchable(c.caches))
         for c in cache
     )
 

@@ -3,6 +3,7 @@ whose rows may have gaps, and recurrent layers' caches (gated delta nets, Mamba,
 which mlx-lm cannot trim: a trim restores a recorded call's starting state and replays the token mixer on the part kept.
 """
 
+import copy
 import functools
 import inspect
 import weakref
@@ -227,22 +228,40 @@ def _signature(fn) -> inspect.Signature:
     return inspect.signature(fn)
 
 
+def _takes_cache(module: nn.Module) -> bool:
+    return not isinstance(module, Recorder) and "cache" in _signature(type(module).__call__).parameters
+
+
 class Recorder(nn.Module):
-    """A recurrent block that records each call over a rewindable cache, then runs unchanged."""
+    """A recurrent block that records each call over a rewindable cache (or a layer's several caches, one of them
+    rewindable), then runs unchanged."""
 
     def __init__(self, block):
         super().__init__()
         self.block = block
 
-    def __call__(self, x, *args, **kwargs):
-        bound = _signature(type(self.block).__call__).bind(self.block, x, *args, **kwargs).arguments
-        cache = bound.get("cache")
+    @classmethod
+    def inside(cls, block):
+        """A copy of `block` (a layer of several caches: mlx-lm's CacheList) whose submodules that take a cache record
+        their calls; `block` itself is not changed."""
+        takes = [n for n, c in block.children().items() if isinstance(c, nn.Module) and _takes_cache(c)]
+        out = copy.copy(block) if takes else block  # (a block recording already: its children are Recorders)
+        for name in takes:
+            setattr(out, name, cls(block[name]))
+        return out
+
+    def __call__(self, *args, **kwargs):
+        bound = _signature(type(self.block).__call__).bind(self.block, *args, **kwargs).arguments
+        cache, layer = bound.get("cache"), self.block
+        if isinstance(cache, CacheGroup):  # the block takes the layer's whole list: replayed with its recurrent member
+            slot = next((i for i, m in enumerate(cache.caches) if isinstance(m, RewindableCache)), None)
+            if slot is not None:
+                cache, layer = cache.caches[slot], InGroup(self.block, slot, cache.caches)
         if not isinstance(cache, RewindableCache):
-            return self.block(x, *args, **kwargs)
-        kw = dict(list(bound.items())[2:])  # (past the block itself and its input)
-        kw.pop("cache")
-        cache.record(self.block, x, kw | {"mask": bound.get("mask")})
-        return cache.counted(lambda: self.block(x, *args, **kwargs), x.shape[1])
+            return self.block(*args, **kwargs)
+        (_, x), *rest = list(bound.items())[1:]  # (past the block itself: its input, then the rest)
+        cache.record(layer, x, {k: v for k, v in rest if k != "cache"} | {"mask": bound.get("mask")})
+        return cache.counted(lambda: self.block(*args, **kwargs), x.shape[1])
 
     def __getattr__(self, name):
         if name == "block" or name in self:  # an mlx Module keeps its children in itself, a dict
@@ -250,9 +269,24 @@ class Recorder(nn.Module):
         return getattr(self["block"], name)  # what the model reads of its blocks (e.g. `is_linear`)
 
 
+class InGroup:
+    """A module that takes a layer's whole list of caches, replayed over its recurrent member alone: the other members
+    fresh, no mask (the replay's output is dropped; only the recurrent state it leaves is kept)."""
+
+    def __init__(self, module, slot: int, members):
+        self.module, self.slot = module, slot
+        self.fresh = [
+            functools.partial(ArraysCache, len(m.cache)) if isinstance(m, ArraysCache) else KVCache for m in members
+        ]
+
+    def __call__(self, x, cache):
+        self.module(x, cache=CacheList(*(cache if i == self.slot else new() for i, new in enumerate(self.fresh))))
+
+
 class CacheGroup(CacheList):
-    """mlx-lm's `CacheList` (one layer's several caches: deepseek_v32's two attentions) as the engine sees it: the
-    tokens it holds, rewound, joined and taken apart member by member."""
+    """mlx-lm's `CacheList` (one layer's several caches: deepseek_v32's two attentions, falcon_h1's and baichuan_m1's
+    recurrent state beside attention) as the engine sees it: the tokens it holds, rewound, joined and taken apart
+    member by member."""
 
     @property
     def offset(self):
@@ -288,8 +322,10 @@ def rewindable(cache: list) -> list | None:
         elif isinstance(c, ChunkedKVCache) and not isinstance(c, RoomyChunkedKVCache):
             c = RoomyChunkedKVCache.of(c)
         elif isinstance(c, CacheList) and not isinstance(c, CacheGroup):
-            # a member keeping a recurrent state stays mlx-lm's: it cannot rewind (see `unrewindable`)
-            c = CacheGroup(*(SlidingKVCache.of(m) or m if isinstance(m, RotatingKVCache) else m for m in c.caches))
+            members = rewindable(list(c.caches))
+            if members is None:
+                return None
+            c = CacheGroup(*members)
         out.append(c)
     return out
 
@@ -305,8 +341,6 @@ def unrewindable(cache: list, blocks: int | None = None) -> str | None:
                 continue
             if isinstance(m, RotatingKVCache):
                 return "a sliding-window cache that already wrapped past its window cannot rewind"
-            if isinstance(m, ArraysCache) and isinstance(c, CacheList):
-                return "its layers keep a recurrent state beside attention in one cache (mlx-lm's CacheList)"
             if not m.is_trimmable():
                 return f"its {type(m).__name__} layers cannot rewind"
     return None
