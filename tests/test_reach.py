@@ -287,6 +287,7 @@ def test_self_drafts_through_a_layer_of_several_caches(tok):
     check("deepseek_v32", registry.build("self", model("deepseek_v32"), tok), tok)
 
 
+@pytest.mark.slow  # the real command in a process
 def test_the_cli_names_what_hybrid_left_out_before_generating(tiny_models):
     res = run_cli(
         "generate", "--model", str(tiny_models["gemma3"]), "--draft", "hybrid", "--max-tokens", "8", "--verbose"
