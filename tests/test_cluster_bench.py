@@ -87,7 +87,9 @@ def test_the_link_waits_once_after_every_collective_and_is_taken_out_after(shard
     assert link.tally.collectives == collectives  # outside it, nothing is counted or delayed
 
 
-@pytest.mark.parametrize("draft", ["none", "ngram", "model"])
+@pytest.mark.parametrize(  # quick: the model draft (passes over the link in drafting too); the full tier the rest
+    "draft", [pytest.param("none", marks=pytest.mark.slow), pytest.param("ngram", marks=pytest.mark.slow), "model"]
+)
 def test_replies_through_a_slow_link_equal_plain_sharded_decoding(sharded, target, draft):
     cluster, model, tok = sharded
     spec = str(target) if draft == "model" else draft  # the target drafting for itself, loaded whole
@@ -119,6 +121,7 @@ def test_the_record_splits_every_round_into_compute_and_communication_and_says_s
     assert sum(clock.waits) == pytest.approx(rec["link"]["waited_s"])
 
 
+@pytest.mark.slow  # the instrument's run: four measured replies and its page
 def test_the_predicted_table_renders_and_prices_a_slower_link_higher(sharded, target):
     cluster, model, tok = sharded
     drafter = make_drafter(parse(str(target)), model, tok)

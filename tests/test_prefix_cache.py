@@ -138,9 +138,18 @@ def test_a_second_conversation_starts_from_the_shared_prefix_and_the_first_keeps
     assert run(None)[2] < n_a1
 
 
+@pytest.fixture(scope="module")
+def two_users(models):
+    """The first two users' prompts and their plain greedy replies, decoded once for every drafter."""
+    target, tok, _ = models
+    asks = [ask(tok, u) for u in USERS[:2]]
+    return asks, [plain(target, a) for a in asks]
+
+
 @pytest.mark.parametrize("spec", ["none", "suffix", "ngram", "MODEL", "hybrid:MODEL"])
-def test_greedy_output_with_a_prefix_hit_equals_plain_decoding(models, spec):
+def test_greedy_output_with_a_prefix_hit_equals_plain_decoding(models, two_users, spec):
     target, tok, draft = models
+    (a1, b1), (plain_a, plain_b) = two_users
     counted = Counting(draft)
 
     def new_session():
@@ -148,12 +157,11 @@ def test_greedy_output_with_a_prefix_hit_equals_plain_decoding(models, spec):
         return Session(target, tok, d, num_draft=3, adaptive=False)  # every round drafts
 
     pool = SessionPool(new_session, limit=4, prefixes=PrefixCache())
-    a1, b1 = ask(tok, USERS[0]), ask(tok, USERS[1])
     out_a, cached = turn(pool, a1)
-    assert out_a == plain(target, a1) and cached == 0
+    assert out_a == plain_a and cached == 0
     before = counted.fed
     out_b, cached = turn(pool, b1)
-    assert cached > 200 and out_b == plain(target, b1)
+    assert cached > 200 and out_b == plain_b
     if "MODEL" in spec:  # the draft model's cache came with the prefix: it was fed the rest, not the whole prompt
         assert 0 < counted.fed - before < len(b1) - cached + 4 * N
 

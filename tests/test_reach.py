@@ -174,6 +174,7 @@ def test_every_drafter_runs_where_a_recurrent_state_sits_beside_attention(kind, 
         assert stats.proposed > stats.accepted, draft
 
 
+@pytest.mark.slow  # the real command in a process
 def test_the_cli_names_what_hybrid_left_out_before_generating(tiny_models):
     res = run_cli(
         "generate", "--model", str(tiny_models["gemma3"]), "--draft", "hybrid", "--max-tokens", "8", "--verbose"

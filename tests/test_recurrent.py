@@ -65,9 +65,14 @@ def reference(arch, model, prompt, n=24):
     return _REFERENCE[key]
 
 
-@pytest.mark.parametrize(  # one-token rounds and long ones (a suffix draft's length), these quick on the hybrid only
+# One-token rounds quick on a gated-delta and a Mamba model (qwen3_5 is the first's kind; the conformance suite's quick
+# tier drafts on bailing_moe_linear), long rounds (a suffix draft's length) quick on the hybrid only.
+QUICK = ("qwen3_next", "mamba2")
+
+
+@pytest.mark.parametrize(
     "arch,k",
-    [(a, 1) for a in ARCHS]
+    [(a, 1) if a in QUICK else pytest.param(a, 1, marks=pytest.mark.slow) for a in ARCHS]
     + [("qwen3_next", 16)]
     + [pytest.param(a, 16, marks=pytest.mark.slow) for a in ARCHS if a != "qwen3_next"],
 )

