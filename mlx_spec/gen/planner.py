@@ -62,8 +62,7 @@ class Ask:
     left: int = 1  # tokens the row may still produce
     pace: float = 1.0  # tokens its rounds yield, the mean over its rounds
     tree: bool = False  # its costly source may draft it a tree
-    share: float = 0.0  # the costly source's draft step as a share of a plain step, from the weights each reads a
-    # token (0: unknown): the prior of its cost until its rounds are timed
+    share: float = 0.0  # its costly source's draft step over a plain step, by the weights each reads (0: unknown)
 
     def stats(self, source: str) -> SourceStats:
         """The row's acceptance of `source` (the prior where it never drafted): read, never added to `accept`."""
@@ -87,9 +86,8 @@ class Outcome:
 
 @dataclass
 class Planner:
-    """Chooses each round's Plan from the costs it measured (`costs`); `adaptive=False` drafts every row's first offer,
-    as long as it is, every round. One Planner can serve many generations (a session keeps one), so later turns start
-    from what earlier measured."""
+    """Chooses each round's Plan by the `costs` it measured; `adaptive=False` drafts every row's first offer, as long as
+    it is, every round. One Planner can serve many generations (a session keeps one): later turns start measured."""
 
     adaptive: bool = True
     trees: bool = True  # a row alone whose costly source drafts trees may be given one where it pays
