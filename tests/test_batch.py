@@ -306,13 +306,13 @@ def test_the_planner_drafts_for_a_batch_where_a_pass_costs_its_launches_and_not_
     measured(steep, lambda b, t: 0.0002 + 0.010 * b * t)  # a CPU: a round costs its rows times positions
     assert flat.plan(asks(0.7, [8] * 4)).k >= 7  # the longest length it weighs (one that fills a verify size)
     assert steep.plan(asks(0.7, [8] * 4)) == PLAIN  # plain batched decoding
-    assert flat.pays(4) and not steep.pays(4)  # there, requests take turns, an engine each
-    assert flat.pays(1) and steep.pays(1)  # the first request into an empty batch: as alone either way
+    assert flat.costs.pays(4) and not steep.costs.pays(4)  # there, requests take turns, an engine each
+    assert flat.costs.pays(1) and steep.costs.pays(1)  # the first request into an empty batch: as alone either way
     stale = Planner()
     for b, seconds in ((1, 0.010), (2, 0.030), (8, 0.020)):  # two rows timed once in a slow spell, eight since
         stale.record(PLAIN, b, seconds, [])
-    assert stale.pays(2)  # eight rows in a pass pay: two rows are let in (else two rows are never timed again)
-    assert Planner().pays(4)  # until measured: batch, and measure
+    assert stale.costs.pays(2)  # eight rows in a pass pay: two rows are let in (else two rows are never timed again)
+    assert Planner().costs.pays(4)  # until measured: batch, and measure
     fresh = Planner()
     assert fresh.plan(asks(0.5, [5] * 16)) == PLAIN  # plain first, then no wider than twice the positions timed
     fresh.record(PLAIN, 16, 0.01, [])
@@ -325,19 +325,20 @@ def test_the_planner_drafts_for_a_batch_where_a_pass_costs_its_launches_and_not_
 
 def test_the_planner_prices_a_pass_by_the_times_measured_for_its_positions_kept_rising():
     p = Planner()
+    cost = p.costs.cost
     times = {(1, 1): 0.29, (2, 1): 0.32, (8, 1): 0.57, (16, 1): 0.58, (16, 2): 0.84, (16, 3): 1.27}  # this CPU
     for (b, t), seconds in times.items():
         for _ in range(3):
             p.record(Plan(t - 1, ("x",) * b, t) if t > 1 else PLAIN, b, seconds, [])
-    assert all(p.cost(b, t) == pytest.approx(s) for (b, t), s in times.items())
+    assert all(cost(b, t) == pytest.approx(s) for (b, t), s in times.items())
     # past the sizes measured at as many rows: the largest's cost, and each position more at the slope of every pass
     # measured (least squares over positions; priced flat, a draft model's long rounds looked cheap: notebook §40)
     slope = float(np.polyfit([b * t for b, t in times], list(times.values()), 1)[0])
-    assert p.cost(2, 2) == pytest.approx(0.32 + 2 * slope) and p.cost(16, 4) == pytest.approx(1.27 + 16 * slope)
-    assert p.cost(4, 4) == pytest.approx(0.58)  # no pass of 4 rows measured: by positions, those of 16 x 1
+    assert cost(2, 2) == pytest.approx(0.32 + 2 * slope) and cost(16, 4) == pytest.approx(1.27 + 16 * slope)
+    assert cost(4, 4) == pytest.approx(0.58)  # no pass of 4 rows measured: by positions, those of 16 x 1
     for seconds in (0.58, 5.0, 0.58):  # one stalled round among three at 14 rows: the median moves by nothing
         p.record(PLAIN, 14, seconds, [])
-    assert p.cost(14, 1) == pytest.approx(0.58) and p.cost(8, 1) <= p.cost(12, 1) <= p.cost(16, 1)
+    assert cost(14, 1) == pytest.approx(0.58) and cost(8, 1) <= cost(12, 1) <= cost(16, 1)
 
 
 def test_the_planner_packs_the_cache_where_empty_places_cost_more_than_the_copy():

@@ -268,7 +268,7 @@ def test_the_planner_runs_the_draft_model_only_where_its_passes_pay():
             p.record(
                 plan,
                 4,
-                p.cost(4, plan.size) + plan.k * draft_pass,
+                p.costs.cost(4, plan.size) + plan.k * draft_pass,
                 [Outcome(a.accept, "model", plan.k, plan.k, costly=True) for a in rows],
             )
         plans[name] = p.plan(model_asks(0.8), 4)

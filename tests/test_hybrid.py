@@ -100,12 +100,21 @@ def test_the_engine_expects_a_costly_source_s_step_at_its_weights_share_of_the_t
     from mlx_spec.gen.planner import Planner
     from mlx_spec.models.base import params_bytes as nbytes
 
+    class Told(Planner):  # keeps the shares its rows' asks carried (a lookup's carries none)
+        def __init__(self):
+            super().__init__()
+            self.shares = {}
+
+        def plan(self, asks, *args):
+            self.shares.update({a.costly: a.share for a in asks if a.costly})
+            return super().plan(asks, *args)
+
     (model, tok), draft = pair
     for drafter, share in (
         (hybrid(model, draft), nbytes(draft) / nbytes(model)),
         (SelfDrafter(model, [0, 1], model.args.vocab_size), None),
     ):
-        p = Planner()
+        p = Told()
         spec(model, tok.encode("The quick brown fox"), drafter, max_tokens=4, planner=p)
         if share is None:  # two of the target's four blocks, with its embedding and head
             assert set(p.shares) == {"self"} and 0.5 < p.shares["self"] < 1

@@ -12,7 +12,6 @@ from conftest import health, wait_for
 
 from mlx_spec.gen.costs import Costs
 from mlx_spec.gen.engine import Engine
-from mlx_spec.gen.planner import Planner
 from mlx_spec.server.app import build_app
 from mlx_spec.server.main import Running
 from mlx_spec.server.pair import Pair
@@ -103,7 +102,7 @@ def ask(url, prompt, stream, max_tokens=24, stats=False):
 @pytest.fixture
 def always_batch(monkeypatch):
     """Requests join the batch whatever round costs this machine measures (the tests are about batched outputs)."""
-    monkeypatch.setattr(Planner, "pays", lambda self, rows: True)
+    monkeypatch.setattr(Costs, "pays", lambda self, rows: True)
 
 
 def test_eight_concurrent_clients_each_get_their_lone_output(served_pair, always_batch):

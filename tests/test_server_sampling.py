@@ -24,8 +24,8 @@ from conftest import chi_square_pvalue_ok, wait_for
 from test_server_load import Slow, gated
 
 from mlx_spec.gen import verify
+from mlx_spec.gen.costs import Costs
 from mlx_spec.gen.load import vocab_width
-from mlx_spec.gen.planner import Planner
 from mlx_spec.gen.sampling import Sampler
 from mlx_spec.server.app import build_app
 from mlx_spec.server.main import Running
@@ -235,7 +235,7 @@ def served(tiny_models, first_blocks):
 @pytest.fixture
 def always_batch(monkeypatch):
     """Requests join the batch whatever round costs this machine measures (the batched cases are about batching)."""
-    monkeypatch.setattr(Planner, "pays", lambda self, rows: True)
+    monkeypatch.setattr(Costs, "pays", lambda self, rows: True)
 
 
 CASES = [  # every API, with top-k or top-p or both in three of them

@@ -107,7 +107,7 @@ def test_planner_measurements_carry_over(models):
     session = Session(target, tok, drafter, num_draft=4)
     first = Stats(trace=[])
     list(session.generate(conversation(tok, TURNS[:1], []), max_tokens=10, eos_token_ids=[], stats=first))
-    assert first.trace[0]["proposed"] == 0 and session.planner.plain_step() is not None
+    assert first.trace[0]["proposed"] == 0 and session.planner.costs.plain_step() is not None
     second = Stats(trace=[])
     list(session.generate(conversation(tok, TURNS[:2], ["x"]), max_tokens=10, eos_token_ids=[], stats=second))
     fresh = Stats(trace=[])

@@ -678,4 +678,4 @@ def test_a_plain_step_is_timed_only_in_rounds_that_run_one(target, monkeypatch):
     (model, tok), planner = target, Planner()
     for prompt in PROMPTS[:4]:
         list(speculative_generate_step(tok.encode(prompt), Clocked(model, clock), planner=planner, max_tokens=3))
-    assert planner.cost(1, 1) == 1.0
+    assert planner.costs.cost(1, 1) == 1.0

@@ -222,11 +222,11 @@ def _planner(verify: dict, draft: float) -> Planner:
     p = Planner()
     for size, s in verify.items():
         for _ in range(3):
-            p.time_pass((1, size), s)
+            p.costs.time_pass((1, size), s)
     for key, per in (("eagle3", 1), (tree_key("eagle3"), TREE_PER_DEPTH)):
         for k in (1, 2, 3, 5):
             size = min(s for s in verify if s > per * k)  # padded to a size timed, as the engine pads a tree
-            p.time_draft(key, 1, k, 0, 1, size, verify[size] + draft * k)
+            p.costs.time_draft(key, 1, k, 0, 1, size, verify[size] + draft * k)
     return p
 
 

@@ -96,7 +96,7 @@ class Chat:
 
     def plain_step_s(self) -> float | None:
         """Seconds per plain target step as the session's planner measured it (None before any)."""
-        return self.session.planner.plain_step()
+        return self.session.planner.costs.plain_step()
 
     def ask(self, text: str) -> Generator[Event, None, None]:
         """Events of the reply to `text`; when the generator ends or is closed, the reply is recorded."""

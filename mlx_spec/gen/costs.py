@@ -68,11 +68,9 @@ class Costs:
     """Measured seconds of target passes by (places, size), of a costly source's part of a round, of a copy."""
 
     timed: dict[tuple[int, int], deque[float]] = field(default_factory=dict)  # (places, size) -> latest seconds
-    costs: dict[tuple[int, int], float] = field(default_factory=dict)  # their medians
+    passes: dict[tuple[int, int], float] = field(default_factory=dict)  # their medians
     drafts: dict[tuple[str, int], _Fit] = field(default_factory=dict)  # (costly source, rows) -> its cost fit
     copies: list[float] = field(default_factory=list)  # seconds per position of packing the cache
-    shares: dict[str, float] = field(default_factory=dict)  # a costly source's draft step as a share of a plain step,
-    # expected from the weights each reads a token (`expect`)
     ran: int = 0  # the most positions of a pass in a round a costly source drafted in (its fit times that round)
     _curve: list[tuple[float, float]] = field(default_factory=list)
     _slope: float = 0.0
@@ -85,9 +83,9 @@ class Costs:
         before any pass was timed. optimistic: the pass is one its round will time (lookups' drafts alone), so past
         the largest size timed it is priced at that size's cost; the round corrects the guess, where the slope,
         which a plain step's single position steepens, would hold a long lookup draft off for rounds."""
-        if (places, size) in self.costs:
-            return self.costs[(places, size)]
-        same = sorted((s, c) for (p, s), c in self.costs.items() if p == places)
+        if (places, size) in self.passes:
+            return self.passes[(places, size)]
+        same = sorted((s, c) for (p, s), c in self.passes.items() if p == places)
         below, above = [x for x in same if x[0] < size], [x for x in same if x[0] > size]
         if below and above:
             (sa, ca), (sb, cb) = below[-1], above[0]
@@ -117,8 +115,8 @@ class Costs:
         sizes = [s for s in SIZES if s >= k + 1]
         if not pad or not sizes:
             return k + 1
-        timed = [s for s in sizes if (places, s) in self.costs]
-        return min(timed, key=lambda s: (self.costs[(places, s)], s)) if sizes[0] in timed else sizes[0]
+        timed = [s for s in sizes if (places, s) in self.passes]
+        return min(timed, key=lambda s: (self.passes[(places, s)], s)) if sizes[0] in timed else sizes[0]
 
     def draft_cost(self, source: str, rows: int, k: int, behind: float) -> float:
         """Seconds a costly source adds to a round: k passes over `rows` rows after feeding `behind` tokens."""
@@ -136,14 +134,14 @@ class Costs:
     def reach(self) -> int:
         """The most positions a pass may span: twice those timed so far, alone or in a costly source's round (past them
         its cost is a guess), and at least the largest verify size once a pass was timed."""
-        timed = max(max((p * s for p, s in self.costs), default=0), self.ran)
+        timed = max(max((p * s for p, s in self.passes), default=0), self.ran)
         return max(2 * timed, SIZES[-1]) if timed else 0
 
     def time_pass(self, key: tuple[int, int], seconds: float) -> None:
         """A cost is the median of the shape's latest TIMINGS rounds: a stall moves it by nothing."""
         samples = self.timed.setdefault(key, deque(maxlen=TIMINGS))
         samples.append(seconds)
-        self.costs[key] = statistics.median(samples)
+        self.passes[key] = statistics.median(samples)
         by: dict[int, list[float]] = {}
         for (p, s), v in self.timed.items():
             by.setdefault(p * s, []).extend(v)
@@ -151,21 +149,19 @@ class Costs:
         self._slope = _line([(x, y) for x, y, _ in pts])[1] if len(pts) > 1 else 0.0
         self._curve = _rising(pts)
 
-    def expect(self, source: str, share: float) -> None:
-        """`source`'s draft step is expected to cost `share` of a plain step over as many rows (decoding reads every
-        weight once a token: its weights' bytes over the target's), a prior its timed rounds soon outweigh."""
-        self.shares[source] = share
-
-    def time_draft(self, source: str, rows: int, k: int, behind: int, places: int, size: int, seconds: float) -> None:
+    def time_draft(
+        self, source: str, rows: int, k: int, behind: int, places: int, size: int, seconds: float, share: float = 0.0
+    ) -> None:
         """A round in which `source` drafted k tokens for `rows` rows after feeding `behind`, verified over `places`
         x `size` positions in `seconds`. Its part is what the round took beyond a plain step over as many places:
         the verify pass's positions past the first go in with the draft steps, so a source's round is priced from its
-        own rounds alone, whatever other sources timed of verify passes."""
+        own rounds alone, whatever other sources timed of verify passes. share: its draft step's expected share of a
+        plain step over as many rows (`Ask.share`), the prior of its first fit."""
         verify = self.cost(places, 1)
         if verify is None:
             return
         if (source, rows) not in self.drafts:
-            share, plain = self.shares.get(source), self.cost(rows, 1)
+            plain = self.cost(rows, 1)
             self.drafts[(source, rows)] = _Fit(share * plain if share and plain else None)
         self.drafts[(source, rows)].add(k, behind, max(0.0, seconds - verify))
         self.ran = max(self.ran, places * size)
@@ -177,7 +173,7 @@ class Costs:
     def pays(self, rows: int) -> bool:
         """Whether one pass over `rows` rows, or over as many as any plain pass timed (a width refused is not timed
         again), costs MARGIN less than as many passes over one (True until timed; one row alone: True)."""
-        alone, widths = self.cost(1, 1), [rows] + [p for p, s in self.costs if s == 1 and p > 1]
+        alone, widths = self.cost(1, 1), [rows] + [p for p, s in self.passes if s == 1 and p > 1]
         return (
             rows <= 1
             or alone is None

@@ -36,6 +36,7 @@ class Engine:
         self.planner = planner if planner is not None else Planner()
         self.cache: JointCache[Row] = JointCache()
         self.drafting: dict[str, Drafting] = {}
+        self.shares: dict[str, float] = {}  # a costly source's expected share of a plain step (`Ask.share`)
         self.ahead = Ahead()
         self.last_read, self.outside = time.perf_counter(), 0.0  # the round clock; seconds spent in the caller since
         self.returned: float | None = None  # when the last round returned (None: no round yet)
@@ -148,10 +149,10 @@ class Engine:
         if costly is not None and costly.name not in self.drafting:
             self.drafting[costly.name] = costly.drafting()
             share = params_bytes(costly.model) / params_bytes(self.target) if costly.model is not None else 1.0
-            if 0 < share < 1:
-                self.planner.expect(costly.name, share)
+            self.shares[costly.name] = share if 0 < share < 1 else 0.0
         if costly is not None and self.drafting[costly.name].takes(costly):
             ask.costly, ask.cap = costly.name, min(row.caps[costly.name], row.room)
+            ask.share = self.shares[costly.name]
             ask.behind = costly.behind(row.context)
             ask.tree = costly.trees and len(self.cache.owners) == 1 and self._treeable()
         row.offered(

@@ -86,5 +86,5 @@ def speculative_generate_step(
         del context[yielded:]  # closed mid-round: the tokens not yielded go too
         with mx.stream(generation_stream):
             engine.remove(row)  # whatever was queued or drafted past what was yielded goes
-        stats.costs = {s: c for (p, s), c in engine.planner.costs.items() if p == 1}
+        stats.costs = {s: c for (p, s), c in engine.planner.costs.passes.items() if p == 1}
         stats.peak_memory_gb = peak.gb()

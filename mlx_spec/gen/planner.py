@@ -62,9 +62,11 @@ class Ask:
     left: int = 1  # tokens the row may still produce
     pace: float = 1.0  # tokens its rounds yield, the mean over its rounds
     tree: bool = False  # its costly source may draft it a tree
+    share: float = 0.0  # its costly source's draft step over a plain step, by the weights each reads (0: unknown)
 
     def stats(self, source: str) -> SourceStats:
-        return self.accept.setdefault(source, SourceStats())
+        """The row's acceptance of `source` (the prior where it never drafted): read, never added to `accept`."""
+        return self.accept.get(source) or SourceStats()
 
 
 @dataclass
@@ -83,9 +85,9 @@ class Outcome:
 
 
 @dataclass
-class Planner(Costs):
-    """Chooses each round's Plan; `adaptive=False` drafts every row's first offer, as long as it is, every round.
-    One Planner can serve many generations (a session keeps one), so later turns start from what earlier measured."""
+class Planner:
+    """Chooses each round's Plan by the `costs` it measured; `adaptive=False` drafts every row's first offer, as long as
+    it is, every round. One Planner can serve many generations (a session keeps one): later turns start measured."""
 
     adaptive: bool = True
     trees: bool = True  # a row alone whose costly source drafts trees may be given one where it pays
@@ -97,6 +99,7 @@ class Planner(Costs):
     open: int = 0  # rows that left whose place no row has taken yet
     drafted_w: float = PRIOR_TRIALS  # discounted drafting rounds, and those of them that followed a queued step:
     started_w: float = PRIOR_TRIALS / 2  # a stretch of drafting rounds is taken as two rounds long until measured
+    costs: Costs = field(default_factory=Costs)
 
     # --- choosing (pure) ---
 
@@ -116,10 +119,10 @@ class Planner(Costs):
             sources = tuple(a.offer[0] if a.offer[1] else a.costly for a in asks)
             k = max(a.offer[1] if a.offer[1] else a.cap for a in asks)
             return Plan(k, sources, k + 1)
-        if self.cost(b, 1) is None:
+        if self.costs.cost(b, 1) is None:
             return PLAIN  # the baseline every draft must beat is measured first
         costly = sorted({a.costly for a in asks if a.costly and a.cap})
-        fresh = [s for s in costly if not self._timed(s)]
+        fresh = [s for s in costly if not self.costs.known(s)]
         for s in fresh:  # a costly source never timed drafts a one-token probe first; one that must catch up waits
             if not any(a.behind for a in asks if a.costly == s) or self.idle.get(s, 0) >= PROBE_MIN:
                 return self._probe(s, asks, b, pad, queued)
@@ -136,9 +139,9 @@ class Planner(Costs):
 
     def _best(self, asks: Sequence[Ask], b: int, pad: bool, queued: bool, timed: list[str]) -> tuple[Plan, float]:
         """The plan with the most expected tokens a second that does not lower the rows' throughput, and that rate."""
-        plain, n = self.cost(b, 1) or 0.0, len(asks)
+        plain, n = self.costs.cost(b, 1) or 0.0, len(asks)
         best, best_rate = PLAIN, n / plain
-        last, widest = self._last(asks), max(0, self.reach() // b - 1)
+        last, widest = self._last(asks), max(0, self.costs.reach() // b - 1)
         options = [("", False)] + [(s, False) for s in timed]
         options += [(s, True) for s in timed if self.trees and any(a.tree and a.costly == s for a in asks)]
         for option, treed in options:
@@ -158,24 +161,20 @@ class Planner(Costs):
                     gains.append(min(g, a.left))
                 if not any(sources) or treed and option not in sources:
                     continue
-                size = self.size(b, TREE_PER_DEPTH * k if treed else k, pad)
+                size = self.costs.size(b, TREE_PER_DEPTH * k if treed else k, pad)
                 rows = [a for a, s in zip(asks, sources) if s and s == option]
                 if rows:  # a plain step and the source's part (`time_draft`), as its rounds measured them
                     horizon = min(min(a.left for a in rows), CATCH_UP_HORIZON)
                     behind = sum(a.behind * min(1.0, g / horizon) for a, g in zip(asks, gains) if a in rows)
-                    own = self._timed(key)  # a tree not timed yet: the chains' cost and its whole pass, a dear guess
+                    own = self.costs.known(key)  # a tree not timed: the chains' cost and its whole pass, a dear guess
                     seconds = self._verify_cost(b, 1 if own else size, queued)
-                    seconds += self.draft_cost(key if own else option, len(rows), k, behind)
+                    seconds += self.costs.draft_cost(key if own else option, len(rows), k, behind)
                 else:  # lookups alone: the pass, which their round times
                     seconds = self._verify_cost(b, size, queued, optimistic=True)
                 rate = sum(gains) / seconds
                 if self._value(gains, last, plain, seconds) >= 1 and rate > best_rate:
                     best, best_rate = Plan(k, tuple(sources), size, tree=(size - 1) * treed, queued=queued), rate
         return best, best_rate
-
-    def _timed(self, key: str) -> bool:
-        """Whether a source's drafting cost is known: until then it probes for free (`plan`, `_earn`)."""
-        return self.known(key)
 
     @staticmethod
     def _stats(ask: Ask, key: str, source: str) -> SourceStats:
@@ -185,7 +184,7 @@ class Planner(Costs):
 
     def _value(self, gains: list[float], last: list[float], plain: float, seconds: float) -> float:
         """Plain-decoding seconds a round's extra tokens save per second it takes (plain decoding's is 1)."""
-        n, alone = len(gains), self.cost(1, 1) or 0.0
+        n, alone = len(gains), self.costs.cost(1, 1) or 0.0
         refilled = (sum(gains) - n) * plain / n
         draining = sum((g - 1) * c * alone for g, c in zip(gains, last))
         return (plain + self.refill * refilled + (1 - self.refill) * draining) / seconds
@@ -212,7 +211,7 @@ class Planner(Costs):
 
     def _probe(self, source: str, asks: Sequence[Ask], places: int, pad: bool, queued: bool) -> Plan:
         sources = tuple(source if a.costly == source and a.cap else "" for a in asks)
-        return Plan(1, sources, self.size(places, 1, pad), probe=True, queued=queued)
+        return Plan(1, sources, self.costs.size(places, 1, pad), probe=True, queued=queued)
 
     def _due(self, s: str, asks: Sequence[Ask], places: int, pad: bool, queued: bool, rate: float) -> bool:
         """Whether costly source `s`, passed over, probes now: it sat out a round at least, it could beat plain
@@ -234,7 +233,7 @@ class Planner(Costs):
         ask = asks[0] if len(asks) == 1 else None
         if best.tree or not (self.trees and ask is not None and ask.tree and best.k and best.source(0) == ask.costly):
             return None
-        key, size = tree_key(ask.costly), self.size(places, TREE_PER_DEPTH * best.k, pad)
+        key, size = tree_key(ask.costly), self.costs.size(places, TREE_PER_DEPTH * best.k, pad)
         extra = self._verify_cost(places, size, best.queued) - self._verify_cost(places, best.size, best.queued)
         if self.idle.get(key, 0) < PROBE_MIN or self.credit.get(key, 0.0) < max(0.0, extra):
             return None
@@ -242,7 +241,7 @@ class Planner(Costs):
 
     def _hopeful(self, s: str, rows: Sequence[Ask], asks: Sequence[Ask], places: int, pad: bool, queued: bool) -> bool:
         """Whether `s` could beat plain decoding with every draft token accepted."""
-        plain, cap = self.cost(places, 1) or 0.0, max(a.cap for a in rows)
+        plain, cap = self.costs.cost(places, 1) or 0.0, max(a.cap for a in rows)
         return any(
             (len(asks) + len(rows) * k) / self._probe_cost(s, rows, places, k, queued) > len(asks) / plain
             for k in self._lengths(cap, pad)
@@ -252,14 +251,14 @@ class Planner(Costs):
         """Seconds of a round in which `s` drafts k tokens for `rows`: its catch-up and the restart of queued plain
         steps are spread over the rounds that would follow."""
         behind = sum(a.behind * min(1.0, 1.0 / min(a.left, CATCH_UP_HORIZON)) for a in rows)
-        return self._verify_cost(places, 1, queued) + self.draft_cost(s, len(rows), k, behind)
+        return self._verify_cost(places, 1, queued) + self.costs.draft_cost(s, len(rows), k, behind)
 
     def _verify_cost(self, places: int, size: int, queued: bool, optimistic: bool = False) -> float:
         """Seconds of a drafting round's verify pass; after a plain step queued ahead, plus the step that queues
         again when plain decoding resumes (the queued one only spared the pass a position), spread over the rounds
         a stretch of drafting rounds lasts. optimistic: as `Costs.cost` takes it."""
-        restart = (self.cost(places, 1) or 0.0) * self.started_w / self.drafted_w if queued else 0.0
-        return (self.cost(places, size, optimistic) or 0.0) + restart
+        restart = (self.costs.cost(places, 1) or 0.0) * self.started_w / self.drafted_w if queued else 0.0
+        return (self.costs.cost(places, size, optimistic) or 0.0) + restart
 
     # --- learning: the one place the planner's state changes ---
 
@@ -289,11 +288,11 @@ class Planner(Costs):
             return
         costly = [o for o in outcomes if o.proposed and o.costly]
         if not costly:
-            self.time_pass((places, plan.size if plan.k else 1), seconds)
+            self.costs.time_pass((places, plan.size if plan.k else 1), seconds)
         else:
-            self.time_draft(
-                costly[0].source, len(costly), plan.k, sum(o.behind for o in costly), places, plan.size, seconds
-            )
+            s, behind = costly[0].source, sum(o.behind for o in costly)
+            share = next((a.share for a in asks if a.costly == s), 0.0)
+            self.costs.time_draft(s, len(costly), plan.k, behind, places, plan.size, seconds, share)
 
     def _earn(self, plan: Plan, places: int, seconds: float | None, outcomes: Sequence[Outcome], asks) -> None:
         """Probe credit: a timed costly source passed over earns PROBE_BUDGET of the round's time (a tree, where its
@@ -301,11 +300,11 @@ class Planner(Costs):
         measured: its round's `seconds` (None: not a cost) and, after a queued plain step, the whole restart of the
         queue (a probe is a stretch of one round), beyond what plain decoding takes for the tokens it yielded. A
         source's first probe pays nothing: it feeds the prompt, which any use of the source pays once."""
-        plain = self.cost(places, 1) or 0.0
+        plain = self.costs.cost(places, 1) or 0.0
         earned = PROBE_BUDGET * (seconds if seconds is not None else plain)
         drafted = set(plan.sources) if plan.k else set()
         for s in sorted({a.costly for a in asks if a.costly and a.cap}):
-            if not self._timed(s):  # passed over before it was timed: it waits PROBE_MIN rounds at most
+            if not self.costs.known(s):  # passed over before it was timed: it waits PROBE_MIN rounds at most
                 self.idle[s] = 0 if s in drafted else self.idle.get(s, 0) + 1
                 continue
             if plan.probe and not plan.tree and s in drafted:
@@ -323,7 +322,7 @@ class Planner(Costs):
             key = tree_key(ask.costly)
             self.idle[key], self.credit[key] = self.idle.get(key, 0) + 1, self.credit.get(key, 0.0) + earned
 
-    # --- rows joining and leaving ---
+    # --- events between rounds: rows joining and leaving, the cache packed ---
 
     def joined(self) -> None:
         """A row joined: it takes the place of one that left, if one is open (that row now counts as replaced)."""
@@ -340,7 +339,11 @@ class Planner(Costs):
     def packs(self, places: int, live: int, positions: int, rounds: float) -> bool:
         """Whether to pack the cache now: the empty places' part of every pass, over the `rounds` the rows still
         run where no new row takes their place, costs more than the copy (True until both were timed)."""
-        full, kept = self.cost(places, 1), self.cost(live, 1)
-        if not self.copies or full is None or kept is None:
+        full, kept = self.costs.cost(places, 1), self.costs.cost(live, 1)
+        if not self.costs.copies or full is None or kept is None:
             return True
-        return (1 - self.refill) * (full - kept) * rounds > statistics.median(self.copies) * positions
+        return (1 - self.refill) * (full - kept) * rounds > statistics.median(self.costs.copies) * positions
+
+    def record_copy(self, positions: int, seconds: float) -> None:
+        """The rows' cache was packed: `positions` (rows x columns) copied in `seconds`."""
+        self.costs.record_copy(positions, seconds)

@@ -4,7 +4,7 @@ of them in one pass per position); each keeps its own session, sampling rule (a 
 
 Requests share one engine. A request whose cache cannot sit beside others (`joint.batchable`), or whose target cannot
 run rows of different lengths in one pass (`gen.apart`, logged once), gets an engine of its own, and so does every
-request where the measured round costs say a pass over several rows costs as much as one over each (`Planner.pays`:
+request where the measured round costs say a pass over several rows costs as much as one over each (`Costs.pays`:
 the rows then take turns, an engine each) or the server runs with `--no-batch`. A request stays in its engine from its
 first token to its last. Its prompt goes in a chunk per round, beside the running rows; it leaves with its caches back
 in its session, so the conversation's next turn reuses them.
@@ -58,7 +58,7 @@ class Batcher(Generic[J]):
         self.shared = Engine(pair.target, Planner(adaptive=pair.adaptive))
         # Engines of one row take turns: a row's queued step runs while the others' rounds do, so the seconds its
         # rounds measure are not a pass's cost. They learn in a planner of their own, apart from the costs that
-        # decide whether a request joins the shared engine (`Planner.pays`).
+        # decide whether a request joins the shared engine (`Costs.pays`).
         self.solo = Planner(adaptive=pair.adaptive)
         self.joined: dict[J, Joined] = {}  # job -> its row in an engine
         self.joining: dict[J, Joining] = {}  # job -> its prefill under way, in arrival order
@@ -109,7 +109,8 @@ class Batcher(Generic[J]):
             eos=frozenset(self.pair.tokenizer.eos_token_ids),
         )
         rows = len(self.shared.rows) + sum(j.engine is self.shared for j in self.joining.values()) + 1
-        together = self.batch and batchable(job.session.cache) and self.apart is None and self.shared.planner.pays(rows)
+        pays = self.shared.planner.costs.pays(rows)
+        together = self.batch and batchable(job.session.cache) and self.apart is None and pays
         engine = self.shared if together else Engine(self.pair.target, self.solo)
         engine.expect(True)  # no step queued ahead: the row joins between two rounds
         self.joining[job] = Joining(row, job.session.prefill(job.ids, self.chunk), engine)
