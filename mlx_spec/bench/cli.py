@@ -307,6 +307,22 @@ def record(
 
 
 @app.command()
+def profile(
+    target: str = typer.Option(_spec.DEFAULT_TARGET, help="Target model spec"),
+    draft: str = typer.Option("qwen2.5-coder-0.5b", help="Draft model spec"),
+    out: str = typer.Option(..., help="The profile .toml to write (bench/profiles holds the built-in ones)"),
+):
+    """Time this machine's cost profile for `bench replay`: the target's step and verify passes, the draft's step
+    and catch-up, one model loaded at a time."""
+    from pathlib import Path
+
+    from . import machines
+
+    Path(out).write_text(machines.to_toml(machines.measure(target, draft, Path(out).stem, _log)))
+    _log(f"wrote {out}")
+
+
+@app.command()
 def replay(
     recording: str = typer.Option(..., help="A recording of `bench record`"),
     profile: str = typer.Option("", help="Comma list of cost profiles (bench/profiles; default: all)"),

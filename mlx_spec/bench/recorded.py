@@ -9,6 +9,7 @@ themselves and a recording need not hold them.
 """
 
 import gzip
+import itertools
 import json
 import os
 import tomllib
@@ -86,6 +87,7 @@ class Recording:
     tokens: int  # the most tokens a continuation holds
     corpus: str
     sources: dict[str, str] = field(default_factory=dict)  # source name -> the model spec that drafted
+    shares: dict[str, float] = field(default_factory=dict)  # its weights' bytes over the target's (the engine's prior)
     prompts: list[Recorded] = field(default_factory=list)
     format: int = FORMAT
 
@@ -151,14 +153,14 @@ def record(
     generator=None,
     log: Callable[[str], None] = lambda _m: None,
 ) -> Recording:
-    """Record each prompt not in `out` yet (resumable: the file is rewritten after every prompt): the target's greedy
+    """Record each prompt not in `out` yet (resumable: the file is rewritten after every prompt; kinds in turn): the target's greedy
     continuation of at most `tokens` (through `generator`, a lossless drafter, or plain), and the guesses of each
     model drafter (`drafters`: name -> a fresh drafter, so no prompt's vocabulary reaches the next one's head)."""
     from ..gen.generate import speculative_generate_step
 
     done = {p.id for p in recording.prompts}
     eos = tuple(tokenizer.eos_token_ids)
-    for n, p in enumerate(prompts):
+    for n, p in enumerate(interleaved(prompts)):
         if p.id in done:
             continue
         ids = p.ids(tokenizer)
@@ -168,10 +170,15 @@ def record(
         recording.prompts.append(Recorded(p.id, p.kind, ids, continuation, sources))
         recording.save(out)
         log(f"{n + 1}/{len(prompts)} {p.id}: {len(ids)} prompt tokens, {len(continuation)} generated")
-    order = {p.id: i for i, p in enumerate(prompts)}
-    recording.prompts.sort(key=lambda r: order.get(r.id, len(order)))
-    recording.save(out)
     return recording
+
+
+def interleaved(prompts: Sequence[CorpusPrompt]) -> list[CorpusPrompt]:
+    """One prompt of each kind in turn: a recording cut short still holds every kind."""
+    kinds: dict[str, list[CorpusPrompt]] = {}
+    for p in prompts:
+        kinds.setdefault(p.kind, []).append(p)
+    return [p for group in itertools.zip_longest(*kinds.values()) for p in group if p is not None]
 
 
 def record_named(
@@ -179,6 +186,7 @@ def record_named(
 ) -> Recording:
     """`record` by names: the target and its draft model loaded once, the continuation generated losslessly with
     `hybrid:DRAFT`; an `out` recorded before with the same target, draft and length is resumed."""
+    from ..models.base import params_bytes
     from ..named import load_model, make_drafter
 
     if tokens < 1:
@@ -194,4 +202,5 @@ def record_named(
     loaded = {draft: load_model(draft, log)[:2]}
     generator = make_drafter(f"hybrid:{draft}", model, tok, loaded=loaded, log=log)
     fresh = {"model": lambda: make_drafter(draft, model, tok, loaded=loaded, log=log)}
+    recording.shares = {"model": params_bytes(loaded[draft][0]) / params_bytes(model)}
     return record(prompts, model, tok, fresh, tokens, out, recording, generator, log)
