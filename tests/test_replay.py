@@ -16,8 +16,15 @@ from mlx_spec.named import load_model, make_drafter
 PROMPTS = [
     CorpusPrompt("edit/a", "edit", "Add a docstring:\n```python\ndef add(a, b):\n    return a + b\n```"),
     CorpusPrompt("question/b", "question", "Why is the sky blue?"),
-    CorpusPrompt("chat/c", "chat", messages=({"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
-                                              {"role": "user", "content": "def sub(a, b):"})),
+    CorpusPrompt(
+        "chat/c",
+        "chat",
+        messages=(
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "def sub(a, b):"},
+        ),
+    ),
 ]
 TOKENS = 32
 
@@ -50,8 +57,12 @@ def pair(tiny_models, tmp_path_factory):
 
 def _engine_rounds(target, tok, drafter, ids, **kw):
     stats = Stats(trace=[])
-    out = [s.token for s in speculative_generate_step(ids, target, drafter, max_tokens=TOKENS, stats=stats,
-                                                      eos_token_ids=tuple(tok.eos_token_ids), **kw)]
+    out = [
+        s.token
+        for s in speculative_generate_step(
+            ids, target, drafter, max_tokens=TOKENS, stats=stats, eos_token_ids=tuple(tok.eos_token_ids), **kw
+        )
+    ]
     return out, stats
 
 
@@ -67,8 +78,13 @@ def test_a_recorded_accepted_length_is_what_the_engine_accepts(pair, k):
         out, stats = _engine_rounds(target, tok, fresh["model"](), r.prompt, num_draft=k, adaptive=False)
         assert out == r.target
         engine = [(e["proposed"], e["accepted"]) for e in stats.trace]
-        run = replay.replay_one(r, machines.load("h100"), replay.policies([f"fixed:model:{k}"])[0] if k in
-                                replay.FIXED_K["model"] else replay.Policy(f"fixed:model:{k}", ("model",), k, False))
+        run = replay.replay_one(
+            r,
+            machines.load("h100"),
+            replay.policies([f"fixed:model:{k}"])[0]
+            if k in replay.FIXED_K["model"]
+            else replay.Policy(f"fixed:model:{k}", ("model",), k, False),
+        )
         assert [(n, a) for _, n, a, _ in run.trace] == engine
         partial += sum(0 < a < n for n, a in engine)
     assert partial  # the draft agrees on some tokens and not on others: the runs' ends are tested
@@ -112,7 +128,9 @@ def test_a_replay_predicts_the_engines_time_under_the_pass_clock(pair, pass_cloc
         measured = sum(e["seconds"] for e in stats.trace)
         run = replay.replay_one(r, _clock_profile(pass_clock.tick), replay.policies([f"planner:{draft}"])[0])
         assert run.tokens == len(r.target)
-        assert [(s, n, a) for s, n, a, _ in run.trace] == [(e["source"], e["proposed"], e["accepted"]) for e in stats.trace]
+        assert [(s, n, a) for s, n, a, _ in run.trace] == [
+            (e["source"], e["proposed"], e["accepted"]) for e in stats.trace
+        ]
         assert run.seconds == pytest.approx(measured, rel=0.01)
         drafted += sum(e["source"] == "model" and e["proposed"] > 1 for e in stats.trace)
     assert drafted >= 3
@@ -122,8 +140,13 @@ def test_the_replay_table_is_the_same_on_every_run(pair, tmp_path):
     """Under a noisy profile, seeded: the same table twice; another seed moves the noisy timings."""
     _, _, _, path, _ = pair
     noisy = tmp_path / "noisy.toml"
-    noisy.write_text(machines.load("h100").__class__.__name__ and (machines.PROFILES_DIR / "h100.toml").read_text()
-                     .replace("noise = 0.0", "noise = 0.2").replace('name = "h100"', 'name = "noisy"'))
+    noisy.write_text(
+        machines.load("h100").__class__.__name__
+        and (machines.PROFILES_DIR / "h100.toml")
+        .read_text()
+        .replace("noise = 0.0", "noise = 0.2")
+        .replace('name = "h100"', 'name = "noisy"')
+    )
     policies = ["plain", "planner:hybrid", "fixed:suffix:8", "onoff:model:3"]
     first = replay.report(str(path), [str(noisy)], policies, seed=1)
     assert first == replay.report(str(path), [str(noisy)], policies, seed=1)

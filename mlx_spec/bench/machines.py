@@ -66,7 +66,9 @@ def load(name_or_path: str) -> Profile:
             float(data.get("noise", 0.0)),
         )
     except (KeyError, TypeError, ValueError) as e:
-        raise MlxSpecError(f"{path}: a profile needs machine, source, step, [verify] and [sources.*] draft_step: {e}")
+        raise MlxSpecError(
+            f"{path}: a profile needs machine, source, step, [verify] and [sources.*] draft_step: {e}"
+        ) from None
     if profile.step <= 0 or any(v <= 0 for v in verify.values()) or any(s < 2 for s in verify):
         raise MlxSpecError(f"{path}: every timing must be positive and every verify size at least 2")
     return profile

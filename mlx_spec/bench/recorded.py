@@ -153,9 +153,10 @@ def record(
     generator=None,
     log: Callable[[str], None] = lambda _m: None,
 ) -> Recording:
-    """Record each prompt not in `out` yet (resumable: the file is rewritten after every prompt; kinds in turn): the target's greedy
-    continuation of at most `tokens` (through `generator`, a lossless drafter, or plain), and the guesses of each
-    model drafter (`drafters`: name -> a fresh drafter, so no prompt's vocabulary reaches the next one's head)."""
+    """Record each prompt not in `out` yet, kinds in turn (resumable: the file is rewritten after every prompt): the
+    target's greedy continuation of at most `tokens` (through `generator`, a lossless drafter, or plain), and the
+    guesses of each model drafter (`drafters`: name -> a fresh drafter, so no prompt's vocabulary reaches the next
+    one's head)."""
     from ..gen.generate import speculative_generate_step
 
     done = {p.id for p in recording.prompts}

@@ -13,6 +13,7 @@ import random
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from ..errors import MlxSpecError
 from ..gen.acceptance import SourceStats
@@ -58,7 +59,9 @@ def policies(names: Sequence[str] = ()) -> list[Policy]:
     known = {p.name: p for p in every}
     bad = [n for n in names if n not in known]
     if bad:
-        raise MlxSpecError(f"unknown policy '{bad[0]}' (known: plain, planner:hybrid|model|suffix|ngram, fixed:S:K, onoff:S:K)")
+        raise MlxSpecError(
+            f"unknown policy '{bad[0]}' (known: plain, planner:hybrid|model|suffix|ngram, fixed:S:K, onoff:S:K)"
+        )
     return [known[n] for n in names]
 
 
@@ -77,7 +80,7 @@ class _Lookups:
     that each run copies (its trust is learned per run)."""
 
     def __init__(self, rec: Recorded):
-        self.rec, self._suffix = rec, None
+        self.rec, self._suffix = rec, cast(list[list[int]] | None, None)
         self.ngram = NGramDrafter()
         self.ngram.reset(rec.prompt)
 
@@ -86,7 +89,9 @@ class _Lookups:
         if self._suffix is None:
             d, n = SuffixDrafter(), len(self.rec.target)
             d.reset(self.rec.prompt)
-            self._suffix = [d.propose(self.rec.prompt + self.rec.target[:j], DEFAULT_K["suffix"]).tokens.tolist() for j in range(n)]
+            self._suffix = [
+                _ids(d.propose(self.rec.prompt + self.rec.target[:j], DEFAULT_K["suffix"])) for j in range(n)
+            ]
         return self._suffix[i]
 
     def drafter(self, name: str):
@@ -96,7 +101,11 @@ class _Lookups:
         d = NGramDrafter()
         d.adopt(self.ngram)
         prompt, target = self.rec.prompt, self.rec.target
-        return _Drafted("ngram", lambda i, k: d.propose(prompt + target[:i], k).tokens.tolist(), d.learn)
+        return _Drafted("ngram", lambda i, k: _ids(d.propose(prompt + target[:i], k)), d.learn)
+
+
+def _ids(draft) -> list[int]:
+    return cast(list[int], draft.tokens.tolist())
 
 
 @dataclass(frozen=True)
@@ -131,7 +140,7 @@ def replay_one(
     context = list(rec.prompt)
     greedy = rec.greedy(MODEL) if MODEL in policy.sources else []
     rng = random.Random(f"{seed}|{rec.id}|{profile.name}|{policy.name}")
-    planner, accept = policy.planner(), {}
+    planner, accept = policy.planner(), cast(dict[str, SourceStats], {})
     tables = tables or _Lookups(rec)
     lookups = [tables.drafter(s) for s in policy.sources if s in LOOKUPS]
     model = _Model() if MODEL in policy.sources else None
@@ -211,7 +220,9 @@ def oracle(rec: Recorded, profile: machines.Profile, sources: Sequence[str], tab
     for s in sources:
         if s == MODEL:
             g = rec.greedy(MODEL)
-            runs[s] = [next((j for j in range(n_out - i) if g[i + j] != target[i + j]), n_out - i) for i in range(n_out)]
+            runs[s] = [
+                next((j for j in range(n_out - i) if g[i + j] != target[i + j]), n_out - i) for i in range(n_out)
+            ]
             continue
         d = tables.drafter(s)
         runs[s] = []
@@ -252,7 +263,9 @@ def replay(
     for profile in profiles:
         by = out.setdefault(profile.name, {})
         for policy in chosen:
-            by[policy.name] = {r.id: replay_one(r, profile, policy, seed, share, tables[r.id]) for r in recording.prompts}
+            by[policy.name] = {
+                r.id: replay_one(r, profile, policy, seed, share, tables[r.id]) for r in recording.prompts
+            }
             log(f"{profile.name} {policy.name}")
         for s in MEMBERS:  # the best fixed K per prompt in hindsight, by member
             fixed = [name for name in by if name.startswith(f"fixed:{s}:")]
@@ -305,7 +318,9 @@ def _ratios(by: dict, ids: dict, cols: list[str]) -> str:
     fixed = [p for p in by if p.startswith("fixed:")]
     rows.append(["hybrid / plain"] + [ratio("planner:hybrid", ["plain"], c) for c in cols])
     rows.append(["hybrid / best fixed K"] + [ratio("planner:hybrid", fixed, c) for c in cols])
-    rows.append(["hybrid / best member"] + [ratio("planner:hybrid", [f"planner:{s}" for s in MEMBERS], c) for c in cols])
+    rows.append(
+        ["hybrid / best member"] + [ratio("planner:hybrid", [f"planner:{s}" for s in MEMBERS], c) for c in cols]
+    )
     for s in MEMBERS:
         own = [p for p in fixed if p.startswith(f"fixed:{s}:")]
         rows.append([f"{s}: planner / best fixed K"] + [ratio(f"planner:{s}", own, c) for c in cols])
