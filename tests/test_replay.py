@@ -136,6 +136,26 @@ def test_a_replay_predicts_the_engines_time_under_the_pass_clock(pair, pass_cloc
     assert drafted >= 3
 
 
+def test_a_recording_keeps_its_generating_run_and_check_compares_it_with_the_replay(pair, pass_clock, tmp_path):
+    """Recorded through the hybrid under the pass-counting clock: `check` under the clock's profile finds the replay
+    of each generating run within 1 % of its measured rounds."""
+    from mlx_spec.gen.drafters.hybrid import HybridDrafter
+
+    target, tok, fresh, _, _ = pair
+    lookups = list(make_drafter("hybrid:none", target, tok).parts)
+    rec = Recording("t", TOKENS, "test", {"model": "d"})
+    record(
+        PROMPTS[:2], target, tok, fresh, TOKENS, tmp_path / "r.json.gz", rec, HybridDrafter(lookups, fresh["model"]())
+    )
+    assert all(r.measured["drafter"] == "hybrid" and r.measured["rounds"] for r in load(tmp_path / "r.json.gz").prompts)
+    tick, clock = pass_clock.tick, tmp_path / "clock.toml"  # every pass a tick, the draft model's too
+    clock.write_text(
+        machines.to_toml(machines.Profile("clock", "PassClock", "conftest", tick, {2: tick}, {"model": tick}))
+    )
+    text = replay.check(str(tmp_path / "r.json.gz"), str(clock))
+    assert "Mean absolute error 0.0 % over 2 prompts" in text, text
+
+
 def test_the_replay_table_is_the_same_on_every_run(pair, tmp_path):
     """Under a noisy profile, seeded: the same table twice; another seed moves the noisy timings."""
     _, _, _, path, _ = pair

@@ -328,11 +328,20 @@ def replay(
     profile: str = typer.Option("", help="Comma list of cost profiles (bench/profiles; default: all)"),
     policy: str = typer.Option("", help="Comma list of policies (default: all; see the docs)"),
     seed: int = typer.Option(0, help="Seed of the profiles' timing noise"),
+    check: bool = typer.Option(
+        False, help="Instead: each recorded prompt's generating run against its replay under the one --profile"
+    ),
 ):
     """Replay the recorded rounds under each cost profile and policy through the planner's plan/record: tokens/s by
     kind, profile and policy, the same on every run."""
+    from ..errors import MlxSpecError
     from . import replay as _replay
 
+    if check:
+        if len(_list(profile)) != 1:
+            raise MlxSpecError("--check compares the recorded runs with one --profile: the recording machine's")
+        typer.echo(_replay.check(recording, _list(profile)[0], seed))
+        return
     typer.echo(_replay.report(recording, _list(profile), _list(policy), seed))
 
 

@@ -73,6 +73,8 @@ class Recorded:
     prompt: list[int]
     target: list[int]
     sources: dict[str, dict] = field(default_factory=dict)
+    measured: dict = field(default_factory=dict)  # the generating run: its drafter, and per round (source,
+    # proposed, accepted, seconds) as the engine traced it on the recording machine
 
     def greedy(self, source: str) -> list[int]:
         """The source's greedy token at each output position."""
@@ -158,6 +160,7 @@ def record(
     guesses of each model drafter (`drafters`: name -> a fresh drafter, so no prompt's vocabulary reaches the next
     one's head)."""
     from ..gen.generate import speculative_generate_step
+    from ..gen.stats import Stats
 
     done = {p.id for p in recording.prompts}
     eos = tuple(tokenizer.eos_token_ids)
@@ -165,10 +168,13 @@ def record(
         if p.id in done:
             continue
         ids = p.ids(tokenizer)
-        steps = speculative_generate_step(ids, target, generator, max_tokens=tokens, eos_token_ids=eos)
+        stats = Stats(trace=[])
+        steps = speculative_generate_step(ids, target, generator, max_tokens=tokens, eos_token_ids=eos, stats=stats)
         continuation = [s.token for s in steps]
         sources = {name: {"top": guesses(make(), ids, continuation)} for name, make in drafters.items()}
-        recording.prompts.append(Recorded(p.id, p.kind, ids, continuation, sources))
+        trace = [[e["source"], e["proposed"], e["accepted"], round(e["seconds"], 6)] for e in stats.trace or []]
+        measured = {"drafter": getattr(generator, "name", "none"), "rounds": trace}
+        recording.prompts.append(Recorded(p.id, p.kind, ids, continuation, sources, measured))
         recording.save(out)
         log(f"{n + 1}/{len(prompts)} {p.id}: {len(ids)} prompt tokens, {len(continuation)} generated")
     return recording

@@ -341,6 +341,38 @@ def report(path: str, profile_names: Sequence[str] = (), policy_names: Sequence[
     return table(recording, replay(recording, profiles, chosen, seed))
 
 
-def median_ratio(a: dict[str, Run], b: dict[str, Run]) -> float:
-    """The median over prompts of a's tokens/s over b's."""
-    return statistics.median((x.tokens / x.seconds) / (b[i].tokens / b[i].seconds) for i, x in a.items())
+def check(path: str, profile_name: str, seed: int = 0) -> str:
+    """Markdown: each recorded prompt's generating run (the engine's rounds on the recording machine) against its
+    replay under `profile_name` with the planner and the same drafter: decode seconds measured and replayed, and
+    how many rounds drafted from each source in each."""
+    recording, profile = load(path), machines.load(profile_name)
+    share, rows, errors = recording.shares.get(MODEL, 0.0), [], []
+    for r in recording.prompts:
+        if not r.measured.get("rounds"):
+            continue
+        drafter = r.measured["drafter"]
+        policy = policies(["plain" if drafter == "none" else f"planner:{drafter}"])[0]
+        run = replay_one(r, profile, policy, seed, share)
+        measured = sum(x[3] for x in r.measured["rounds"])
+        errors.append(run.seconds / measured - 1)
+
+        def sources(trace) -> str:
+            counts = {s: sum(1 for x in trace if x[0] == s and x[1]) for s in MEMBERS}
+            return ", ".join(f"{s} {n}" for s, n in counts.items() if n) or "none"
+
+        rows.append(
+            [
+                r.id,
+                str(len(r.target)),
+                f"{measured:.2f}",
+                f"{run.seconds:.2f}",
+                f"{100 * errors[-1]:+.1f} %",
+                f"{len(r.measured['rounds'])} ({sources(r.measured['rounds'])})",
+                f"{len(run.trace)} ({sources(run.trace)})",
+            ]
+        )
+    if not rows:
+        raise MlxSpecError(f"{path} holds no measured run to check")
+    head = ["prompt", "tokens", "measured s", "replayed s", "error", "rounds measured (drafting)", "rounds replayed"]
+    mean = statistics.mean(abs(e) for e in errors)
+    return aligned_table(head, rows) + f"\n\nMean absolute error {100 * mean:.1f} % over {len(rows)} prompts.\n"
