@@ -156,6 +156,24 @@ def test_a_recording_keeps_its_generating_run_and_check_compares_it_with_the_rep
     assert "Mean absolute error 0.0 % over 2 prompts" in text, text
 
 
+def test_a_recording_resumes_where_it_stopped(pair, tmp_path):
+    """A recording cut short after one prompt, resumed: the prompts done are kept as they were, only the rest run."""
+    target, tok, fresh, _, _ = pair
+    made = []
+
+    def counted():
+        made.append(1)
+        return fresh["model"]()
+
+    out = tmp_path / "r.json.gz"
+    record(PROMPTS[:1], target, tok, {"model": counted}, 8, out, Recording("t", 8, "test"))
+    first = load(out).prompts[0]
+    record(PROMPTS, target, tok, {"model": counted}, 8, out, load(out))
+    again = load(out)
+    assert len(made) == 3 and [r.id for r in again.prompts] == ["edit/a", "question/b", "chat/c"]
+    assert again.prompts[0] == first
+
+
 def test_the_replay_table_is_the_same_on_every_run(pair, tmp_path):
     """Under a noisy profile, seeded: the same table twice; another seed moves the noisy timings."""
     _, _, _, path, _ = pair
