@@ -280,6 +280,11 @@ def replay(
     return out
 
 
+def _speed(tps: float) -> str:
+    """Tokens/s to a tenth, or to three significant digits where that hides them (a slow CPU's)."""
+    return f"{tps:.1f}" if tps >= 10 else f"{tps:.3g}"
+
+
 def _tps(runs: dict[str, Run], ids: Sequence[str]) -> float:
     return sum(runs[i].tokens for i in ids) / sum(runs[i].seconds for i in ids)
 
@@ -297,7 +302,7 @@ def table(recording: Recording, results: dict) -> str:
         "decode only (no prefill); `hindsight`: the best fixed K per prompt; `oracle`: per round, knowing the future."
     ]
     for name, by in results.items():
-        rows = [[p] + [f"{_tps(runs, ids[c]):.1f}" for c in cols] for p, runs in by.items()]
+        rows = [[p] + [_speed(_tps(runs, ids[c])) for c in cols] for p, runs in by.items()]
         parts.append(f"### {name}\n\n" + aligned_table(["policy", *cols], rows))
         parts.append(_ratios(by, ids, cols))
     return "\n\n".join(parts) + "\n"
