@@ -290,6 +290,61 @@ def ngram_cost(drafter: str = typer.Option("ngram", help="ngram or suffix")):
     typer.echo(ngram.report(ngram.run(drafter_kind=drafter), drafter))
 
 
+@app.command()
+def record(
+    target: str = typer.Option(_spec.DEFAULT_TARGET, help="Target model spec"),
+    draft: str = typer.Option("qwen2.5-coder-0.5b", help="Draft model spec whose guesses are recorded"),
+    corpus: str = typer.Option("replay", help="A corpus of bench/corpora or a corpus .toml file"),
+    tokens: int = typer.Option(128, help="Most tokens of each prompt's greedy continuation"),
+    out: str = typer.Option(..., help="The recording (.json.gz); an unfinished one of the same pair is resumed"),
+):
+    """Record each corpus prompt's greedy continuation and the draft model's guesses at every position of it, for
+    `bench replay`."""
+    from .recorded import record_named
+
+    rec = record_named(target, draft, corpus, tokens, out, _log)
+    _log(f"wrote {out}: {len(rec.prompts)} prompts")
+
+
+@app.command()
+def profile(
+    target: str = typer.Option(_spec.DEFAULT_TARGET, help="Target model spec"),
+    draft: str = typer.Option("qwen2.5-coder-0.5b", help="Draft model spec"),
+    out: str = typer.Option(..., help="The profile .toml to write (bench/profiles holds the built-in ones)"),
+):
+    """Time this machine's cost profile for `bench replay`: the target's step and verify passes, the draft's step
+    and catch-up, one model loaded at a time."""
+    from pathlib import Path
+
+    from . import machines
+
+    Path(out).write_text(machines.to_toml(machines.measure(target, draft, Path(out).stem, _log)))
+    _log(f"wrote {out}")
+
+
+@app.command()
+def replay(
+    recording: str = typer.Option(..., help="A recording of `bench record`"),
+    profile: str = typer.Option("", help="Comma list of cost profiles (bench/profiles; default: all)"),
+    policy: str = typer.Option("", help="Comma list of policies (default: all; see the docs)"),
+    seed: int = typer.Option(0, help="Seed of the profiles' timing noise"),
+    check: bool = typer.Option(
+        False, help="Instead: each recorded prompt's generating run against its replay under the one --profile"
+    ),
+):
+    """Replay the recorded rounds under each cost profile and policy through the planner's plan/record: tokens/s by
+    kind, profile and policy, the same on every run."""
+    from ..errors import MlxSpecError
+    from . import replay as _replay
+
+    if check:
+        if len(_list(profile)) != 1:
+            raise MlxSpecError("--check compares the recorded runs with one --profile: the recording machine's")
+        typer.echo(_replay.check(recording, _list(profile)[0], seed))
+        return
+    typer.echo(_replay.report(recording, _list(profile), _list(policy), seed))
+
+
 def main() -> None:
     """Entry point: one-line errors for what the user can fix."""
     from ..errors import MlxSpecError
