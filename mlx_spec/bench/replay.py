@@ -17,6 +17,7 @@ from typing import cast
 
 from ..errors import MlxSpecError
 from ..gen.acceptance import SourceStats
+from ..gen.drafters.base import Kept
 from ..gen.drafters.ngram import NGramDrafter
 from ..gen.drafters.suffix import SuffixDrafter
 from ..gen.planner import PLAIN, Ask, Outcome, Planner
@@ -99,7 +100,7 @@ class _Lookups:
         if name == "suffix":
             return _Drafted("suffix", lambda i, k: self.suffix(i)[:k], lambda n, a: None)
         d = NGramDrafter()
-        d.adopt(self.ngram)
+        d.adopt(Kept(d.name, self.ngram), len(self.rec.prompt))  # the prompt's tables, indexed once
         prompt, target = self.rec.prompt, self.rec.target
         return _Drafted("ngram", lambda i, k: _ids(d.propose(prompt + target[:i], k)), d.learn)
 
@@ -144,8 +145,6 @@ def replay_one(
     tables = tables or _Lookups(rec)
     lookups = [tables.drafter(s) for s in policy.sources if s in LOOKUPS]
     model = _Model() if MODEL in policy.sources else None
-    if model is not None and 0 < share < 1:
-        planner.expect(MODEL, share)
     several = len(policy.sources) > 1
     caps = {s: min(policy.k_max, DEFAULT_K[s]) if several else policy.k_max for s in policy.sources}
     made, queued, pace, paced, run = 0, False, 1.0, 0, Run(0, 0.0)
@@ -160,6 +159,7 @@ def replay_one(
         ask = Ask(accept, offer, left=room + 1, pace=pace)
         if model is not None:
             ask.costly, ask.cap, ask.behind = MODEL, min(caps[MODEL], room), model.behind(len(context))
+            ask.share = share if 0 < share < 1 else 0.0  # the prior the engine gives the planner
         best = max(
             ask.stats(offer[0]).expected(offer[1]) if offer[1] else 1.0,
             ask.stats(MODEL).expected(ask.cap) if ask.cap else 1.0,
