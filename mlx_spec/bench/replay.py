@@ -67,7 +67,7 @@ def policies(names: Sequence[str] = ()) -> list[Policy]:
 
 
 @dataclass
-class Run:
+class ReplayedRun:
     """One prompt replayed: tokens produced, seconds, and each round's (source, proposed, accepted, seconds)."""
 
     tokens: int
@@ -133,7 +133,7 @@ def replay_one(
     seed: int = 0,
     share: float = 0.0,
     tables: _Lookups | None = None,
-) -> Run:
+) -> ReplayedRun:
     """One prompt's generation replayed for one row under `profile` with `policy`, as the engine runs it (share: the
     draft model's weights over the target's, the prior the engine gives the planner; tables: the prompt's lookups,
     shared between runs)."""
@@ -147,7 +147,7 @@ def replay_one(
     model = _Model() if MODEL in policy.sources else None
     several = len(policy.sources) > 1
     caps = {s: min(policy.k_max, DEFAULT_K[s]) if several else policy.k_max for s in policy.sources}
-    made, queued, pace, paced, run = 0, False, 1.0, 0, Run(0, 0.0)
+    made, queued, pace, paced, run = 0, False, 1.0, 0, ReplayedRun(0, 0.0)
     while made < n_out:
         room = n_out - made - 1
         offer, tokens = ("", 0), []
@@ -210,7 +210,7 @@ def replay_one(
     return run
 
 
-def oracle(rec: Recorded, profile: machines.Profile, sources: Sequence[str], tables: _Lookups | None = None) -> Run:
+def oracle(rec: Recorded, profile: machines.Profile, sources: Sequence[str], tables: _Lookups | None = None) -> ReplayedRun:
     """The most tokens a second any sequence of rounds could give, knowing the future: each round plain or a draft
     of any length from any of `sources` (lookups' drafts as a fresh drafter proposes them at its cap; the draft
     model's prompt catch-up paid once, later catch-ups free: an upper bound)."""
@@ -245,8 +245,8 @@ def oracle(rec: Recorded, profile: machines.Profile, sources: Sequence[str], tab
     with_model = best[0] + catch
     if MODEL in sources and len(sources) > 1:
         without = oracle(rec, profile, [s for s in sources if s != MODEL], tables)
-        return Run(n_out, min(with_model, without.seconds))
-    return Run(n_out, with_model)
+        return ReplayedRun(n_out, min(with_model, without.seconds))
+    return ReplayedRun(n_out, with_model)
 
 
 def replay(
@@ -256,7 +256,7 @@ def replay(
     seed: int = 0,
     log: Callable[[str], None] = lambda _m: None,
 ) -> dict:
-    """{profile: {policy: {prompt id: Run}}}, with the hindsight and oracle policies derived per prompt."""
+    """{profile: {policy: {prompt id: ReplayedRun}}}, with the hindsight and oracle policies derived per prompt."""
     out: dict = {}
     tables = {r.id: _Lookups(r) for r in recording.prompts}
     share = recording.shares.get(MODEL, 0.0)
@@ -285,7 +285,7 @@ def _speed(tps: float) -> str:
     return f"{tps:.1f}" if tps >= 10 else f"{tps:.3g}"
 
 
-def _tps(runs: dict[str, Run], ids: Sequence[str]) -> float:
+def _tps(runs: dict[str, ReplayedRun], ids: Sequence[str]) -> float:
     return sum(runs[i].tokens for i in ids) / sum(runs[i].seconds for i in ids)
 
 
