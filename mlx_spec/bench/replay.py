@@ -210,7 +210,9 @@ def replay_one(
     return run
 
 
-def oracle(rec: Recorded, profile: machines.Profile, sources: Sequence[str], tables: _Lookups | None = None) -> ReplayedRun:
+def oracle(
+    rec: Recorded, profile: machines.Profile, sources: Sequence[str], tables: _Lookups | None = None
+) -> ReplayedRun:
     """The most tokens a second any sequence of rounds could give, knowing the future: each round plain or a draft
     of any length from any of `sources` (lookups' drafts as a fresh drafter proposes them at its cap; the draft
     model's prompt catch-up paid once, later catch-ups free: an upper bound)."""
