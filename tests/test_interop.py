@@ -355,13 +355,13 @@ def test_a_head_from_train_head_loads_in_speculators_and_drafts_the_same_tokens_
     from speculators import SpeculatorModelConfig
 
     from mlx_spec.train import data as td
-    from mlx_spec.train.head import Plan, train
+    from mlx_spec.train.head import TrainingPlan, train
 
     target, tok, folder = load_folder(make_model(tmp_path / "qwen2", "qwen2", seed=0, scale=4.0))
     out = tmp_path / "head"
     train(
         target,
-        Plan("tiny", [1, 2, 3], 96, 48, minutes=5, lr=3e-3, warmup=1, max_steps=3),
+        TrainingPlan("tiny", [1, 2, 3], 96, 48, minutes=5, lr=3e-3, warmup=1, max_steps=3),
         out,
         td.sequences(tok, CORPUS * 10, 48),
     )

@@ -56,10 +56,10 @@ def trained_head(target, root):
 
     from mlx_spec.named import load_model
     from mlx_spec.train import data as td
-    from mlx_spec.train.head import Plan, train
+    from mlx_spec.train.head import TrainingPlan, train
 
     model, tok, _ = load_model(str(target))
-    plan = Plan("tiny", [1, 2, 3], 96, 48, minutes=5, lr=3e-3, warmup=1, max_steps=30)
+    plan = TrainingPlan("tiny", [1, 2, 3], 96, 48, minutes=5, lr=3e-3, warmup=1, max_steps=30)
     return train(model, plan, root / "head", td.sequences(tok, CORPUS * 10, 48), checkpoint_minutes=0.0)
 
 
