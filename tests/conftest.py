@@ -327,6 +327,26 @@ def run_cli(*args, env=None, timeout=300, **kw):
     )
 
 
+def run_main(*args) -> subprocess.CompletedProcess:
+    """`mlx-spec` with `args` run in this process (its `main`, one-line errors included), its exit code and output
+    captured as `run_cli` returns them: a command's bad-input paths without starting an interpreter each."""
+    import contextlib
+
+    from mlx_spec import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    argv, sys.argv = sys.argv, ["mlx-spec", *map(str, args)]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            cli.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    finally:
+        sys.argv = argv
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
 def one_line_error(res) -> str:
     """The one line a command that failed on bad input printed: exit 1, no traceback; its log lines aside."""
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import long_context, one_line_error, run_cli
+from conftest import long_context, one_line_error, run_cli, run_main
 
 from mlx_spec.bench import rounds, runner
 from mlx_spec.bench import suite as suites
@@ -19,6 +19,11 @@ from mlx_spec.bench.results import SCHEMA, ResultError, ResultFile
 
 def cli(*args, timeout=300):
     return run_cli("bench", *args, timeout=timeout)
+
+
+def bench(*args):
+    """`mlx-spec bench ARGS` in this process: a command whose start a test of its own already proves."""
+    return run_main("bench", *args)
 
 
 def suite_file(path: Path, target, drafts=("ngram",), **fields) -> Path:
@@ -86,7 +91,7 @@ def test_bench_list_shows_every_builtin_suite_and_each_loads():
 def test_a_suite_file_with_a_mistake_is_one_line_naming_the_file_and_field(tmp_path, text, field):
     path = tmp_path / "mine.toml"
     path.write_text(text)
-    line = one_line_error(cli("run", str(path), "--out", str(tmp_path / "runs"), timeout=120))
+    line = one_line_error(bench("run", path, "--out", tmp_path / "runs"))
     assert str(path) in line and field in line
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())  # nothing started
 
@@ -202,7 +207,7 @@ def test_an_interrupted_run_resumes_without_redoing_a_measurement(target, tmp_pa
     assert not first["complete"] and len(first["records"]) == 5
     assert "Incomplete run" in file.with_suffix(".md").read_text()
 
-    r = cli("run", str(path), "--resume", str(file))
+    r = bench("run", path, "--resume", file)
     assert r.returncode == 0, r.stderr
     done = json.loads(file.read_text())
     assert done["complete"] and len(done["records"]) == 2 * 2 * 3  # rows x repeats x prompts, each once
@@ -242,14 +247,13 @@ def test_kill_ends_a_run_of_mlx_spec_bench_with_its_results_kept(target, tmp_pat
 @pytest.mark.slow
 def test_resume_refuses_another_suite_and_a_file_that_is_not_a_result(target, tmp_path):
     a = suite_file(tmp_path / "a.toml", target, drafts=["ngram"], repeats=1, max_tokens=3)
-    assert cli("run", str(a), "--out", str(tmp_path / "runs")).returncode == 0
-    [file] = list((tmp_path / "runs").glob("a-*.json"))
+    file = runner.run_suite(str(a), str(tmp_path / "runs")).path
     suite_file(a, target, drafts=["ngram"], repeats=1, max_tokens=4)  # edited since
-    line = one_line_error(cli("run", str(a), "--resume", str(file)))
+    line = one_line_error(bench("run", a, "--resume", file))
     assert "different suite" in line and "max_tokens" in line
     junk = tmp_path / "junk.json"
     junk.write_text("[1, 2]")
-    assert "not a result file" in one_line_error(cli("run", str(a), "--resume", str(junk)))
+    assert "not a result file" in one_line_error(bench("run", a, "--resume", junk))
 
 
 @pytest.mark.slow
@@ -278,11 +282,8 @@ def test_a_full_disk_is_one_line_and_the_results_so_far_are_kept(target, tmp_pat
 @pytest.mark.slow
 def test_compare_prints_the_change_per_row_and_refuses_what_it_cannot_compare(target, tmp_path):
     path = suite_file(tmp_path / "c.toml", target, drafts=["ngram"], repeats=1)
-    for out in ("a", "b"):
-        assert cli("run", str(path), "--out", str(tmp_path / out)).returncode == 0
-    [a] = list((tmp_path / "a").glob("*.json"))
-    [b] = list((tmp_path / "b").glob("*.json"))
-    r = cli("compare", str(a), str(b), timeout=120)
+    a, b = (runner.run_suite(str(path), str(tmp_path / out)).path for out in ("a", "b"))
+    r = bench("compare", a, b)
     assert r.returncode == 0, r.stderr
     rows = [x for x in r.stdout.splitlines() if x.startswith("| ") and str(target) in x]
     assert len(rows) == 2 and all("%" in x for x in rows)
@@ -291,11 +292,11 @@ def test_compare_prints_the_change_per_row_and_refuses_what_it_cannot_compare(ta
     assert f"{100 * (tb / ta - 1):+.1f}%" in rows[0]
     other = tmp_path / "other.json"
     other.write_text(json.dumps(dict(A, schema="mlx-spec.bench/0")))
-    assert "same schema" in one_line_error(cli("compare", str(a), str(other), timeout=120))
+    assert "same schema" in one_line_error(bench("compare", a, other))
     notes = tmp_path / "notes.json"
     notes.write_text('{"hello": 1}')
-    assert "not a result file" in one_line_error(cli("compare", str(a), str(notes), timeout=120))
-    assert "no result file" in one_line_error(cli("compare", str(a), str(tmp_path / "nope.json"), timeout=120))
+    assert "not a result file" in one_line_error(bench("compare", a, notes))
+    assert "no result file" in one_line_error(bench("compare", a, tmp_path / "nope.json"))
 
 
 @pytest.mark.slow
@@ -308,7 +309,7 @@ def test_report_renders_a_result_again_from_its_records(target, tmp_path, monkey
     data = json.loads(result.path.read_text())
     data["summary"] = []  # as a run in progress, or one an older version summarized, may have it
     result.path.write_text(json.dumps(data))
-    r = cli("report", str(result.path), timeout=120)
+    r = bench("report", result.path)
     assert r.returncode == 0, r.stderr
     # The same page, figures included (the load average it shows is the one the record keeps: a page rendered
     # before the record's last write showed the load of the write before, 2.99 against 2.91 on a busy machine)
@@ -320,8 +321,8 @@ def test_report_renders_a_result_again_from_its_records(target, tmp_path, monkey
     assert "| ngram |" in rounds.report(data)
     old = tmp_path / "old.json"
     old.write_text(json.dumps(dict(data, schema="mlx-spec.bench/0")))
-    assert "this mlx-spec reads" in one_line_error(cli("report", str(old), timeout=120))
-    assert "no result file" in one_line_error(cli("report", str(tmp_path / "nope.json"), timeout=120))
+    assert "this mlx-spec reads" in one_line_error(bench("report", old))
+    assert "no result file" in one_line_error(bench("report", tmp_path / "nope.json"))
 
 
 @pytest.mark.slow
@@ -517,25 +518,27 @@ def test_a_row_may_run_its_k_fixed_or_on_and_off_beside_the_planner(tmp_path, ta
 
 
 @pytest.mark.slow
-def test_predict_measures_the_pair_and_predicts_each_target(tmp_path):
+def test_predict_measures_the_pair_and_predicts_each_target(tmp_path, target):
     """The pair's acceptance by position, its costs and its speed-up at the predicted best K (and with the planner
     choosing); every other target's costs; a table that says which rows are predictions only."""
     path = tmp_path / "predict.toml"
     path.write_text(
         'description = "t"\nkind = "predict"\nmax_tokens = 12\nrepeats = 1\nprompts = { humaneval = 1, edit = 1 }\n'
         '[[targets]]\nmodel = "random:tiny"\ndrafts = ["random:tiny"]\n'
-        '[[targets]]\nmodel = "random:tiny@int8"\n'
+        f'[[targets]]\nmodel = "{target}"\n'  # a float folder: a random shape's int8 passes take ~40 s on a CPU
     )
     result = runner.run_suite(str(path), str(tmp_path / "runs"))
     d = json.loads(result.path.read_text())["predict"]
     assert d["acceptance"][:3] == [1.0, 1.0, 1.0]  # the target drafting for itself
-    assert set(d["targets"]) == {"random:tiny", "random:tiny@int8"} and d["pair"]["best_k"] >= 1
+    assert set(d["targets"]) == {str(target), "random:tiny"} and d["pair"]["best_k"] >= 1
     assert d["pair"]["measured_speedup"] > 0 and d["pair"]["planner_speedup"] > 0
     md = result.md_path.read_text()
     assert "predicted only" in md and f"at K = {d['pair']['best_k']}" in md
 
 
 def test_random_shapes_are_one_line_errors_where_unknown_and_only_small_ones_are_folders():
+    import mlx.core as mx
+
     from mlx_spec.errors import SourceError
     from mlx_spec.make import random
 
@@ -544,3 +547,5 @@ def test_random_shapes_are_one_line_errors_where_unknown_and_only_small_ones_are
         random.shape("random:nope")
     with pytest.raises(SourceError, match="bench run predict"):
         random.folder("qwen2.5-7b")
+    up = random.build("tiny", quantize="int8").layers[0].mlp.up_proj  # a shape at the precision asked
+    assert (up.bits, up.weight.dtype) == (8, mx.uint32)
