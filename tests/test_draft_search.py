@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import one_line_error
+from conftest import one_line_error, run_main
 
 from mlx_spec.bench import draft_search as ds
 from mlx_spec.make.recipes import write_user_recipe
@@ -270,13 +270,7 @@ def test_cli(tiny_models, home, tmp_path):
     assert "| method |" in res.stdout and "ngram" in res.stdout and "measured on HumanEval/0\n" in res.stdout
     data = json.loads(next((tmp_path / "runs").glob("draft-search-*.json")).read_text())
     assert data["kind"] == "draft-search" and data["candidates"] and data["prompts"] == ["HumanEval/0"]
-    bad = subprocess.run(
-        [sys.executable, "-m", "mlx_spec.cli", "draft-search", "--target", "/no/such/model"],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    one_line_error(bad)
+    one_line_error(run_main("draft-search", "--target", "/no/such/model"))
 
 
 @pytest.mark.slow
