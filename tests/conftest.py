@@ -331,11 +331,13 @@ def run_main(*args) -> subprocess.CompletedProcess:
     """`mlx-spec` with `args` run in this process (its `main`, one-line errors included), its exit code and output
     captured as `run_cli` returns them: a command's bad-input paths without starting an interpreter each."""
     import contextlib
+    import signal
 
     from mlx_spec import cli
 
     out, err = io.StringIO(), io.StringIO()
     argv, sys.argv = sys.argv, ["mlx-spec", *map(str, args)]
+    term = signal.getsignal(signal.SIGTERM)  # `bench` installs its own: this process keeps the one it had
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             cli.main()
@@ -344,6 +346,7 @@ def run_main(*args) -> subprocess.CompletedProcess:
         code = e.code if isinstance(e.code, int) else int(e.code is not None)
     finally:
         sys.argv = argv
+        signal.signal(signal.SIGTERM, term)
     return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 

@@ -1,13 +1,15 @@
-"""The CLI end to end: one-line errors with a non-zero exit, and the happy paths on tiny models."""
+"""The CLI end to end: one-line errors with a non-zero exit, and the happy paths on tiny models. Each command runs in a
+process of its own, but the table of bad inputs, which runs the same `main` in this one (a real process's one-line
+errors of convert and generate: the tests after the table)."""
 
 import json
 
 import pytest
-from conftest import make_model, one_line_error, run_cli
+from conftest import make_model, one_line_error, run_cli, run_main
 
 from mlx_spec.device import describe
 
-pytestmark = pytest.mark.slow  # every test runs the real command in a process
+pytestmark = pytest.mark.slow  # the real command in a process
 
 
 def test_generate_plain_and_speculative_agree(tiny_models):
@@ -28,8 +30,8 @@ def test_generate_takes_the_prompt_as_its_argument(tiny_models):
     common = ["generate", "--model", str(tiny_models["qwen2"]), "--max-tokens", "12", "--no-chat"]
     given = run_cli(*common, "def add(a, b):")
     assert given.returncode == 0, given.stderr
-    assert given.stdout == run_cli(*common, "--prompt", "def add(a, b):").stdout
-    assert given.stdout != run_cli(*common).stdout  # the argument was read, not the default prompt
+    assert given.stdout == run_main(*common, "--prompt", "def add(a, b):").stdout
+    assert given.stdout != run_main(*common).stdout  # the argument was read, not the default prompt
 
 
 def test_convert_cli_and_generate_from_result(tiny_models, tmp_path):
@@ -108,7 +110,7 @@ def test_bad_input_is_one_line(tiny_models, tmp_path, args, match):
     subs = {"SRC": str(tiny_models["qwen2"]), "OUT": str(tmp_path / "out"), "MODEL": str(tiny_models["qwen2"])}
     if "OTHER" in args:
         subs["OTHER"] = str(make_model(tmp_path / "other", "qwen2", seed=9, layers=1, tokenizer_size=300))
-    assert match in one_line_error(run_cli(*[subs.get(a, a) for a in args]))
+    assert match in one_line_error(run_main(*[subs.get(a, a) for a in args]))
     assert not (tmp_path / "out").exists()
 
 
