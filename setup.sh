@@ -108,7 +108,20 @@ for other in mlx-cpu mlx-cuda-13 mlx-cuda-12; do
   fi
 done
 if [ "$refs" = 1 ] && [ "$(uname -s)" = "Linux" ]; then  # the CPU wheel first: the refs extra's pin then holds
-  .venv/bin/python -m pip install -q "torch==$TORCH" --index-url "$TORCH_CPU_INDEX"
+  # Where PyTorch's index cannot be reached (a mirror or a wheel folder only), pip retries each of its pages for
+  # minutes before turning to the indexes it is configured with: ask once, and go to those at once.
+  if .venv/bin/python - "$TORCH_CPU_INDEX/" >/dev/null 2>&1 <<'PY'; then
+import sys, urllib.error, urllib.request
+try:
+    urllib.request.urlopen(sys.argv[1], timeout=10)
+except urllib.error.HTTPError:
+    pass  # it answered
+PY
+    .venv/bin/python -m pip install -q "torch==$TORCH" --index-url "$TORCH_CPU_INDEX"
+  else
+    echo "setup: $TORCH_CPU_INDEX unreachable: torch==$TORCH from pip's configured indexes (PyPI's is the CUDA build)"
+    .venv/bin/python -m pip install -q "torch==$TORCH"
+  fi
 fi
 .venv/bin/python -m pip install -q -e "$target"
 if [ "$refs" = 1 ]; then
