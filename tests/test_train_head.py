@@ -6,7 +6,7 @@ import json
 
 import mlx.core as mx
 import pytest
-from conftest import CORPUS, close, one_line_error, plain_greedy, run_cli, spec
+from conftest import CORPUS, close, one_line_error, plain_greedy, run_cli, run_main, spec
 
 from mlx_spec.errors import SourceError
 from mlx_spec.gen import registry
@@ -149,11 +149,11 @@ def test_bad_input_is_one_line_refused_and_writes_nothing(tiny_models, tmp_path)
     for flag, value in cases:
         args = ["train-head", "--out", str(tmp_path / "out"), "--budget-minutes", "0.1"]
         args += [flag, value] if flag == "--target" else ["--target", str(tiny_models["qwen2"]), flag, value]
-        assert one_line_error(run_cli(*args))
+        assert one_line_error(run_main(*args))
         assert not (tmp_path / "out").exists()
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "config.json").write_text("{}")  # a head already there: refused before any reply is made
-    r = run_cli(
+    r = run_main(
         "train-head",
         "--out",
         str(tmp_path / "out"),
@@ -204,10 +204,10 @@ def test_bench_run_head_measures_the_head_with_its_training_record_and_learning_
         if words is None:
             plain = tmp_path / "p.toml"
             plain.write_text(suite.read_text().replace('"eagle3:HEAD", "hybrid:eagle3:HEAD"', '"ngram"'))
-            r = run_cli("bench", "run", str(plain), "--out", str(tmp_path / "runs2"), *args)
+            r = run_main("bench", "run", plain, "--out", tmp_path / "runs2", *args)
             words = "--head is for a suite"
         else:
-            r = run_cli("bench", "run", str(suite), "--out", str(tmp_path / "runs2"), *args)
+            r = run_main("bench", "run", suite, "--out", tmp_path / "runs2", *args)
         assert r.returncode != 0 and words in one_line_error(r)
 
 
