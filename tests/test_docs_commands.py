@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 import typer.main
-from conftest import run_cli
+from conftest import run_main
 
 from mlx_spec.cli import app
 from mlx_spec.make import recipes
@@ -194,9 +194,9 @@ def home(tmp_path_factory):
     return tmp_path_factory.mktemp("home")
 
 
-@pytest.mark.slow  # each runs the command in a process
+@pytest.mark.slow  # each runs the command: `mlx-spec`'s main in this process, a server in a process of its own
 @pytest.mark.parametrize("shown", RUN, ids=str)
-def test_every_command_a_tiny_model_can_run_runs(shown, tmp_path, home):
+def test_every_command_a_tiny_model_can_run_runs(shown, tmp_path, home, monkeypatch):
     words = tiny(shown.args, tmp_path)
     if words[0] in ("generate", "serve"):  # the defaults name real models; a reply of a few tokens is enough
         words += [] if "--model" in words else ["--model", TINY]
@@ -207,7 +207,8 @@ def test_every_command_a_tiny_model_can_run_runs(shown, tmp_path, home):
     if words[0] == "serve":
         _serves(words, home, tmp_path / "serve.log")
         return
-    res = run_cli(*words, env={"MLX_SPEC_HOME": str(home)})
+    monkeypatch.setenv("MLX_SPEC_HOME", str(home))
+    res = run_main(*words)
     assert res.returncode == 0, f"{shown}\n{res.stderr}"
 
 
