@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import run_main
 
 from mlx_spec.bench.ab import AbSettings, checkout, firsts, render, run_ab
 from mlx_spec.errors import MlxSpecError
@@ -50,7 +50,7 @@ def test_each_side_runs_its_own_checkout_interleaved(tiny_models, tmp_path):
     assert "| suffix | all |" in page and "2/2, 2/2 | 0/2 |" in page
     packed = run.json_path.with_suffix(".json.gz")  # as the repository keeps records
     packed.write_bytes(gzip.compress(run.json_path.read_bytes()))
-    assert run_cli("bench", "report", str(packed)).stdout == page + "\n"
+    assert run_main("bench", "report", packed).stdout == page + "\n"
 
 
 @pytest.mark.parametrize("rows", [2, 3, 4])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from conftest import PROMPTS, make_model, one_line_error, run_cli
+from conftest import PROMPTS, make_model, one_line_error, run_cli, run_main
 
 from mlx_spec.bench import cluster as bench
 from mlx_spec.bench.common import machine_info
@@ -160,7 +160,7 @@ def test_generate_says_its_link_is_simulated_and_needs_a_shard(target):
     res = run_cli(*args, "--shard", "tensor")
     assert res.returncode == 0, res.stderr
     assert "link:       simulated, 100 µs waited after each of" in res.stderr
-    assert one_line_error(run_cli(*args)) == (
+    assert one_line_error(run_main(*args)) == (
         "error: --link-latency-us simulates the link between ranks: it needs --shard"
     )
 

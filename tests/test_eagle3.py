@@ -354,11 +354,11 @@ def test_sampled_head_drafts_keep_the_targets_law_and_a_rule_that_resamples_from
     assert ok != broken, f"{'broken' if broken else 'exact'} rule, {where}: chi2 {stat:.1f} vs {crit:.1f}"
 
 
-@pytest.mark.slow  # starts the CLI
+@pytest.mark.slow  # runs the CLI
 def test_convert_takes_a_head_into_mlx_quantized_and_the_drafter_runs_it(tmp_path, tiny_target):
     """`mlx-spec convert` of a SafeAILab-layout head (no embedding of its own): the speculators layout, 8-bit, its
     provenance kept; loaded over the target, its drafts keep the output equal to plain decoding."""
-    from conftest import run_cli
+    from conftest import run_main
 
     target, tok = tiny_target
     d, vocab = target.args.hidden_size, target.args.vocab_size
@@ -387,7 +387,7 @@ def test_convert_takes_a_head_into_mlx_quantized_and_the_drafter_runs_it(tmp_pat
             )
         )
     )
-    res = run_cli("convert", str(tmp_path / "safe"), str(tmp_path / "mlx"), "--quantize", "8", "--group-size", "32")
+    res = run_main("convert", tmp_path / "safe", tmp_path / "mlx", "--quantize", "8", "--group-size", "32")
     assert res.returncode == 0, res.stderr
     config = json.loads((tmp_path / "mlx" / "config.json").read_text())
     assert config["speculators_model_type"] == "eagle3" and config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4]
@@ -398,7 +398,7 @@ def test_convert_takes_a_head_into_mlx_quantized_and_the_drafter_runs_it(tmp_pat
     prompt = tok.encode("def add(a, b):\n    return a + b\n")
     toks, stats = spec(target, prompt, drafter, max_tokens=24, num_draft=3, adaptive=False)
     assert toks == plain_greedy(target, prompt, 24) and stats.proposed > 0
-    res = run_cli("convert", str(tmp_path / "safe"), str(tmp_path / "bad"), "--keep-layers", "1")
+    res = run_main("convert", tmp_path / "safe", tmp_path / "bad", "--keep-layers", "1")
     assert res.returncode != 0 and "EAGLE-3 head" in res.stderr and not (tmp_path / "bad").exists()
 
 

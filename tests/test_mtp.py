@@ -249,13 +249,13 @@ def test_mtp_layers_configured_with_another_activation_are_refused_in_one_line(c
     assert "hidden_act='gelu'" in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.slow  # starts the CLI
+@pytest.mark.slow  # runs the CLI
 def test_convert_keeps_the_mtp_layers_beside_the_model_and_mtp_runs_them_from_there(checkpoint, tmp_path):
     """`mlx-spec convert` of a checkpoint with MTP layers: the module's weights in mtp.safetensors beside a folder
     mlx-lm still loads; `mtp` over the converted target is the same module; a layer-dropped draft keeps none."""
-    from conftest import run_cli
+    from conftest import run_main
 
-    res = run_cli("convert", str(checkpoint), str(tmp_path / "mlx"), "--dtype", "float32")
+    res = run_main("convert", checkpoint, tmp_path / "mlx", "--dtype", "float32")
     assert res.returncode == 0, res.stderr
     out = tmp_path / "mlx"
     config = json.loads((out / "config.json").read_text())
@@ -270,7 +270,7 @@ def test_convert_keeps_the_mtp_layers_beside_the_model_and_mtp_runs_them_from_th
     prompt = tok.encode("def add(a, b):\n    return a + b\n")
     toks, stats = spec(target, prompt, make_drafter("mtp", target, tok), max_tokens=16, num_draft=3, adaptive=False)
     assert toks == plain_greedy(target, prompt, 16) and stats.proposed > 0
-    res = run_cli("convert", str(checkpoint), str(tmp_path / "draft"), "--keep-layers", "2")
+    res = run_main("convert", checkpoint, tmp_path / "draft", "--keep-layers", "2")
     assert res.returncode == 0, res.stderr
     assert not (tmp_path / "draft" / mtp.FILE).exists()
 

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import long_context, one_line_error, run_cli
+from conftest import long_context, one_line_error, run_main
 
 from mlx_spec.bench.served import ThroughputSettings, run_throughput
 from mlx_spec.server.bench_cli import Server
@@ -59,7 +59,7 @@ def run_md(tmp_path) -> str:
 
 @pytest.mark.slow
 def test_bench_serve_refuses_a_run_without_a_drafter_in_one_line(tiny_models):
-    r = run_cli("bench", "serve", "--model", str(tiny_models["qwen2"]), "--draft", "none", timeout=300)
+    r = run_main("bench", "serve", "--model", tiny_models["qwen2"], "--draft", "none")
     assert one_line_error(r) == "error: --draft must name a drafter: the run compares it against none"
 
 
