@@ -500,16 +500,16 @@ def spec_run(target, drafter, stats_seen, prompt=PROMPT, **kw):
     return run
 
 
-def check(target, drafter, kw, prompt=PROMPT, drafts=2, **engine):
-    """(chi-square ok, stat, crit) of the engine's samples against the exact law; asserts that the first round
-    drafted `drafts` positions (K=2) in every sample."""
+def check(target, drafter, kw, prompt=PROMPT, drafts=2, n=SAMPLES, **engine):
+    """(chi-square ok, stat, crit) of n engine samples against the exact law; asserts that the first round drafted
+    `drafts` positions (K=2) in every sample."""
     from mlx_spec.gen.sampling import Sampler
 
     joint = exact_joint(target, Sampler(**kw).probs, prompt)
     seen = []
-    counts = sample_pairs(spec_run(target, drafter, seen, prompt, **kw, **engine), SAMPLES)
+    counts = sample_pairs(spec_run(target, drafter, seen, prompt, **kw, **engine), n)
     assert min(seen) == max(seen) == drafts, "every sample must verify two draft positions (K > 1)"
-    return chi_square_pvalue_ok(counts, joint, SAMPLES)
+    return chi_square_pvalue_ok(counts, joint, n)
 
 
 # ---- A target that answers a script: the server's and the page's tests, with drafts that are accepted ------------
