@@ -313,13 +313,16 @@ def profile(
     draft: str = typer.Option("qwen2.5-coder-0.5b", help="Draft model spec"),
     out: str = typer.Option(..., help="The profile .toml to write (bench/profiles holds the built-in ones)"),
 ):
-    """Time this machine's cost profile for `bench replay`: the target's step and verify passes, the draft's step
-    and catch-up, one model loaded at a time."""
+    """Time this machine's cost profile for `bench replay` as the engine's rounds run: the target's plain step and
+    its rounds at each verify size, the draft's step and catch-up."""
+    import os
     from pathlib import Path
 
     from . import machines
 
-    Path(out).write_text(machines.to_toml(machines.measure(target, draft, Path(out).stem, _log)))
+    text = machines.to_toml(machines.measure(target, draft, Path(out).stem, _log))
+    Path(out + ".tmp").write_text(text)
+    os.replace(out + ".tmp", out)  # an interrupted run leaves no half-written profile
     _log(f"wrote {out}")
 
 
