@@ -285,10 +285,7 @@ def asks(accept: float, offers, cost_rows=None, left=100):
     """One Ask per offered draft length, every source accepted at `accept`."""
     out = []
     for n in offers:
-        a = {
-            s: SourceStats(accepted_w=accept, judged_w=1.0, first_accepted_w=accept, first_judged_w=1.0)
-            for s in ("suffix", "model")
-        }
+        a = {s: SourceStats(accepted_w=accept, judged_w=1.0) for s in ("suffix", "model")}
         out.append(Ask(a, ("suffix", n) if n else ("", 0), left=left))
     return out
 

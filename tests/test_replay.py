@@ -84,6 +84,7 @@ def test_a_recorded_accepted_length_is_what_the_engine_accepts(pair, k):
             replay.policies([f"fixed:model:{k}"])[0]
             if k in replay.FIXED_K["model"]
             else replay.Policy(f"fixed:model:{k}", ("model",), k, False),
+            budget=TOKENS,
         )
         assert [(n, a) for _, n, a, _ in run.trace] == engine
         partial += sum(0 < a < n for n, a in engine)
@@ -126,7 +127,8 @@ def test_a_replay_predicts_the_engines_time_under_the_pass_clock(pair, pass_cloc
             drafter = HybridDrafter(list(make_drafter("hybrid:none", target, tok).parts), drafter)
         _, stats = _engine_rounds(target, tok, drafter, r.prompt)
         measured = sum(e["seconds"] for e in stats.trace)
-        run = replay.replay_one(r, _clock_profile(pass_clock.tick), replay.policies([f"planner:{draft}"])[0])
+        policy = replay.policies([f"planner:{draft}"])[0]
+        run = replay.replay_one(r, _clock_profile(pass_clock.tick), policy, budget=TOKENS)
         assert run.tokens == len(r.target)
         assert [(s, n, a) for s, n, a, _ in run.trace] == [
             (e["source"], e["proposed"], e["accepted"]) for e in stats.trace
@@ -242,3 +244,80 @@ def test_recorded_guesses_are_the_drafters_own_first_tokens_with_a_subset_head(p
         d = make()
         d.reset(r.prompt)
         assert d.propose(r.prompt + r.target[:i], 1).tokens.tolist() == [recorded[i][0]], i
+
+
+def test_the_planner_is_told_the_tokens_allowed_not_where_the_recorded_run_ended(pair, monkeypatch):
+    """A recorded continuation cut short by EOS: the replay's planner sees the run's budget left (as the engine's
+    does, which cannot know where EOS comes), and no round accepts past the recorded end."""
+    from dataclasses import replace
+
+    from mlx_spec.gen.planner import Planner
+
+    rec = replace(load(pair[3]).prompts[0])
+    rec.target = rec.target[:9]  # as if the target had ended here
+    seen: list[int] = []
+    real = Planner.plan
+
+    def spy(self, asks, *args, **kwargs):
+        seen.append(asks[0].left)
+        return real(self, asks, *args, **kwargs)
+
+    monkeypatch.setattr(Planner, "plan", spy)
+    run = replay.replay_one(rec, machines.load("h100"), replay.policies(["planner:hybrid"])[0], budget=TOKENS)
+    assert run.tokens == 9 and seen[0] == TOKENS
+    made = [0]
+    for _, _, a, _ in run.trace:
+        made.append(made[-1] + a + 1)
+    assert all(left == TOKENS - m for left, m in zip(seen, made))
+
+
+def test_a_session_replay_keeps_one_planner_a_policy_across_the_prompts(pair, monkeypatch):
+    """`--session`: one planner a profile and policy serves every prompt in turn, as a server's does; without it, a
+    new one a prompt."""
+    made: list[object] = []
+    real = replay.Policy.planner
+
+    def counted(self):
+        made.append(planner := real(self))
+        return planner
+
+    monkeypatch.setattr(replay.Policy, "planner", counted)
+    rec, chosen = load(pair[3]), replay.policies(["planner:hybrid", "planner:model"])
+    replay.replay(rec, [machines.load("h100")], chosen, session=True)
+    assert len(made) == len(chosen)
+    made.clear()
+    replay.replay(rec, [machines.load("h100")], chosen)
+    assert len(made) == len(chosen) * len(rec.prompts)
+
+
+def test_a_measured_profile_is_what_the_engine_s_rounds_cost(tiny_models, tmp_path, pass_clock, monkeypatch):
+    """`bench profile` under the pass-counting clock, the draft model's passes a quarter of a tick: a plain step and
+    a pass of every verify size cost a tick, a draft step a quarter of one, as the engine's rounds ran them."""
+    from mlx_lm.models import qwen2
+
+    draft_folder = _near(tiny_models["qwen2"], tmp_path / "draft", 0.01)
+    draft_model = load_model(str(draft_folder))[0]
+    counted = qwen2.Qwen2Model.__call__
+
+    def cheaper(self, *args, **kwargs):
+        if self is draft_model.model:
+            pass_clock.t -= (1 - DRAFT_TICKS) * pass_clock.tick
+        return counted(self, *args, **kwargs)
+
+    monkeypatch.setattr(qwen2.Qwen2Model, "__call__", cheaper)
+    real_load = load_model
+    monkeypatch.setattr(
+        "mlx_spec.named.load_model",
+        lambda spec, *a, **k: (draft_model, *real_load(spec)[1:]) if spec == str(draft_folder) else real_load(spec),
+    )
+    p = machines.measure(str(tiny_models["qwen2"]), str(draft_folder), "clock")
+    tick = pass_clock.tick
+    assert p.step == pytest.approx(tick)
+    assert p.verify == pytest.approx({s: tick for s in machines.SIZES})
+    assert p.draft["model"] == pytest.approx(DRAFT_TICKS * tick)
+    assert machines.load(str(_written(tmp_path / "clock.toml", machines.to_toml(p)))).verify == pytest.approx(p.verify)
+
+
+def _written(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path

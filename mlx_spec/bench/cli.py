@@ -297,12 +297,13 @@ def record(
     corpus: str = typer.Option("replay", help="A corpus of bench/corpora or a corpus .toml file"),
     tokens: int = typer.Option(128, help="Most tokens of each prompt's greedy continuation"),
     out: str = typer.Option(..., help="The recording (.json.gz); an unfinished one of the same pair is resumed"),
+    limit: int = typer.Option(0, help="Only the corpus's first N prompts, kinds in turn (0: all)"),
 ):
     """Record each corpus prompt's greedy continuation and the draft model's guesses at every position of it, for
     `bench replay`."""
     from .recorded import record_named
 
-    rec = record_named(target, draft, corpus, tokens, out, _log)
+    rec = record_named(target, draft, corpus, tokens, out, _log, limit)
     _log(f"wrote {out}: {len(rec.prompts)} prompts")
 
 
@@ -312,13 +313,16 @@ def profile(
     draft: str = typer.Option("qwen2.5-coder-0.5b", help="Draft model spec"),
     out: str = typer.Option(..., help="The profile .toml to write (bench/profiles holds the built-in ones)"),
 ):
-    """Time this machine's cost profile for `bench replay`: the target's step and verify passes, the draft's step
-    and catch-up, one model loaded at a time."""
+    """Time this machine's cost profile for `bench replay` as the engine's rounds run: the target's plain step and
+    its rounds at each verify size, the draft's step and catch-up."""
+    import os
     from pathlib import Path
 
     from . import machines
 
-    Path(out).write_text(machines.to_toml(machines.measure(target, draft, Path(out).stem, _log)))
+    text = machines.to_toml(machines.measure(target, draft, Path(out).stem, _log))
+    Path(out + ".tmp").write_text(text)
+    os.replace(out + ".tmp", out)  # an interrupted run leaves no half-written profile
     _log(f"wrote {out}")
 
 
@@ -331,6 +335,9 @@ def replay(
     check: bool = typer.Option(
         False, help="Instead: each recorded prompt's generating run against its replay under the one --profile"
     ),
+    session: bool = typer.Option(
+        False, help="One planner a policy serves the prompts in turn, as a server's does (default: one a prompt)"
+    ),
 ):
     """Replay the recorded rounds under each cost profile and policy through the planner's plan/record: tokens/s by
     kind, profile and policy, the same on every run."""
@@ -342,7 +349,7 @@ def replay(
             raise MlxSpecError("--check compares the recorded runs with one --profile: the recording machine's")
         typer.echo(_replay.check(recording, _list(profile)[0], seed))
         return
-    typer.echo(_replay.report(recording, _list(profile), _list(policy), seed))
+    typer.echo(_replay.report(recording, _list(profile), _list(policy), seed, session))
 
 
 def main() -> None:

@@ -74,40 +74,89 @@ def load(name_or_path: str) -> Profile:
     return profile
 
 
+SIZES = (2, 3, 4, 6, 8, 12, 16)  # the verify sizes a profile times
+ROUNDS = 12  # rounds timed a size (the median of those after the first two)
+
+
 def measure(target: str, draft: str, name: str, log=lambda _m: None) -> Profile:
-    """This machine's profile for a target and its draft model, timed by `predict.costs` one model at a time (the
-    target's step and passes, the draft's step), a catch-up token as the draft's prefill of a CONTEXT-token prompt."""
+    """This machine's profile for a target and its draft model, timed as the engine runs its rounds: a plain step
+    queued ahead, a round verifying each size (a lookup drafting at a fixed length), the draft model's step (its
+    fixed-length rounds less the verify pass they ran), a catch-up token as the draft's prefill of a CONTEXT-token
+    prompt."""
     import time
 
     import mlx.core as mx
 
     from ..gen.cache import new_cache
-    from ..named import load_model
-    from .common import cpu_name, free
-    from .predict import CONTEXT, costs
+    from ..named import load_model, make_drafter
+    from .common import cpu_name, median, warm
+    from .predict import CONTEXT
 
-    model = load_model(target, log)[0]
-    t = costs(model)
-    del model
-    free()
-    model = load_model(draft, log)[0]
-    d = costs(model, sizes=(2,))
-    prompt = mx.array([list(range(1, CONTEXT + 1))])
-    mx.eval(model(prompt, cache=new_cache(model)))  # warm
+    model, tok, _ = load_model(target, log)
+    small = load_model(draft, log)[:2]
+    prompt = list(range(1, CONTEXT + 1))
+    warm(model, (1, CONTEXT, *SIZES))
+    step = median(_rounds(model, prompt, None, 0)[2:])
+    verify = {s: median(_rounds(model, prompt, _Repeat(), s - 1)[2:]) for s in SIZES}
+    drafter = make_drafter(draft, model, tok, loaded={draft: small}, log=log)
+    per = [(median(_rounds(model, prompt, drafter, k)[2:]) - verify[k + 1]) / k for k in (3, 7)]
+    x = mx.array([prompt])
+    mx.eval(small[0](x, cache=new_cache(small[0])))  # warm
     start = time.perf_counter()
-    mx.eval(model(prompt, cache=new_cache(model)))
+    mx.eval(small[0](x, cache=new_cache(small[0])))
     catch_up = (time.perf_counter() - start) / CONTEXT
-    del model
-    free()
     return Profile(
         name,
         f"{cpu_name()}, {mx.default_device()}",
-        f"measured by `mlx-spec bench profile --target {target} --draft {draft}` (bench/predict.py's costs)",
-        t["step"],
-        {int(s): v for s, v in t["verify"].items()},
-        {"model": d["draft_step"]},
+        f"measured by `mlx-spec bench profile --target {target} --draft {draft}` (the engine's rounds)",
+        step,
+        verify,
+        {"model": max(0.0, median(per))},
         {"model": catch_up},
     )
+
+
+class _Repeat:
+    """A lookup drafting k copies of the context's last token: its rounds cost what any k-token draft's do."""
+
+    name, free, in_target_cache, model, reads, trees, left_out = "repeat", True, False, None, (), False, None
+
+    @property
+    def parts(self):
+        return (self,)
+
+    def drafting(self):
+        from ..gen.drafters.base import Drafting
+
+        return Drafting()
+
+    def reset(self, prompt, target_cache=None) -> None:
+        pass
+
+    def propose(self, context, k, sampler=None):
+        from ..gen.drafters.base import Draft
+
+        return Draft.of([context[-1]] * k, self.name)
+
+    def learn(self, proposed, accepted) -> None:
+        pass
+
+    def behind(self, context) -> int:
+        return 0
+
+
+def _rounds(model, prompt: list[int], drafter, k: int) -> list[float]:
+    """Seconds of each round of the engine drafting k tokens every round (k = 0: plain decoding), ROUNDS + 2 of them."""
+    from ..gen.generate import speculative_generate_step
+    from ..gen.stats import Stats
+
+    stats = Stats(trace=[])
+    steps = speculative_generate_step(
+        prompt, model, drafter, max_tokens=(ROUNDS + 2) * (k + 1), num_draft=k or None, adaptive=False, stats=stats
+    )
+    for _ in steps:
+        pass
+    return [e["seconds"] for e in stats.trace or [] if not k or e["proposed"] == k]
 
 
 def to_toml(p: Profile) -> str:

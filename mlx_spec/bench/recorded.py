@@ -74,7 +74,7 @@ class Recorded:
     target: list[int]
     sources: dict[str, dict] = field(default_factory=dict)
     measured: dict = field(default_factory=dict)  # the generating run: its drafter, and per round (source,
-    # proposed, accepted, seconds) as the engine traced it on the recording machine
+    # proposed, accepted, seconds, verify size, catch-up tokens) as the engine traced it on the recording machine
 
     def greedy(self, source: str) -> list[int]:
         """The source's greedy token at each output position."""
@@ -156,28 +156,32 @@ def record(
     log: Callable[[str], None] = lambda _m: None,
 ) -> Recording:
     """Record each prompt not in `out` yet, kinds in turn (resumable: the file is rewritten after every prompt): the
-    target's greedy continuation of at most `tokens` (through `generator`, a lossless drafter, or plain), and the
-    guesses of each model drafter (`drafters`: name -> a fresh drafter, so no prompt's vocabulary reaches the next
-    one's head)."""
+    target's greedy continuation of at most `tokens` through `generator` (a lossless drafter, or plain) with the
+    run's rounds (what `check` compares), and the guesses of each model drafter (`drafters`: name -> a fresh
+    drafter, so no prompt's vocabulary reaches the next one's head)."""
+    done = {r.id for r in recording.prompts}
+    for p in (p for p in interleaved(prompts) if p.id not in done):
+        ids = p.ids(tokenizer)
+        continuation, measured = _generated(target, tokenizer, ids, tokens, generator)
+        sources = {name: {"top": guesses(make(), ids, continuation)} for name, make in drafters.items()}
+        recording.prompts.append(Recorded(p.id, p.kind, ids, continuation, sources, measured))
+        recording.save(out)
+        log(f"{len(recording.prompts)}/{len(prompts)} {p.id}: {len(ids)} prompt tokens, {len(continuation)} generated")
+    return recording
+
+
+def _generated(target, tokenizer, ids: list[int], tokens: int, generator) -> tuple[list[int], dict]:
+    """One prompt's continuation through the engine, and its rounds: (source, proposed, accepted, seconds, verify
+    size, catch-up tokens)."""
     from ..gen.generate import speculative_generate_step
     from ..gen.stats import Stats
 
-    done = {p.id for p in recording.prompts}
-    eos = tuple(tokenizer.eos_token_ids)
-    for n, p in enumerate(interleaved(prompts)):
-        if p.id in done:
-            continue
-        ids = p.ids(tokenizer)
-        stats = Stats(trace=[])
-        steps = speculative_generate_step(ids, target, generator, max_tokens=tokens, eos_token_ids=eos, stats=stats)
-        continuation = [s.token for s in steps]
-        sources = {name: {"top": guesses(make(), ids, continuation)} for name, make in drafters.items()}
-        trace = [[e["source"], e["proposed"], e["accepted"], round(e["seconds"], 6)] for e in stats.trace or []]
-        measured = {"drafter": getattr(generator, "name", "none"), "rounds": trace}
-        recording.prompts.append(Recorded(p.id, p.kind, ids, continuation, sources, measured))
-        recording.save(out)
-        log(f"{n + 1}/{len(prompts)} {p.id}: {len(ids)} prompt tokens, {len(continuation)} generated")
-    return recording
+    stats, eos = Stats(trace=[]), tuple(tokenizer.eos_token_ids)
+    steps = speculative_generate_step(ids, target, generator, max_tokens=tokens, eos_token_ids=eos, stats=stats)
+    continuation = [s.token for s in steps]
+    keys = ("source", "proposed", "accepted", "seconds", "size", "behind")
+    trace = [[round(e[k], 6) if k == "seconds" else e[k] for k in keys] for e in stats.trace or []]
+    return continuation, {"drafter": getattr(generator, "name", "none"), "rounds": trace}
 
 
 def interleaved(prompts: Sequence[CorpusPrompt]) -> list[CorpusPrompt]:
@@ -189,16 +193,19 @@ def interleaved(prompts: Sequence[CorpusPrompt]) -> list[CorpusPrompt]:
 
 
 def record_named(
-    target: str, draft: str, corpus_name: str, tokens: int, out: str | Path, log: Callable[[str], None]
+    target: str, draft: str, corpus_name: str, tokens: int, out: str | Path, log: Callable[[str], None], limit: int = 0
 ) -> Recording:
     """`record` by names: the target and its draft model loaded once, the continuation generated losslessly with
-    `hybrid:DRAFT`; an `out` recorded before with the same target, draft and length is resumed."""
+    `hybrid:DRAFT`; an `out` recorded before with the same target, draft and length is resumed; limit > 0: the
+    corpus's first `limit` prompts, kinds in turn."""
     from ..models.base import params_bytes
     from ..named import load_model, make_drafter
 
     if tokens < 1:
         raise MlxSpecError(f"--tokens must be >= 1, got {tokens}")
     prompts = corpus(corpus_name)
+    if limit > 0:
+        prompts = interleaved(prompts)[:limit]
     recording = Recording(target, tokens, corpus_name, {"model": draft})
     if Path(out).exists():
         old = load(out)

@@ -133,15 +133,20 @@ def replay_one(
     seed: int = 0,
     share: float = 0.0,
     tables: _Lookups | None = None,
+    budget: int = 0,
+    planner: Planner | None = None,
 ) -> ReplayedRun:
     """One prompt's generation replayed for one row under `profile` with `policy`, as the engine runs it (share: the
     draft model's weights over the target's, the prior the engine gives the planner; tables: the prompt's lookups,
-    shared between runs)."""
+    shared between runs; budget: the tokens the run was allowed, which the planner knows, where the recorded
+    continuation ended sooner at EOS, which it does not; planner: one that served earlier prompts, as a server's
+    does, instead of a new one)."""
     target, n_out = rec.target, len(rec.target)
+    budget = max(budget, n_out)
     context = list(rec.prompt)
     greedy = rec.greedy(MODEL) if MODEL in policy.sources else []
     rng = random.Random(f"{seed}|{rec.id}|{profile.name}|{policy.name}")
-    planner, accept = policy.planner(), cast(dict[str, SourceStats], {})
+    planner, accept = planner or policy.planner(), cast(dict[str, SourceStats], {})
     tables = tables or _Lookups(rec)
     lookups = [tables.drafter(s) for s in policy.sources if s in LOOKUPS]
     model = _Model() if MODEL in policy.sources else None
@@ -149,7 +154,7 @@ def replay_one(
     caps = {s: min(policy.k_max, DEFAULT_K[s]) if several else policy.k_max for s in policy.sources}
     made, queued, pace, paced, run = 0, False, 1.0, 0, ReplayedRun(0, 0.0)
     while made < n_out:
-        room = n_out - made - 1
+        room, last = budget - made - 1, n_out - made - 1  # drafts may run past the EOS no round can accept past
         offer, tokens = ("", 0), []
         for d in lookups if room > 0 else ():
             tokens = d.propose(made, min(caps[d.name], room))
@@ -170,15 +175,15 @@ def replay_one(
         source = plan.source(0)
         if source == MODEL:
             n = min(plan.k, room)
-            a = next((j for j in range(n) if greedy[made + j] != target[made + j]), n)
+            a = next((j for j in range(min(n, last)) if greedy[made + j] != target[made + j]), min(n, last))
         elif source and source == offer[0]:
             n = min(len(tokens), plan.k, room)
-            a = next((j for j in range(n) if tokens[j] != target[made + j]), n)
+            a = next((j for j in range(min(n, last)) if tokens[j] != target[made + j]), min(n, last))
         else:
             n = a = 0
         if not n:
             plan, source = PLAIN, ""
-        wanted = not plan.k and room > 0
+        wanted = not plan.k and last > 0
         if plan.k:
             behind = ask.behind if source == MODEL else 0
             cost = profile.pass_cost(plan.size - queued)
@@ -257,16 +262,21 @@ def replay(
     chosen: Sequence[Policy],
     seed: int = 0,
     log: Callable[[str], None] = lambda _m: None,
+    session: bool = False,
 ) -> dict:
-    """{profile: {policy: {prompt id: ReplayedRun}}}, with the hindsight and oracle policies derived per prompt."""
+    """{profile: {policy: {prompt id: ReplayedRun}}}, with the hindsight and oracle policies derived per prompt.
+    session: each policy's planner serves the prompts one after another, as a server's or a chat's does (what it
+    measured of the machine carried over); else a new planner a prompt, as `mlx-spec generate` runs."""
     out: dict = {}
     tables = {r.id: _Lookups(r) for r in recording.prompts}
     share = recording.shares.get(MODEL, 0.0)
     for profile in profiles:
         by = out.setdefault(profile.name, {})
         for policy in chosen:
+            kept = policy.planner() if session else None
             by[policy.name] = {
-                r.id: replay_one(r, profile, policy, seed, share, tables[r.id]) for r in recording.prompts
+                r.id: replay_one(r, profile, policy, seed, share, tables[r.id], recording.tokens, kept)
+                for r in recording.prompts
             }
             log(f"{profile.name} {policy.name}")
         for s in MEMBERS:  # the best fixed K per prompt in hindsight, by member
@@ -335,7 +345,13 @@ def _ratios(by: dict, ids: dict, cols: list[str]) -> str:
     return aligned_table(["ratio (by kind)", *cols], rows)
 
 
-def report(path: str, profile_names: Sequence[str] = (), policy_names: Sequence[str] = (), seed: int = 0) -> str:
+def report(
+    path: str,
+    profile_names: Sequence[str] = (),
+    policy_names: Sequence[str] = (),
+    seed: int = 0,
+    session: bool = False,
+) -> str:
     """The replay table of a recording file, under the named profiles (all by default) and policies."""
     recording = load(path)
     if not recording.prompts:
@@ -345,7 +361,7 @@ def report(path: str, profile_names: Sequence[str] = (), policy_names: Sequence[
     missing = [p.name for p in profiles if MODEL not in p.draft]
     if missing and any(MODEL in p.sources for p in chosen):
         raise MlxSpecError(f"profile {missing[0]} has no draft step for the model: add [sources.model]")
-    return table(recording, replay(recording, profiles, chosen, seed))
+    return table(recording, replay(recording, profiles, chosen, seed, session=session))
 
 
 def check(path: str, profile_name: str, seed: int = 0) -> str:
@@ -359,7 +375,7 @@ def check(path: str, profile_name: str, seed: int = 0) -> str:
             continue
         drafter = r.measured["drafter"]
         policy = policies(["plain" if drafter == "none" else f"planner:{drafter}"])[0]
-        run = replay_one(r, profile, policy, seed, share)
+        run = replay_one(r, profile, policy, seed, share, budget=recording.tokens)
         measured = sum(x[3] for x in r.measured["rounds"])
         errors.append(run.seconds / measured - 1)
 

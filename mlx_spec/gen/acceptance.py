@@ -3,7 +3,7 @@
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .tunables import DISCOUNT, FIRST_PRIOR, PRIOR_ACCEPT, PRIOR_TRIALS
+from .tunables import DISCOUNT, PRIOR_ACCEPT, PRIOR_TRIALS
 
 
 @dataclass
@@ -12,26 +12,16 @@ class SourceStats:
 
     accepted_w: float = PRIOR_ACCEPT * PRIOR_TRIALS  # discounted accepted draft tokens
     judged_w: float = PRIOR_TRIALS  # discounted judged draft tokens (accepted + the first rejected)
-    first_accepted_w: float = 0.0  # discounted rounds whose first draft token was accepted
-    first_judged_w: float = 0.0
 
     @property
     def accept(self) -> float:
-        """Probability that a draft token after an accepted one is accepted."""
+        """Probability that a draft token is accepted, the tokens before it accepted."""
         return self.accepted_w / self.judged_w
-
-    @property
-    def first_accept(self) -> float:
-        """Probability that a round's first draft token is accepted (shrunk toward `accept`)."""
-        return (self.first_accepted_w + FIRST_PRIOR * self.accept) / (self.first_judged_w + FIRST_PRIOR)
 
     def observe(self, proposed: int, accepted: int) -> None:
         judged = accepted + (accepted < proposed)  # tokens after the first rejection were never judged
         self.accepted_w = DISCOUNT * self.accepted_w + accepted
         self.judged_w = DISCOUNT * self.judged_w + judged
-        if proposed:
-            self.first_accepted_w = DISCOUNT * self.first_accepted_w + (accepted > 0)
-            self.first_judged_w = DISCOUNT * self.first_judged_w + 1
 
     def hindsight(self, matches: Sequence[bool], k: int) -> None:
         """Greedy drafts over output the source sat out (`matches[i]`: its prediction was the i-th token), replayed
@@ -45,6 +35,6 @@ class SourceStats:
             i += m + 1
 
     def expected(self, k: int) -> float:
-        """Tokens a round drafting k tokens yields."""
+        """Tokens a round drafting k tokens yields: 1 + a + ... + a^k (the geometric model of Leviathan et al.)."""
         a = min(self.accept, 0.999)
-        return 1 + self.first_accept * (1 - a**k) / (1 - a)
+        return (1 - a ** (k + 1)) / (1 - a)

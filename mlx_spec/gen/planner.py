@@ -1,16 +1,15 @@
 """Which rows draft next, from which source and how many tokens: the one owner of every decision about drafting.
 
-A round drafting k tokens for a row yields E(k) = 1 + p (1 - a^k) / (1 - a) tokens (the geometric model of Leviathan et
-al., the first token's acceptance p apart, each row's own acceptance by source). It costs the measured target pass at
-its size (`costs.py`), or where a costly source drafts, a plain step and that source's part as its own rounds measured
-it, and where it interrupts plain steps queued ahead, the step that restarts the queue after it. `plan`, a pure query,
-takes the plan with the most expected tokens per second among those that do not lower the rows' throughput below plain
-decoding's; what an extra token saves depends on whether a new row takes a row's place when it ends (`refill`, learned)
-or the rows drain. `record` learns from the finished round: acceptance, costs, and the probe credit a costly source
-passed over earns; it probes once that covers the loss it expects, and pays from it what the probe lost as measured. A
-row alone whose costly source drafts trees may be given a tree of about TREE_PER_DEPTH tokens a depth, its acceptance
-and cost learned apart from the chains' (`tree_key`): first tried by a probe, then chosen where it promises more than a
-chain.
+A round drafting k tokens for a row yields E(k) = (1 - a^(k+1)) / (1 - a) tokens (the geometric model of Leviathan et
+al., each row's own acceptance a by source). It costs the measured target pass at its size (`costs.py`), or where a
+costly source drafts, a plain step and that source's part as its own rounds measured it, and where it interrupts plain
+steps queued ahead, the step that restarts the queue after it. `plan`, a pure query, takes the plan with the most
+expected tokens per second among those that do not lower the rows' throughput below plain decoding's; what an extra
+token saves depends on whether a new row takes a row's place when it ends (`refill`, learned) or the rows drain.
+`record` learns from the finished round: acceptance, costs, and the probe credit a costly source passed over earns; it
+probes once that covers the loss it expects, and pays from it what the probe lost as measured. A row alone whose costly
+source drafts trees may be given a tree of about TREE_PER_DEPTH tokens a depth, its acceptance and cost learned apart
+from the chains' (`tree_key`): first tried by a probe, then chosen where it promises more than a chain.
 """
 
 import dataclasses

@@ -16,7 +16,6 @@ TIMINGS = 9  # a verify size's cost is the median of its latest 9 rounds: 4 stal
 PRIOR_ACCEPT = 0.6  # acceptance assumed before any measurement: optimistic, so every source gets tried
 PRIOR_TRIALS = 2.0  # ... worth this many judged draft tokens: two rounds of evidence outweigh it
 DISCOUNT = 0.8  # per round, the weight of older acceptance counts: the estimate follows the last ~5 rounds
-FIRST_PRIOR = 1.0  # weight of the per-token acceptance in the first-token one (the geometric model of Leviathan et al.)
 MARGIN = 0.05  # requests share a pass where it costs 5 % less than their passes alone: below that, timing noise decides
 PROBE_BUDGET = 0.02  # a passed-over costly source earns this share of each round's time towards its next probe
 PROBE_MIN = 8  # a new costly source that must catch up waits at most this many rounds; a tree is tried no sooner
