@@ -155,7 +155,9 @@ def _rounds(model, prompt: list[int], drafter, k: int) -> list[float]:
         prompt, model, drafter, max_tokens=(ROUNDS + 2) * (k + 1), num_draft=k or None, adaptive=False, stats=stats
     )
     for _ in steps:
-        pass
+        if len(stats.trace or []) >= ROUNDS + 2:  # a draft accepted or not, a round's cost is its size's
+            break
+    steps.close()
     return [e["seconds"] for e in stats.trace or [] if not k or e["proposed"] == k]
 
 
