@@ -94,6 +94,20 @@ def test_a_recorded_accepted_length_is_what_the_engine_accepts(pair, k):
 DRAFT_TICKS = 0.25  # a draft model's pass, in the clock's ticks: drafting pays where most of a draft is accepted
 
 
+def _cheaper_draft(draft_model, pass_clock, monkeypatch) -> None:
+    """The pass-counting clock with the draft model's passes at DRAFT_TICKS of a tick."""
+    from mlx_lm.models import qwen2
+
+    counted = qwen2.Qwen2Model.__call__
+
+    def cheaper(self, *args, **kwargs):
+        if self is draft_model.model:
+            pass_clock.t -= (1 - DRAFT_TICKS) * pass_clock.tick
+        return counted(self, *args, **kwargs)
+
+    monkeypatch.setattr(qwen2.Qwen2Model, "__call__", cheaper)
+
+
 def _clock_profile(tick: float) -> machines.Profile:
     """The pass-counting clock as a machine: every target pass, whatever its size, a tick; a draft pass a quarter of
     one, a catch-up riding in it."""
@@ -107,17 +121,8 @@ def test_a_replay_predicts_the_engines_time_under_the_pass_clock(pair, pass_cloc
     tick) and the replay under that clock's profile: within 1 % of each other on every prompt, where both drafted
     with the model, round by round the same drafts. The broken versions it catches: a queued plain step not priced,
     a draft step too few, a planner told other seconds than the rounds took, another order of the lookups."""
-    from mlx_lm.models import qwen2
-
     target, tok, fresh, path, draft_model = pair
-    counted = qwen2.Qwen2Model.__call__
-
-    def cheaper(self, *args, **kwargs):
-        if self is draft_model.model:
-            pass_clock.t -= (1 - DRAFT_TICKS) * pass_clock.tick
-        return counted(self, *args, **kwargs)
-
-    monkeypatch.setattr(qwen2.Qwen2Model, "__call__", cheaper)
+    _cheaper_draft(draft_model, pass_clock, monkeypatch)
     rec, drafted = load(path), 0
     for r in rec.prompts:
         drafter = fresh["model"]()
@@ -293,18 +298,9 @@ def test_a_session_replay_keeps_one_planner_a_policy_across_the_prompts(pair, mo
 def test_a_measured_profile_is_what_the_engine_s_rounds_cost(tiny_models, tmp_path, pass_clock, monkeypatch):
     """`bench profile` under the pass-counting clock, the draft model's passes a quarter of a tick: a plain step and
     a pass of every verify size cost a tick, a draft step a quarter of one, as the engine's rounds ran them."""
-    from mlx_lm.models import qwen2
-
     draft_folder = _near(tiny_models["qwen2"], tmp_path / "draft", 0.01)
     draft_model = load_model(str(draft_folder))[0]
-    counted = qwen2.Qwen2Model.__call__
-
-    def cheaper(self, *args, **kwargs):
-        if self is draft_model.model:
-            pass_clock.t -= (1 - DRAFT_TICKS) * pass_clock.tick
-        return counted(self, *args, **kwargs)
-
-    monkeypatch.setattr(qwen2.Qwen2Model, "__call__", cheaper)
+    _cheaper_draft(draft_model, pass_clock, monkeypatch)
     real_load = load_model
     monkeypatch.setattr(
         "mlx_spec.named.load_model",
