@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import MlxSpecError
+from ..gen.drafters.base import Draft, Drafter
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
@@ -116,33 +117,13 @@ def measure(target: str, draft: str, name: str, log=lambda _m: None) -> Profile:
     )
 
 
-class _Repeat:
+class _Repeat(Drafter):
     """A lookup drafting k copies of the context's last token: its rounds cost what any k-token draft's do."""
 
-    name, free, in_target_cache, model, reads, trees, left_out = "repeat", True, False, None, (), False, None
+    name, free = "repeat", True
 
-    @property
-    def parts(self):
-        return (self,)
-
-    def drafting(self):
-        from ..gen.drafters.base import Drafting
-
-        return Drafting()
-
-    def reset(self, prompt, target_cache=None) -> None:
-        pass
-
-    def propose(self, context, k, sampler=None):
-        from ..gen.drafters.base import Draft
-
+    def propose(self, context, k, sampler=None) -> Draft:
         return Draft.of([context[-1]] * k, self.name)
-
-    def learn(self, proposed, accepted) -> None:
-        pass
-
-    def behind(self, context) -> int:
-        return 0
 
 
 def _rounds(model, prompt: list[int], drafter, k: int) -> list[float]:
