@@ -1,6 +1,6 @@
 """What passes cost on this machine, as the engine measured them: the target's by rows and positions (the median of
-its latest rounds; where a shape was not timed, interpolated from what was), a costly source's part of a round by
-least squares, a copy of the rows' cache. No cost is a constant of a machine.
+its latest rounds; a shape not timed is interpolated from those that were), a costly source's part of a round by least
+squares, a copy of the rows' cache. No cost is a constant of a machine.
 """
 
 import statistics
@@ -12,11 +12,9 @@ from .tunables import CATCH_UP_RATIO, EMA, MARGIN, PRIOR_TRIALS, SIZES, TIMINGS
 
 
 class _Fit:
-    """seconds = d n + c b by decayed least squares (a weak prior, d = CATCH_UP_RATIO c, splits one round with a
-    long catch-up; later rounds outweigh it, rounds of catch-ups alone too: the prior weighs a thousandth of the
-    rounds, catch-up tokens counted as the draft steps the prior takes them to cost). step: a draft step's expected
-    seconds, weighed as PRIOR_TRIALS rounds that decay like the rest (one noisy first round cannot price a source
-    out on its own)."""
+    """seconds = d n + c b (n draft steps, b catch-up tokens) by decayed least squares, with a weak prior d = r c
+    (r = CATCH_UP_RATIO, a thousandth of the rounds' weight) that splits a round with a long catch-up. step: a draft
+    step's expected seconds, weighed as PRIOR_TRIALS rounds (one noisy first round cannot price a source out)."""
 
     def __init__(self, step: float | None = None):
         self.f, self.d, self.c = [0.0] * 5, 0.0, 0.0
@@ -25,11 +23,10 @@ class _Fit:
         self.known = False  # a round whose catch-up costs less than its drafting, by the prior, was timed: d is seen
 
     def add(self, n: int, b: int, seconds: float) -> None:
-        f, self.known = self.f, self.known or b <= CATCH_UP_RATIO * n
+        f, r, self.known = self.f, CATCH_UP_RATIO, self.known or b <= CATCH_UP_RATIO * n
         for i, v in enumerate((n * n, n * b, b * b, n * seconds, b * seconds)):
             f[i] = (1 - EMA) * f[i] + v
-        r = CATCH_UP_RATIO
-        ridge = 1e-3 * (f[0] + f[2] / (r * r))  # the prior: d - r c = 0
+        ridge = 1e-3 * (f[0] + f[2] / (r * r))
         a11, a12, a22 = f[0] + ridge, f[1] - r * ridge, f[2] + r * r * ridge
         det = a11 * a22 - a12 * a12
         d, c = (f[3] * a22 - f[4] * a12) / det, (f[4] * a11 - f[3] * a12) / det
@@ -43,23 +40,20 @@ class _Fit:
 def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
     """Least-squares (c0, c1) of y = c0 + c1 x, c1 >= 0; a single x gives (its y, 0)."""
     n = len(points)
-    mx_, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
-    sxx = sum((x - mx_) ** 2 for x, _ in points)
-    if sxx == 0:
-        return my, 0.0
-    c1 = max(0.0, sum((x - mx_) * (y - my) for x, y in points) / sxx)
-    return my - c1 * mx_, c1
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    c1 = max(0.0, sum((x - mx) * (y - my) for x, y in points) / sxx) if sxx else 0.0
+    return my - c1 * mx, c1
 
 
 def _rising(points: Sequence[tuple[float, float, int]]) -> list[tuple[float, float]]:
     """The non-decreasing least-squares fit of (x, y, weight) points (pool adjacent violators), as sorted (x, y)."""
-    blocks: list[list] = []  # [mean y, weight, xs]
+    blocks: list[tuple[float, int, list[float]]] = []  # (mean y, weight, xs)
     for x, y, w in sorted(points):
-        blocks.append([y, w, [x]])
+        blocks.append((y, w, [x]))
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            y2, w2, x2 = blocks.pop()
-            y1, w1, x1 = blocks.pop()
-            blocks.append([(y1 * w1 + y2 * w2) / (w1 + w2), w1 + w2, x1 + x2])
+            (y2, w2, x2), (y1, w1, x1) = blocks.pop(), blocks.pop()
+            blocks.append(((y1 * w1 + y2 * w2) / (w1 + w2), w1 + w2, x1 + x2))
     return [(x, y) for y, _, xs in blocks for x in xs]
 
 
@@ -72,17 +66,14 @@ class Costs:
     drafts: dict[tuple[str, int], _Fit] = field(default_factory=dict)  # (costly source, rows) -> its cost fit
     copies: list[float] = field(default_factory=list)  # seconds per position of packing the cache
     ran: int = 0  # the most positions of a pass in a round a costly source drafted in (its fit times that round)
-    _curve: list[tuple[float, float]] = field(default_factory=list)
-    _slope: float = 0.0
+    slope: float = 0.0  # seconds a position (rows x size), fitted to every pass timed
+    curve: list[tuple[float, float]] = field(default_factory=list)  # (positions, seconds), rising: every pass timed
 
     def cost(self, places: int, size: int, optimistic: bool = False) -> float | None:
-        """Seconds of a target pass over `places` rows of `size` positions: measured; else interpolated between the
-        sizes measured at as many places, past the largest extrapolated at the slope every pass measured shows (a
-        guess no round corrects: a tree's pass before its own rounds are timed), below the smallest taken at its
-        cost (`reach` bounds how far a guess goes); else predicted by positions from every pass measured; None
-        before any pass was timed. optimistic: the pass is one its round will time (lookups' drafts alone), so past
-        the largest size timed it is priced at that size's cost; the round corrects the guess, where the slope,
-        which a plain step's single position steepens, would hold a long lookup draft off for rounds."""
+        """Seconds of a pass over `places` rows of `size` positions: measured; else interpolated between the sizes
+        timed at as many places, past the largest at `slope` (optimistic: at the largest's cost, for a round that
+        times it: a lookup's long draft), below the smallest at its cost; else read by positions off `curve`, every
+        pass timed; None before any pass was timed."""
         if (places, size) in self.passes:
             return self.passes[(places, size)]
         same = sorted((s, c) for (p, s), c in self.passes.items() if p == places)
@@ -90,19 +81,16 @@ class Costs:
         if below and above:
             (sa, ca), (sb, cb) = below[-1], above[0]
             return ca + (cb - ca) * (size - sa) / (sb - sa)
-        if below and not above:  # past the largest size timed: its cost, and each position more at the measured slope
-            return below[-1][1] + (0.0 if optimistic else self._slope * places * (size - below[-1][0]))
-        if above:  # below the smallest size timed: taken to cost what it costs, until timed
-            return above[0][1]
-        if not self._curve:
+        if below or above:
+            s, c = below[-1] if below else above[0]
+            return c + (0.0 if optimistic else self.slope) * places * max(0, size - s)
+        if not self.curve:
             return None
-        x, (x0, y0), (xn, yn) = places * size, self._curve[0], self._curve[-1]
-        if x <= x0:
-            return max(1e-6, y0 - self._slope * (x0 - x))
-        if x >= xn:
-            return yn + self._slope * (x - xn)
-        i = next(j for j, (xj, _) in enumerate(self._curve) if xj >= x)
-        (xa, ya), (xb, yb) = self._curve[i - 1], self._curve[i]
+        x, (x0, y0), (xn, yn) = places * size, self.curve[0], self.curve[-1]
+        if x <= x0 or x >= xn:
+            return max(1e-6, y0 - self.slope * (x0 - x)) if x <= x0 else yn + self.slope * (x - xn)
+        i = next(j for j, (xj, _) in enumerate(self.curve) if xj >= x)
+        (xa, ya), (xb, yb) = self.curve[i - 1], self.curve[i]
         return ya + (yb - ya) * (x - xa) / (xb - xa)
 
     def plain_step(self) -> float | None:
@@ -132,8 +120,8 @@ class Costs:
         return any(f.known for (s, _), f in self.drafts.items() if s == source)
 
     def reach(self) -> int:
-        """The most positions a pass may span: twice those timed so far, alone or in a costly source's round (past them
-        its cost is a guess), and at least the largest verify size once a pass was timed."""
+        """The most positions a pass may span: twice those timed so far (past them its cost is a guess), and at
+        least the largest verify size once a pass was timed."""
         timed = max(max((p * s for p, s in self.passes), default=0), self.ran)
         return max(2 * timed, SIZES[-1]) if timed else 0
 
@@ -145,18 +133,16 @@ class Costs:
         by: dict[int, list[float]] = {}
         for (p, s), v in self.timed.items():
             by.setdefault(p * s, []).extend(v)
-        pts = [(x, statistics.median(v), len(v)) for x, v in by.items()]
-        self._slope = _line([(x, y) for x, y, _ in pts])[1] if len(pts) > 1 else 0.0
-        self._curve = _rising(pts)
+        points = [(x, statistics.median(v), len(v)) for x, v in by.items()]
+        self.slope, self.curve = _line([(x, y) for x, y, _ in points])[1], _rising(points)
 
     def time_draft(
         self, source: str, rows: int, k: int, behind: int, places: int, size: int, seconds: float, share: float = 0.0
     ) -> None:
         """A round in which `source` drafted k tokens for `rows` rows after feeding `behind`, verified over `places`
-        x `size` positions in `seconds`. Its part is what the round took beyond a plain step over as many places:
-        the verify pass's positions past the first go in with the draft steps, so a source's round is priced from its
-        own rounds alone, whatever other sources timed of verify passes. share: its draft step's expected share of a
-        plain step over as many rows (`Ask.share`), the prior of its first fit."""
+        x `size` positions in `seconds`. Its part is what the round took beyond a plain step over as many places (the
+        verify pass's positions past the first go in with the draft steps: a source is priced by its own rounds).
+        share: its draft step over a plain step by the weights each reads (`Ask.share`), its first fit's prior."""
         verify = self.cost(places, 1)
         if verify is None:
             return

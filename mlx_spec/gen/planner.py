@@ -1,15 +1,16 @@
 """Which rows draft next, from which source and how many tokens: the one owner of every decision about drafting.
 
-A round drafting k tokens for a row yields E(k) = (1 - a^(k+1)) / (1 - a) tokens (the geometric model of Leviathan et
-al., each row's own acceptance a by source). It costs the measured target pass at its size (`costs.py`), or where a
-costly source drafts, a plain step and that source's part as its own rounds measured it, and where it interrupts plain
-steps queued ahead, the step that restarts the queue after it. `plan`, a pure query, takes the plan with the most
-expected tokens per second among those that do not lower the rows' throughput below plain decoding's; what an extra
-token saves depends on whether a new row takes a row's place when it ends (`refill`, learned) or the rows drain.
-`record` learns from the finished round: acceptance, costs, and the probe credit a costly source passed over earns; it
-probes once that covers the loss it expects, and pays from it what the probe lost as measured. A row alone whose costly
-source drafts trees may be given a tree of about TREE_PER_DEPTH tokens a depth, its acceptance and cost learned apart
-from the chains' (`tree_key`): first tried by a probe, then chosen where it promises more than a chain.
+A round drafting k tokens for a row yields E(k) = (1 - a^(k+1)) / (1 - a) tokens (Leviathan et al.; a: the row's
+acceptance of the source). It costs the target's pass at its size or, where a costly source (a draft model, a view
+of the target) drafts, a plain step and that source's part as its own rounds measured it (`costs.py`); after a plain
+step queued ahead, also the step that restarts the queue. `plan`, a pure query, takes the plan with the most expected
+tokens a second of those that keep the rows' throughput at plain decoding's or above; what an extra token saves
+depends on whether a new row takes a row's place when it ends (`refill`, learned) or the rows drain. `record`, the
+one place state changes, learns acceptance and costs; a costly source passed over earns probe credit, probes once it
+covers the loss expected, and pays from it what the probe lost. A row alone whose costly source drafts trees may get
+a tree of TREE_PER_DEPTH tokens a depth, learned apart from the chains (`tree_key`), first tried by such a probe.
+What a row alone does was judged on the replay of recorded rounds (`mlx-spec bench replay`, docs/benchmarks.md);
+what only batches and trees do (refill, draining, `Costs.reach`, packing, tree probes) awaits a replay of its own.
 """
 
 import dataclasses
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 from .acceptance import SourceStats
 from .costs import Costs
-from .tunables import CATCH_UP_HORIZON, DISCOUNT, PRIOR_TRIALS, PROBE_BUDGET, PROBE_MIN, SIZES, TREE_PER_DEPTH
+from .tunables import CATCH_UP_HORIZON, DISCOUNT, PRIOR_TRIALS, PROBE_BUDGET, SIZES, TREE_PER_DEPTH
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,7 @@ class Plan:
 
 
 def tree_key(source: str) -> str:
-    """What a source's trees are learned under (their acceptance by depth, their drafting's cost): apart from its
-    chains'."""
+    """What a source's trees are learned under (acceptance by depth, drafting's cost): apart from its chains'."""
     return f"{source} tree"
 
 
@@ -91,8 +91,7 @@ class Planner:
     adaptive: bool = True
     trees: bool = True  # a row alone whose costly source drafts trees may be given one where it pays
     only_k: int = 0  # > 0: drafts of this length (or the longest within reach) are weighed alone against plain
-    idle: dict[str, int] = field(default_factory=dict)  # rounds since a costly source (or its trees) last drafted
-    credit: dict[str, float] = field(default_factory=dict)  # probe budget it earned while passed over (seconds)
+    credit: dict[str, float] = field(default_factory=dict)  # probe budget a costly source (or its trees) earned
     refilled_w: float = 0.0  # discounted rows whose place a new row took, of `left_w` that left: none until seen
     left_w: float = PRIOR_TRIALS
     open: int = 0  # rows that left whose place no row has taken yet
@@ -100,12 +99,12 @@ class Planner:
     started_w: float = PRIOR_TRIALS / 2  # a stretch of drafting rounds is taken as two rounds long until measured
     costs: Costs = field(default_factory=Costs)
 
-    # --- choosing (pure) ---
-
     @property
     def refill(self) -> float:
         """Estimated chance that a row's place is taken by a new row when it leaves."""
         return self.refilled_w / self.left_w
+
+    # --- choosing (pure) ---
 
     def plan(self, asks: Sequence[Ask], places: int | None = None, pad: bool = False, queued: bool = False) -> Plan:
         """The next round for rows that could draft as `asks` say, in a pass over `places` rows (default: one per
@@ -122,19 +121,13 @@ class Planner:
             return PLAIN  # the baseline every draft must beat is measured first
         costly = sorted({a.costly for a in asks if a.costly and a.cap})
         fresh = [s for s in costly if not self.costs.known(s)]
-        for s in fresh:  # a costly source never timed drafts a one-token probe first; one that must catch up waits
-            if not any(a.behind for a in asks if a.costly == s) or self.idle.get(s, 0) >= PROBE_MIN:
-                return self._probe(s, asks, b, pad, queued)
-        best, rate = self._best(asks, b, pad, queued, [s for s in costly if s not in fresh])
-        for s in costly:
-            if s not in fresh and s not in best.sources and self._due(s, asks, b, pad, queued, rate):
-                return self._probe(s, asks, b, pad, queued)
-        tree = self._tree_due(best, asks, b, pad)
-        if tree is not None:
-            return tree
-        if not best.k and fresh:  # nothing else would draft: now a new source's catch-up is worth a look
+        if fresh:  # a costly source never timed drafts a one-token probe first
             return self._probe(fresh[0], asks, b, pad, queued)
-        return best
+        best, rate = self._best(asks, b, pad, queued, costly)
+        for s in costly:
+            if s not in best.sources and self._due(s, asks, b, queued, rate):
+                return self._probe(s, asks, b, pad, queued)
+        return self._tree_due(best, asks, b, pad) or best
 
     def _best(self, asks: Sequence[Ask], b: int, pad: bool, queued: bool, timed: list[str]) -> tuple[Plan, float]:
         """The plan with the most expected tokens a second that does not lower the rows' throughput, and that rate."""
@@ -145,26 +138,23 @@ class Planner:
         options += [(s, True) for s in timed if self.trees and any(a.tree and a.costly == s for a in asks)]
         for option, treed in options:
             key = tree_key(option) if treed else option
-            top = max(
-                max((a.offer[1] for a in asks), default=0),
-                max((a.cap for a in asks if option and a.costly == option), default=0),
-            )
-            for k in self._lengths(min(top, widest // TREE_PER_DEPTH if treed else widest), pad, self.only_k):
+            top = max([a.offer[1] for a in asks] + [a.cap for a in asks if option and a.costly == option])
+            for k in self._lengths(min(top, widest // TREE_PER_DEPTH if treed else widest), pad):
                 sources, gains = [], []
                 for a in asks:
                     free = a.stats(a.offer[0]).expected(min(k, a.offer[1])) if a.offer[1] else 1.0
                     mine = option and a.costly == option and (a.tree or not treed)
-                    model = self._stats(a, key, option).expected(min(k, a.cap)) if mine else 0.0
+                    model = a.stats(key if key in a.accept else option).expected(min(k, a.cap)) if mine else 0.0
                     pick, g = (option, model) if model > free else (a.offer[0] if a.offer[1] else "", free)
                     sources.append(pick)
                     gains.append(min(g, a.left))
                 if not any(sources) or treed and option not in sources:
                     continue
                 size = self.costs.size(b, TREE_PER_DEPTH * k if treed else k, pad)
-                rows = [a for a, s in zip(asks, sources) if s and s == option]
-                if rows:  # a plain step and the source's part (`time_draft`), as its rounds measured them
-                    horizon = min(min(a.left for a in rows), CATCH_UP_HORIZON)
-                    behind = sum(a.behind * min(1.0, g / horizon) for a, g in zip(asks, gains) if a in rows)
+                rows = [(a, g) for a, g, s in zip(asks, gains, sources) if s and s == option]
+                if rows:  # a plain step and the source's part, as its rounds measured them (a catch-up spread over
+                    horizon = min(min(a.left for a, _ in rows), CATCH_UP_HORIZON)  # the rounds it serves)
+                    behind = sum(a.behind * min(1.0, g / horizon) for a, g in rows)
                     own = self.costs.known(key)  # a tree not timed: the chains' cost and its whole pass, a dear guess
                     seconds = self._verify_cost(b, 1 if own else size, queued)
                     seconds += self.costs.draft_cost(key if own else option, len(rows), k, behind)
@@ -174,12 +164,6 @@ class Planner:
                 if self._value(gains, last, plain, seconds) >= 1 and rate > best_rate:
                     best, best_rate = Plan(k, tuple(sources), size, tree=(size - 1) * treed, queued=queued), rate
         return best, best_rate
-
-    @staticmethod
-    def _stats(ask: Ask, key: str, source: str) -> SourceStats:
-        """The row's acceptance under `key`; a tree not measured yet is taken to accept as its source's chains do
-        (a tree is tried by a probe, `_tree_due`, before it is chosen on its own)."""
-        return ask.stats(key if key in ask.accept or key == source else source)
 
     def _value(self, gains: list[float], last: list[float], plain: float, seconds: float) -> float:
         """Plain-decoding seconds a round's extra tokens save per second it takes (plain decoding's is 1)."""
@@ -197,65 +181,50 @@ class Planner:
         w = [math.exp((x - top) / max(1.0, math.sqrt(top))) for x in rounds]
         return [x / sum(w) for x in w]
 
-    @staticmethod
-    def _lengths(cap: int, pad: bool, only: int = 0) -> list[int]:
-        """The draft lengths worth weighing up to `cap`: each that fills a size of `SIZES`, and with padding cap
-        (only > 0: that one length, or cap below it)."""
-        if only:
-            return [min(only, cap)] if cap > 0 else []
-        ks = {s - 1 for s in SIZES if 1 <= s - 1 <= cap}
-        if (pad or not ks) and cap > 0:
-            ks.add(cap)
-        return sorted(ks)
+    def _lengths(self, cap: int, pad: bool) -> list[int]:
+        """The draft lengths weighed up to `cap`: each that fills a size of `SIZES`, and with padding cap (only_k:
+        that one length, or cap below it)."""
+        if self.only_k:
+            return [min(self.only_k, cap)] if cap > 0 else []
+        return sorted({s - 1 for s in SIZES if 1 <= s - 1 <= cap} | ({cap} if cap > 0 and pad else set()))
 
     def _probe(self, source: str, asks: Sequence[Ask], places: int, pad: bool, queued: bool) -> Plan:
         sources = tuple(source if a.costly == source and a.cap else "" for a in asks)
         return Plan(1, sources, self.costs.size(places, 1, pad), probe=True, queued=queued)
 
-    def _due(self, s: str, asks: Sequence[Ask], places: int, pad: bool, queued: bool, rate: float) -> bool:
+    def _due(self, s: str, asks: Sequence[Ask], places: int, queued: bool, rate: float) -> bool:
         """Whether costly source `s`, passed over, probes now: it sat out a round at least, it could beat plain
         decoding fully accepted, and its credit covers what a probe would lose against rounds at `rate`. The credit
-        alone spaces the probes: one that lost by a hair probes again within a few rounds, its acceptance frozen
-        until it drafts; a failed probe's debt holds it off for as long as the loss takes to earn back."""
-        rows = [a for a in asks if a.costly == s and a.cap]
+        alone spaces the probes: one that lost by a hair probes again within a few rounds; a failed probe's debt
+        holds it off for as long as the loss takes to earn back."""
+        rows, credit = [a for a in asks if a.costly == s and a.cap], self.credit.get(s, 0.0)
         tokens = len(asks) + sum(a.stats(s).expected(1) - 1 for a in rows)
-        lose = max(0.0, self._probe_cost(s, rows, places, 1, queued) - tokens / rate)
-        return (
-            self.idle.get(s, 0) >= 1
-            and self.credit.get(s, 0.0) >= lose
-            and self._hopeful(s, rows, asks, places, pad, queued)
+        plain = self.costs.cost(places, 1) or 0.0
+        hopeful = any(
+            (len(asks) + len(rows) * k) * plain > len(asks) * self._probe_cost(s, rows, places, k, queued)
+            for k in range(1, max(a.cap for a in rows) + 1)
         )
-
-    def _tree_due(self, best: Plan, asks: Sequence[Ask], places: int, pad: bool) -> Plan | None:
-        """A tree probe, where a row alone given a chain it could have had as a tree has earned the credit to try it
-        (its acceptance and cost are learned only where it drafts) and the credit covers the extra positions."""
-        ask = asks[0] if len(asks) == 1 else None
-        if best.tree or not (self.trees and ask is not None and ask.tree and best.k and best.source(0) == ask.costly):
-            return None
-        key, size = tree_key(ask.costly), self.costs.size(places, TREE_PER_DEPTH * best.k, pad)
-        extra = self._verify_cost(places, size, best.queued) - self._verify_cost(places, best.size, best.queued)
-        if self.idle.get(key, 0) < PROBE_MIN or self.credit.get(key, 0.0) < max(0.0, extra):
-            return None
-        return dataclasses.replace(best, size=size, probe=True, tree=size - 1)
-
-    def _hopeful(self, s: str, rows: Sequence[Ask], asks: Sequence[Ask], places: int, pad: bool, queued: bool) -> bool:
-        """Whether `s` could beat plain decoding with every draft token accepted."""
-        plain, cap = self.costs.cost(places, 1) or 0.0, max(a.cap for a in rows)
-        return any(
-            (len(asks) + len(rows) * k) / self._probe_cost(s, rows, places, k, queued) > len(asks) / plain
-            for k in self._lengths(cap, pad)
-        )
+        return hopeful and 0 < credit >= self._probe_cost(s, rows, places, 1, queued) - tokens / rate
 
     def _probe_cost(self, s: str, rows: Sequence[Ask], places: int, k: int, queued: bool) -> float:
-        """Seconds of a round in which `s` drafts k tokens for `rows`: its catch-up and the restart of queued plain
-        steps are spread over the rounds that would follow."""
+        """Seconds of a round in which `s` drafts k tokens for `rows`, its catch-up spread as `_best` spreads it."""
         behind = sum(a.behind * min(1.0, 1.0 / min(a.left, CATCH_UP_HORIZON)) for a in rows)
         return self._verify_cost(places, 1, queued) + self.costs.draft_cost(s, len(rows), k, behind)
 
+    def _tree_due(self, best: Plan, asks: Sequence[Ask], places: int, pad: bool) -> Plan | None:
+        """A tree probe, where a row alone given a chain it could have had as a tree has earned the credit for the
+        extra positions (a tree's acceptance and cost are learned only where it drafts)."""
+        ask = asks[0] if len(asks) == 1 else None
+        if best.tree or not (self.trees and ask is not None and ask.tree and best.k and best.source(0) == ask.costly):
+            return None
+        size = self.costs.size(places, TREE_PER_DEPTH * best.k, pad)
+        extra = self._verify_cost(places, size, best.queued) - self._verify_cost(places, best.size, best.queued)
+        credit = self.credit.get(tree_key(ask.costly), 0.0)
+        return dataclasses.replace(best, size=size, probe=True, tree=size - 1) if 0 < credit >= extra else None
+
     def _verify_cost(self, places: int, size: int, queued: bool, optimistic: bool = False) -> float:
         """Seconds of a drafting round's verify pass; after a plain step queued ahead, plus the step that queues
-        again when plain decoding resumes (the queued one only spared the pass a position), spread over the rounds
-        a stretch of drafting rounds lasts. optimistic: as `Costs.cost` takes it."""
+        again when plain decoding resumes, spread over the rounds a stretch of drafting rounds lasts."""
         restart = (self.costs.cost(places, 1) or 0.0) * self.started_w / self.drafted_w if queued else 0.0
         return (self.costs.cost(places, size, optimistic) or 0.0) + restart
 
@@ -295,31 +264,27 @@ class Planner:
 
     def _earn(self, plan: Plan, places: int, seconds: float | None, outcomes: Sequence[Outcome], asks) -> None:
         """Probe credit: a timed costly source passed over earns PROBE_BUDGET of the round's time (a tree, where its
-        row was given the chain instead); one that drafts starts again from none; a probe pays what it lost, as
+        row was given the chain instead); one that drafts starts again from none; a probe pays what it lost as
         measured: its round's `seconds` (None: not a cost) and, after a queued plain step, the whole restart of the
-        queue (a probe is a stretch of one round), beyond what plain decoding takes for the tokens it yielded. A
-        source's first probe pays nothing: it feeds the prompt, which any use of the source pays once."""
+        queue, beyond what plain decoding takes for the tokens it yielded. A source's first probe, which feeds the
+        prompt any use of it pays once, is not timed yet (`Costs.known`) and pays nothing."""
         plain = self.costs.cost(places, 1) or 0.0
         earned = PROBE_BUDGET * (seconds if seconds is not None else plain)
         drafted = set(plan.sources) if plan.k else set()
-        for s in sorted({a.costly for a in asks if a.costly and a.cap}):
-            if not self.costs.known(s):  # passed over before it was timed: it waits PROBE_MIN rounds at most
-                self.idle[s] = 0 if s in drafted else self.idle.get(s, 0) + 1
-                continue
-            if plan.probe and not plan.tree and s in drafted:
+        keys = {a.costly for a in asks if a.costly and a.cap and self.costs.known(a.costly)}
+        ask = asks[0] if len(asks) == 1 else None
+        if self.trees and ask is not None and ask.tree and plan.k and plan.source(0) == ask.costly:
+            keys.add(tree_key(ask.costly))  # its chain was drafted: its tree was passed over (or drafted)
+            drafted |= {tree_key(ask.costly)} if plan.tree else set()
+        for s in keys:
+            if s in drafted and plan.probe and not plan.tree:
                 yielded = (len(outcomes) + sum(o.accepted for o in outcomes)) / max(1, len(outcomes))
                 lost = max(0.0, seconds + plain * plan.queued - plain * yielded) if seconds is not None else 0.0
-                self.idle[s], self.credit[s] = 0, min(0.0, self.credit.get(s, 0.0) - lost)
+                self.credit[s] = min(0.0, self.credit.get(s, 0.0) - lost)
             elif s in drafted:
-                self.idle[s], self.credit[s] = 0, 0.0
+                self.credit[s] = 0.0
             else:
-                self.idle[s], self.credit[s] = self.idle.get(s, 0) + 1, self.credit.get(s, 0.0) + earned
-        ask = asks[0] if len(asks) == 1 else None
-        if plan.tree:
-            self.idle[tree_key(plan.sources[0])], self.credit[tree_key(plan.sources[0])] = 0, 0.0
-        elif self.trees and ask is not None and ask.tree and plan.k and plan.source(0) == ask.costly:
-            key = tree_key(ask.costly)
-            self.idle[key], self.credit[key] = self.idle.get(key, 0) + 1, self.credit.get(key, 0.0) + earned
+                self.credit[s] = self.credit.get(s, 0.0) + earned
 
     # --- events between rounds: rows joining and leaving, the cache packed ---
 

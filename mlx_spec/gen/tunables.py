@@ -18,7 +18,6 @@ PRIOR_TRIALS = 2.0  # ... worth this many judged draft tokens: two rounds of evi
 DISCOUNT = 0.8  # per round, the weight of older acceptance counts: the estimate follows the last ~5 rounds
 MARGIN = 0.05  # requests share a pass where it costs 5 % less than their passes alone: below that, timing noise decides
 PROBE_BUDGET = 0.02  # a passed-over costly source earns this share of each round's time towards its next probe
-PROBE_MIN = 8  # a new costly source that must catch up waits at most this many rounds; a tree is tried no sooner
 CATCH_UP_RATIO = 24  # a draft model's step costs ~24 of its catch-up tokens until measured: a prefill runs its tokens
 # in one pass, decoding is bound by reading the weights once a token (prefill runs 20-100x decode's tokens/s)
 CATCH_UP_HORIZON = 32  # output tokens a draft model's catch-up is spread over: about two of its drafts
