@@ -152,8 +152,9 @@ class Planner:
                     continue
                 size = self.costs.size(b, TREE_PER_DEPTH * k if treed else k, pad)
                 rows = [(a, g) for a, g, s in zip(asks, gains, sources) if s and s == option]
-                if rows:  # a plain step and the source's part, as its rounds measured them (a catch-up spread over
-                    horizon = min(min(a.left for a, _ in rows), CATCH_UP_HORIZON)  # the rounds it serves)
+                if rows:  # a plain step and the source's part, as its rounds measured them; a catch-up is spread
+                    # over the rounds it serves
+                    horizon = min(min(a.left for a, _ in rows), CATCH_UP_HORIZON)
                     behind = sum(a.behind * min(1.0, g / horizon) for a, g in rows)
                     own = self.costs.known(key)  # a tree not timed: the chains' cost and its whole pass, a dear guess
                     seconds = self._verify_cost(b, 1 if own else size, queued)
