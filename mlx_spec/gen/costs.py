@@ -87,8 +87,10 @@ class Costs:
         if not self.curve:
             return None
         x, (x0, y0), (xn, yn) = places * size, self.curve[0], self.curve[-1]
-        if x <= x0 or x >= xn:
-            return max(1e-6, y0 - self.slope * (x0 - x)) if x <= x0 else yn + self.slope * (x - xn)
+        if x <= x0:
+            return max(1e-6, y0 - self.slope * (x0 - x))
+        if x >= xn:
+            return yn + self.slope * (x - xn)
         i = next(j for j, (xj, _) in enumerate(self.curve) if xj >= x)
         (xa, ya), (xb, yb) = self.curve[i - 1], self.curve[i]
         return ya + (yb - ya) * (x - xa) / (xb - xa)

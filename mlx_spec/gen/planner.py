@@ -200,12 +200,13 @@ class Planner:
         holds it off for as long as the loss takes to earn back."""
         rows, credit = [a for a in asks if a.costly == s and a.cap], self.credit.get(s, 0.0)
         tokens = len(asks) + sum(a.stats(s).expected(1) - 1 for a in rows)
+        if not 0 < credit >= self._probe_cost(s, rows, places, 1, queued) - tokens / rate:
+            return False
         plain = self.costs.cost(places, 1) or 0.0
-        hopeful = any(
+        return any(
             (len(asks) + len(rows) * k) * plain > len(asks) * self._probe_cost(s, rows, places, k, queued)
             for k in range(1, max(a.cap for a in rows) + 1)
         )
-        return hopeful and 0 < credit >= self._probe_cost(s, rows, places, 1, queued) - tokens / rate
 
     def _probe_cost(self, s: str, rows: Sequence[Ask], places: int, k: int, queued: bool) -> float:
         """Seconds of a round in which `s` drafts k tokens for `rows`, its catch-up spread as `_best` spreads it."""
@@ -276,7 +277,8 @@ class Planner:
         ask = asks[0] if len(asks) == 1 else None
         if self.trees and ask is not None and ask.tree and plan.k and plan.source(0) == ask.costly:
             keys.add(tree_key(ask.costly))  # its chain was drafted: its tree was passed over (or drafted)
-            drafted |= {tree_key(ask.costly)} if plan.tree else set()
+            if plan.tree:
+                drafted.add(tree_key(ask.costly))
         for s in keys:
             if s in drafted and plan.probe and not plan.tree:
                 yielded = (len(outcomes) + sum(o.accepted for o in outcomes)) / max(1, len(outcomes))
