@@ -311,6 +311,7 @@ def serve(
         help="Requests generating at once (each holds its own caches); more wait in a FIFO queue",
     ),
     num_draft: int | None = NUM_DRAFT,
+    adaptive: bool = ADAPTIVE,
     max_tokens: int | None = typer.Option(
         None, help="Max new tokens when a request gives none (default: up to the end of the context)"
     ),
@@ -361,6 +362,7 @@ def serve(
         allow_draft=[registry.parse(d) for d in allow_draft],
         max_concurrency=max_concurrency,
         num_draft=num_draft,
+        adaptive=adaptive,
         max_tokens=max_tokens,
         fixed_draft=fixed_draft,
         batch=batch,

@@ -318,9 +318,10 @@ def test_mlx_spec_serve_refuses_bad_options_in_one_line(tiny_models, option, val
 @pytest.mark.slow  # starts the CLI
 @pytest.mark.parametrize("where", ["env", "file"])
 def test_mlx_spec_serve_takes_its_key_from_the_environment_or_a_file(tiny_models, tmp_path, where):
-    """The key stays off the command line, where `ps` would show it."""
+    """The key stays off the command line, where `ps` would show it. (And `--no-adaptive`, as `generate` and `chat`
+    take it, reaches the served pair: its planner drafts every offer.)"""
     cmd = [sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(tiny_models["qwen2"]), "--draft", "none"]
-    cmd += ["--port", "0", "--max-tokens", "2"]
+    cmd += ["--port", "0", "--max-tokens", "2"] + (["--no-adaptive"] if where == "file" else [])
     env = dict(os.environ, MLX_SPEC_API_KEY="sekret") if where == "env" else None
     if where == "file":
         (tmp_path / "key").write_text("sekret\n")
@@ -332,6 +333,7 @@ def test_mlx_spec_serve_takes_its_key_from_the_environment_or_a_file(tiny_models
         assert httpx.get(url + "v1/models", timeout=10).status_code == 401
         ok = httpx.get(url + "v1/models", headers={"Authorization": "Bearer sekret"}, timeout=10)
         assert ok.status_code == 200
+        assert ok.json()["data"][0]["mlx_spec"]["adaptive"] is (where == "env")
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)

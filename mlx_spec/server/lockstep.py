@@ -111,7 +111,14 @@ class Lockstep:
 
 
 def load_pair(
-    cluster: Cluster, model: str, draft: registry.Spec, *, num_draft: int | None, fixed: bool, log: Log
+    cluster: Cluster,
+    model: str,
+    draft: registry.Spec,
+    *,
+    num_draft: int | None,
+    adaptive: bool = True,
+    fixed: bool,
+    log: Log,
 ) -> Pair:
     """The served pair with its target sharded over the group (a draft model loads whole on every rank)."""
     folder = resolve(model, log)
@@ -119,6 +126,6 @@ def load_pair(
     name = spec.model
     loaded = {name: load_model(name, log)[:2]} if name else {}
     target, tokenizer = cluster.load(folder)
-    pair = Pair(model, spec, target, tokenizer, loaded, num_draft, fixed=fixed)
+    pair = Pair(model, spec, target, tokenizer, loaded, num_draft, adaptive, fixed=fixed)
     pair.new_session()  # an incompatible draft fails at start, not per request
     return pair

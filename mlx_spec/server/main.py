@@ -83,6 +83,7 @@ def serve(
     allow_draft: Sequence[registry.Spec] = (),
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
     num_draft: int | None = None,
+    adaptive: bool = True,
     max_tokens: int | None = None,
     fixed_draft: bool = False,
     batch: bool = True,
@@ -95,7 +96,7 @@ def serve(
     shard: the target split over the ranks `mlx.launch` started ("tensor" or "pipeline"); rank 0 serves, the others
     follow its steps and serve nothing. allowed_hosts: names beside the loopback ones and `host` that a request's `Host`
     may carry; cors_origin: the one web origin whose pages may call the API; allow_draft: more drafters requests may
-    name, built at start."""
+    name, built at start; adaptive False: every round drafts what the drafter offers (`Planner.adaptive`)."""
     api_key = api_key_from(api_key, api_key_file)
     if not request_log.handlers:
         handler = logging.StreamHandler(sys.stderr)
@@ -104,12 +105,14 @@ def serve(
         request_log.setLevel(logging.INFO)
     lockstep = None
     if shard is None:
-        pair = Pair.load(model, draft, num_draft=num_draft, fixed=fixed_draft, allow=allow_draft, log=log)
+        pair = Pair.load(
+            model, draft, num_draft=num_draft, adaptive=adaptive, fixed=fixed_draft, allow=allow_draft, log=log
+        )
     else:
         if allow_draft:
             raise MlxSpecError("--allow-draft does not work with --shard: a sharded server drafts with its own drafter")
         cluster = Cluster.join(shard)
-        pair = load_pair(cluster, model, draft, num_draft=num_draft, fixed=fixed_draft, log=log)
+        pair = load_pair(cluster, model, draft, num_draft=num_draft, adaptive=adaptive, fixed=fixed_draft, log=log)
         cluster.agree_seed(None)  # every rank samples alike; and no rank starts before all have loaded
         lockstep = Lockstep(cluster)
         if not lockstep.lead:

@@ -53,6 +53,7 @@ class Pair:
         draft: registry.Spec,
         *,
         num_draft: int | None = None,
+        adaptive: bool = True,
         fixed: bool = False,
         allow: Sequence[registry.Spec] = (),
         log: Log = _quiet,
@@ -66,7 +67,9 @@ class Pair:
         names = dict.fromkeys(d.model for d in (draft, *allowed) if d.model)
         loaded = {name: load_model(name, log)[:2] for name in names}
         target, tokenizer, _ = load_model(model, log)
-        pair = cls(model, draft, target, tokenizer, loaded, num_draft, fixed=fixed, allowed=tuple(map(str, allowed)))
+        pair = cls(
+            model, draft, target, tokenizer, loaded, num_draft, adaptive, fixed=fixed, allowed=tuple(map(str, allowed))
+        )
         drafter = pair.new_session().drafter  # built now: an incompatible draft fails at start, not per request
         if drafter is not None and drafter.left_out:
             log(drafter.left_out)
