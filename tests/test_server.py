@@ -317,9 +317,11 @@ def test_mlx_spec_serve_refuses_bad_options_in_one_line(tiny_models, option, val
 
 @pytest.mark.slow  # starts the CLI
 @pytest.mark.parametrize("where", ["env", "file"])
-def test_mlx_spec_serve_takes_its_key_from_the_environment_or_a_file(tiny_models, tmp_path, where):
-    """The key stays off the command line, where `ps` would show it. (And `--no-adaptive`, as `generate` and `chat`
-    take it, reaches the served pair: its planner drafts every offer.)"""
+def test_mlx_spec_serve_takes_its_key_from_the_environment_or_a_file_and_no_adaptive_to_its_pair(
+    tiny_models, tmp_path, where
+):
+    """The key stays off the command line, where `ps` would show it; `--no-adaptive`, as `generate` and `chat` take
+    it, reaches the served pair (its planner drafts every offer), which `/v1/models` reports."""
     cmd = [sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(tiny_models["qwen2"]), "--draft", "none"]
     cmd += ["--port", "0", "--max-tokens", "2"] + (["--no-adaptive"] if where == "file" else [])
     env = dict(os.environ, MLX_SPEC_API_KEY="sekret") if where == "env" else None

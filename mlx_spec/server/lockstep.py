@@ -116,7 +116,7 @@ def load_pair(
     draft: registry.Spec,
     *,
     num_draft: int | None,
-    adaptive: bool = True,
+    adaptive: bool,
     fixed: bool,
     log: Log,
 ) -> Pair:
