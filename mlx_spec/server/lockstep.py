@@ -126,6 +126,6 @@ def load_pair(
     name = spec.model
     loaded = {name: load_model(name, log)[:2]} if name else {}
     target, tokenizer = cluster.load(folder)
-    pair = Pair(model, spec, target, tokenizer, loaded, num_draft, adaptive, fixed=fixed)
+    pair = Pair(model, spec, target, tokenizer, loaded, num_draft, adaptive=adaptive, fixed=fixed)
     pair.new_session()  # an incompatible draft fails at start, not per request
     return pair

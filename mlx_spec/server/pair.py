@@ -68,7 +68,15 @@ class Pair:
         loaded = {name: load_model(name, log)[:2] for name in names}
         target, tokenizer, _ = load_model(model, log)
         pair = cls(
-            model, draft, target, tokenizer, loaded, num_draft, adaptive, fixed=fixed, allowed=tuple(map(str, allowed))
+            model,
+            draft,
+            target,
+            tokenizer,
+            loaded,
+            num_draft,
+            adaptive=adaptive,
+            fixed=fixed,
+            allowed=tuple(map(str, allowed)),
         )
         drafter = pair.new_session().drafter  # built now: an incompatible draft fails at start, not per request
         if drafter is not None and drafter.left_out:
